@@ -1,0 +1,63 @@
+"""Algorithm registry: name -> factory. Each factory's keyword arguments are its hparams."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
+from fedforge.algorithms.fedavg import fedavg, fedavgm, fedprox
+from fedforge.algorithms.fedopt import fedadagrad, fedadam, fedams, fedyogi
+from fedforge.algorithms.scaffold import scaffold
+
+ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
+    "fedavg": fedavg,
+    "fedavgm": fedavgm,
+    "fedprox": fedprox,
+    "scaffold": scaffold,
+    "fedadam": fedadam,
+    "fedyogi": fedyogi,
+    "fedadagrad": fedadagrad,
+    "fedams": fedams,
+}
+
+
+def register(name: str, factory: Callable[..., Algorithm]) -> None:
+    """Add an algorithm factory to the registry (used by later algorithm modules and users)."""
+    ALGORITHMS[name] = factory
+
+
+def algorithm_hparams(name: str) -> dict[str, object]:
+    """The hyper-parameters of a registered algorithm and their defaults."""
+    factory = _factory(name)
+    return {
+        p.name: p.default for p in inspect.signature(factory).parameters.values()
+        if p.default is not inspect.Parameter.empty
+    }
+
+
+def _factory(name: str) -> Callable[..., Algorithm]:
+    if name not in ALGORITHMS:
+        raise ValueError(f"algorithm.name: unknown algorithm {name!r}; expected one of "
+                         f"{sorted(ALGORITHMS)}")
+    return ALGORITHMS[name]
+
+
+def build_algorithm(name: str, **hparams) -> Algorithm:
+    """Build a registered algorithm; unknown hyper-parameters are an error naming them."""
+    allowed = algorithm_hparams(name)
+    unknown = sorted(set(hparams) - set(allowed))
+    if unknown:
+        raise ValueError(f"algorithm.{unknown[0]}: not a hyper-parameter of {name!r}; "
+                         f"expected one of {sorted(allowed)}")
+    algo = _factory(name)(**hparams)
+    return algo
+
+
+def describe_algorithms() -> dict[str, str]:
+    """name -> one-line description (``fedforge algorithms``)."""
+    return {name: build_algorithm(name).description for name in sorted(ALGORITHMS)}
+
+
+__all__ = ["ALGORITHMS", "Algorithm", "FinalizeInputs", "Part", "algorithm_hparams",
+           "build_algorithm", "describe_algorithms", "register"]

@@ -1,0 +1,144 @@
+"""What an algorithm is: a local optimizer, stateful parts, and a server optimizer.
+
+An :class:`Algorithm` never loops over rounds, clients or batches (the engine and runner do).
+It composes
+
+* ``local_optimizer`` — a :class:`~fedforge.client.transforms.Transform` run for every local
+  step on the raw mini-batch gradient;
+* ``parts`` — stateful add-ons (SCAFFOLD control variates, FAdamGC tracking, ...) that own
+  per-client state, server state, what is broadcast, and what is uploaded;
+* ``server_optimizer`` — applied to the aggregated pseudo-gradient ``Δ = x - mean_i x_i``.
+
+The client's ``delta`` is always ``x^t - x_i`` (server minus client), defined once in
+:func:`fedforge.engine.local.make_local_update`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+
+from fedforge.client.transforms import RoundContext, Transform
+from fedforge.core.tree import Params, tree_add, tree_nbytes
+from fedforge.server.optimizers import ServerOptimizer
+
+
+class FinalizeInputs(NamedTuple):
+    """Everything a part may use when a client's local round ends."""
+
+    ctx: RoundContext
+    delta: Params  # x^t - x_i^{t,K}
+    params: Params  # x_i^{t,K}
+    opt_state: dict  # final local optimizer state, keyed by transform name
+    grad_sum: Params | None  # sum of raw mini-batch gradients over the steps taken
+    num_steps: torch.Tensor  # steps actually taken (0-d)
+
+
+class Part:
+    """A stateful add-on; subclasses override what they need. Default: stateless."""
+
+    name: str = "part"
+
+    def client_init(self, params: Params) -> dict:
+        """Per-client persistent state, for one client (the store stacks it)."""
+        return {}
+
+    def server_init(self, params: Params) -> dict:
+        return {}
+
+    def broadcast(self, server_state: dict) -> dict:
+        """Tensors sent to every sampled client besides the model."""
+        return {}
+
+    def finalize(self, fin: FinalizeInputs) -> tuple[dict, dict]:
+        """-> (this client's new persistent state, uploads to be averaged over the cohort)."""
+        return fin.ctx.client_state.get(self.name, {}), {}
+
+    def server_update(
+        self, server_state: dict, mean_uploads: dict, num_sampled: int, num_clients: int
+    ) -> dict:
+        return server_state
+
+    def round_info(self, num_sampled: int, generator: torch.Generator) -> dict:
+        """Per-client round inputs (e.g. which sampled clients track), tensors of [num_sampled]."""
+        return {}
+
+    needs_grad_sum: bool = False
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str
+    local_optimizer: Transform
+    server_optimizer: ServerOptimizer
+    parts: tuple[Part, ...] = ()
+    description: str = ""
+    hparams: dict = field(default_factory=dict)
+
+    @property
+    def needs_grad_sum(self) -> bool:
+        return any(p.needs_grad_sum for p in self.parts)
+
+    # --- client side -----------------------------------------------------------------
+    def client_init(self, params: Params) -> dict:
+        states = {p.name: p.client_init(params) for p in self.parts}
+        return {name: state for name, state in states.items() if state}
+
+    def finalize(self, fin: FinalizeInputs) -> tuple[dict, dict]:
+        states, uploads = {}, {}
+        for p in self.parts:
+            state, up = p.finalize(fin)
+            if p.name in fin.ctx.client_state:
+                states[p.name] = state
+            if up:
+                uploads[p.name] = up
+        return states, uploads
+
+    def round_info(self, num_sampled: int, generator: torch.Generator) -> dict:
+        info: dict = {}
+        for p in self.parts:
+            info.update(p.round_info(num_sampled, generator))
+        return info
+
+    # --- server side -----------------------------------------------------------------
+    def server_init(self, params: Params) -> dict:
+        return {
+            "opt": self.server_optimizer.init(params),
+            "parts": {p.name: p.server_init(params) for p in self.parts},
+        }
+
+    def broadcast(self, server_state: dict) -> dict:
+        return {p.name: p.broadcast(server_state["parts"][p.name]) for p in self.parts}
+
+    def server_step(
+        self,
+        params: Params,
+        server_state: dict,
+        mean_delta: Params,
+        mean_uploads: dict,
+        num_sampled: int,
+        num_clients: int,
+    ) -> tuple[Params, dict]:
+        """Apply the server optimizer to ``mean_delta`` and update every part's server state."""
+        updates, opt_state = self.server_optimizer.update(mean_delta, server_state["opt"], params)
+        new_params = tree_add(params, updates)
+        parts = {
+            p.name: p.server_update(
+                server_state["parts"][p.name], mean_uploads.get(p.name, {}), num_sampled,
+                num_clients,
+            )
+            for p in self.parts
+        }
+        return new_params, {"opt": opt_state, "parts": parts}
+
+    def message_nbytes(self, params: Params, server_state: dict) -> tuple[int, int]:
+        """Bytes (down, up) per sampled client: model + broadcast down, delta + uploads up."""
+        down = tree_nbytes(params) + tree_nbytes(self.broadcast(server_state))
+        up = tree_nbytes(params) * (1 + sum(getattr(p, "uplink_models", 0.0) for p in self.parts))
+        return down, int(up)
+
+
+AlgorithmFactory = Callable[..., Algorithm]

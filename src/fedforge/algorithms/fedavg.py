@@ -1,0 +1,57 @@
+"""FedAvg, FedAvgM and FedProx: local SGD-family steps, server SGD on the mean delta.
+
+References:
+  McMahan et al., "Communication-Efficient Learning of Deep Networks from Decentralized
+  Data", AISTATS 2017.  Hsu et al., "Measuring the Effects of Non-Identical Data Distribution
+  for Federated Visual Classification", 2019 (server momentum).  Li et al., "Federated
+  Optimization in Heterogeneous Networks", MLSys 2020 (proximal term μ).
+"""
+
+from __future__ import annotations
+
+from fedforge.algorithms.base import Algorithm
+from fedforge.client.optimizers import local_optimizer
+from fedforge.client.transforms import add_prox, chain
+from fedforge.server.optimizers import server_sgd
+
+
+def fedavg(
+    local_lr: float = 0.01, server_lr: float = 1.0, client_optimizer: str = "sgd",
+    weight_decay: float = 0.0, local_momentum: float = 0.9,
+) -> Algorithm:
+    """FedAvg: ``x <- x - server_lr * mean_i (x - x_i)`` (server_lr 1 = plain averaging)."""
+    return Algorithm(
+        "fedavg",
+        local_optimizer(client_optimizer, local_lr, weight_decay=weight_decay,
+                        momentum=local_momentum),
+        server_sgd(server_lr),
+        description="FedAvg (McMahan et al. 2017): local SGD, average of client models",
+    )
+
+
+def fedavgm(
+    local_lr: float = 0.01, server_lr: float = 1.0, server_momentum: float = 0.9,
+    client_optimizer: str = "sgd", weight_decay: float = 0.0,
+) -> Algorithm:
+    """FedAvgM: server heavy-ball momentum on the pseudo-gradient (Hsu et al. 2019)."""
+    return Algorithm(
+        "fedavgm",
+        local_optimizer(client_optimizer, local_lr, weight_decay=weight_decay),
+        server_sgd(server_lr, momentum=server_momentum),
+        description="FedAvgM (Hsu et al. 2019): FedAvg with server momentum",
+    )
+
+
+def fedprox(
+    local_lr: float = 0.01, mu: float = 0.01, server_lr: float = 1.0,
+    client_optimizer: str = "sgd", weight_decay: float = 0.0,
+) -> Algorithm:
+    """FedProx: local gradient ``g + mu (x - x^t)`` (Li et al. 2020, Eq. 2)."""
+    if mu < 0:
+        raise ValueError(f"algorithm.mu: expected mu >= 0, got {mu}")
+    return Algorithm(
+        "fedprox",
+        chain(add_prox(mu), local_optimizer(client_optimizer, local_lr, weight_decay=weight_decay)),
+        server_sgd(server_lr),
+        description="FedProx (Li et al. 2020): FedAvg + proximal term mu/2 ||x - x_global||^2",
+    )

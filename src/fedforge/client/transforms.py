@@ -1,0 +1,215 @@
+"""Gradient transformations for client-side local steps (optax's shape, in PyTorch).
+
+A :class:`Transform` is a pair of pure functions::
+
+    state = t.init(params, ctx)
+    updates, state = t.update(grads, state, params, ctx)
+
+``ctx`` is the :class:`RoundContext` of the client's round (global model, what the server
+broadcast, the client's persistent state), so a correction such as SCAFFOLD's ``c - c_i`` or
+FedProx's anchor is read from it instead of being copied into per-step state. States are dicts
+of tensors, which makes them vmappable and checkpointable. The last transform of a local
+optimizer turns directions into *additive* updates (``scale(-lr)``), so a local step is always
+``params + updates``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+from fedforge.core.tree import Params, tree_map, tree_map2, tree_sq_norm, tree_zeros_like
+
+State = dict[str, Any]
+
+
+class RoundContext(NamedTuple):
+    """What one client knows during one round (read-only for transforms)."""
+
+    global_params: Params  # x^t, as broadcast
+    broadcast: dict  # extra server tensors, by part name (e.g. {"scaffold": {"c": ...}})
+    client_state: dict  # this client's persistent state, by part name
+    info: dict  # per-client scalars for this round (e.g. {"tracking": tensor(True)})
+
+
+class Transform(NamedTuple):
+    name: str
+    init: Callable[[Params, RoundContext], State]
+    update: Callable[[Params, State, Params, RoundContext], tuple[Params, State]]
+
+
+def _stateless(name: str, fn: Callable[[Params, Params, RoundContext], Params]) -> Transform:
+    def init(params, ctx):
+        del params, ctx
+        return {}
+
+    def update(grads, state, params, ctx):
+        return fn(grads, params, ctx), state
+
+    return Transform(name, init, update)
+
+
+def chain(*transforms: Transform) -> Transform:
+    """Apply transforms in order; the state is a dict keyed by each transform's name."""
+    names = [t.name for t in transforms]
+    if len(set(names)) != len(names):
+        raise ValueError(f"chain: transform names must be unique, got {names}")
+
+    def init(params, ctx):
+        return {t.name: t.init(params, ctx) for t in transforms}
+
+    def update(grads, state, params, ctx):
+        new_state = {}
+        for t in transforms:
+            grads, new_state[t.name] = t.update(grads, state[t.name], params, ctx)
+        return grads, new_state
+
+    return Transform("chain", init, update)
+
+
+def identity() -> Transform:
+    return _stateless("identity", lambda g, p, ctx: g)
+
+
+def scale(factor: float, name: str = "scale") -> Transform:
+    """``g -> factor * g``."""
+    return _stateless(name, lambda g, p, ctx: tree_map(lambda x: factor * x, g))
+
+
+def scale_by_learning_rate(lr: float) -> Transform:
+    """``g -> -lr * g``: the last step of every local optimizer (descent direction)."""
+    return scale(-lr, name="lr")
+
+
+def add_decayed_weights(weight_decay: float) -> Transform:
+    """``g -> g + wd * x`` (L2 / coupled weight decay, as ``torch.optim.SGD``)."""
+    return _stateless(
+        "weight_decay", lambda g, p, ctx: tree_map2(lambda gi, pi: gi + weight_decay * pi, g, p)
+    )
+
+
+def add_prox(mu: float) -> Transform:
+    """FedProx: ``g -> g + mu (x - x^t)``, the gradient of ``mu/2 ||x - x^t||^2``."""
+    return _stateless(
+        "prox",
+        lambda g, p, ctx: {k: g[k] + mu * (p[k] - ctx.global_params[k]) for k in g},
+    )
+
+
+def add_correction(part: str, server_key: str, client_key: str) -> Transform:
+    """Control-variate correction ``g -> g + c - c_i`` (SCAFFOLD, FAdamGC's ``y - y_i``).
+
+    ``c`` is read from ``ctx.broadcast[part][server_key]`` and ``c_i`` from
+    ``ctx.client_state[part][client_key]``.
+    """
+
+    def fn(g, p, ctx):
+        c, ci = ctx.broadcast[part][server_key], ctx.client_state[part][client_key]
+        return {k: g[k] + c[k] - ci[k] for k in g}
+
+    return _stateless(f"correction_{part}", fn)
+
+
+def clip_by_global_norm(max_norm: float) -> Transform:
+    """Rescale ``g`` to global norm at most ``max_norm`` (no-op below it)."""
+
+    def fn(g, p, ctx):
+        norm = tree_sq_norm(g).sqrt()
+        factor = torch.clamp(max_norm / (norm + 1e-12), max=1.0)
+        return tree_map(lambda x: x * factor, g)
+
+    return _stateless("clip", fn)
+
+
+def trace(momentum: float, nesterov: bool = False, name: str = "momentum") -> Transform:
+    """Heavy-ball momentum ``m = beta m + g`` (``torch.optim.SGD`` convention, no dampening)."""
+
+    def init(params, ctx):
+        return {"m": tree_zeros_like(params)}
+
+    def update(g, state, params, ctx):
+        m = tree_map2(lambda mi, gi: momentum * mi + gi, state["m"], g)
+        out = tree_map2(lambda gi, mi: gi + momentum * mi, g, m) if nesterov else m
+        return out, {"m": m}
+
+    return Transform(name, init, update)
+
+
+def scale_by_adam(
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    *,
+    amsgrad: bool = False,
+    bias_correction: bool = True,
+    initial_v: Callable[[RoundContext], Params] | None = None,
+    name: str = "adam",
+) -> Transform:
+    """Adam / AMSGrad direction ``m_hat / (sqrt(v_hat) + eps)``.
+
+    Args:
+      b1, b2, eps: Adam's β1, β2, ε.
+      amsgrad: keep ``v_hat = max(v_hat, v)`` (Reddi et al. 2018) and divide by it.
+      bias_correction: divide m, v by ``1 - b^t`` (Kingma & Ba); FAdamGC uses none.
+      initial_v: read the starting second moment from the round context (FAdamGC carries
+        ``v_i`` across rounds); ``v_hat`` then starts at the same value. Default: zeros.
+    """
+
+    def init(params, ctx):
+        v = initial_v(ctx) if initial_v is not None else tree_zeros_like(params)
+        state = {"m": tree_zeros_like(params), "v": v, "count": torch.zeros(())}
+        if amsgrad:
+            state["vhat"] = v
+        return state
+
+    def update(g, state, params, ctx):
+        count = state["count"] + 1
+        m = tree_map2(lambda mi, gi: b1 * mi + (1 - b1) * gi, state["m"], g)
+        v = tree_map2(lambda vi, gi: b2 * vi + (1 - b2) * gi * gi, state["v"], g)
+        new_state = {"m": m, "v": v, "count": count}
+        denom_v = v
+        if amsgrad:
+            denom_v = tree_map2(torch.maximum, state["vhat"], v)
+            new_state["vhat"] = denom_v
+        if bias_correction:
+            c1, c2 = 1 - b1**count, 1 - b2**count
+            out = {k: (m[k] / c1) / ((denom_v[k] / c2).sqrt() + eps) for k in m}
+        else:
+            out = {k: m[k] / (denom_v[k].sqrt() + eps) for k in m}
+        return out, new_state
+
+    return Transform(name, init, update)
+
+
+def sgd(
+    lr: float, momentum: float = 0.0, weight_decay: float = 0.0, *, nesterov: bool = False
+) -> Transform:
+    """Client SGD, optionally with momentum and weight decay (``torch.optim.SGD`` semantics)."""
+    parts = []
+    if weight_decay:
+        parts.append(add_decayed_weights(weight_decay))
+    if momentum:
+        parts.append(trace(momentum, nesterov))
+    parts.append(scale_by_learning_rate(lr))
+    return chain(*parts)
+
+
+def adam(
+    lr: float,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    *,
+    amsgrad: bool = False,
+    bias_correction: bool = True,
+) -> Transform:
+    """Client Adam (or AMSGrad with ``amsgrad=True``), coupled L2 weight decay."""
+    parts = []
+    if weight_decay:
+        parts.append(add_decayed_weights(weight_decay))
+    parts.append(scale_by_adam(b1, b2, eps, amsgrad=amsgrad, bias_correction=bias_correction))
+    parts.append(scale_by_learning_rate(lr))
+    return chain(*parts)

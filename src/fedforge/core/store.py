@@ -1,0 +1,49 @@
+"""Per-client persistent state (SCAFFOLD c_i, FAdamGC y_i/v_i, error feedback, ...).
+
+One stacked tensor per state leaf, ``[num_clients, ...]``, allocated on first use from the
+algorithm's one-client template. Gather and scatter by client ids are single indexing ops,
+and the whole store is checkpointed as flat tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fedforge.core.tree import PyTree, flatten_dict, tree_leaves, tree_map, unflatten_dict
+
+
+class ClientStore:
+    def __init__(self, num_clients: int, template: dict, device: torch.device | str = "cpu"):
+        self.num_clients = num_clients
+        self.device = torch.device(device)
+        # template: one client's state, e.g. {"scaffold": {"c": {"w": tensor}}}
+        self.state: dict = tree_map(
+            lambda t: torch.zeros((num_clients, *t.shape), dtype=t.dtype, device=self.device)
+            + t.to(self.device),
+            template,
+        )
+
+    @property
+    def empty(self) -> bool:
+        return not tree_leaves(self.state)
+
+    def gather(self, client_ids: torch.Tensor) -> PyTree:
+        ids = client_ids.to(self.device)
+        return tree_map(lambda s: s[ids], self.state)  # [C, ...]
+
+    def scatter(self, client_ids: torch.Tensor, values: PyTree) -> None:
+        if self.empty:
+            return
+        ids = client_ids.to(self.device)
+        flat_store, flat_new = flatten_dict(self.state), flatten_dict(values)
+        for name, dst in flat_store.items():
+            dst[ids] = flat_new[name].to(dst.dtype).to(self.device)
+
+    def nbytes_per_client(self) -> int:
+        return sum(t[0].numel() * t.element_size() for t in tree_leaves(self.state))
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return flatten_dict(self.state)
+
+    def load_state_dict(self, flat: dict[str, torch.Tensor]) -> None:
+        self.state = tree_map(lambda t: t.to(self.device), unflatten_dict(flat))

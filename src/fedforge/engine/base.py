@@ -1,0 +1,114 @@
+"""Shared engine types: what a cohort round takes and returns, and the chunked driver.
+
+Both engines run the same pure ``local_update`` (see :mod:`fedforge.engine.local`) over a
+chunk of clients and fold the results into running sums, so memory is bounded by the chunk,
+not the cohort. ``LoopEngine`` uses chunks of one client without vmap (the reference);
+``VmapEngine`` vmaps over chunks of many clients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from fedforge.algorithms.base import Algorithm
+from fedforge.core.tree import Params, tree_index, tree_map, tree_map2
+from fedforge.engine.local import LocalResult, LossFn, make_local_update
+
+
+class CohortInputs(NamedTuple):
+    global_params: Params
+    broadcast: dict
+    client_states: dict  # stacked: every leaf [C, ...]
+    info: dict  # per-client round inputs, leaves [C]
+    sample_idx: torch.Tensor  # [C, steps, batch] indices into the training set
+    weights: torch.Tensor  # [C, steps, batch] 1 = real sample, 0 = padding
+    agg_weights: torch.Tensor  # [C], sums to 1: weights of the deltas in the mean
+
+
+class CohortOutput(NamedTuple):
+    mean_delta: Params  # sum_i agg_w_i * delta_i
+    mean_uploads: dict  # uniform mean over the cohort of each part's uploads
+    client_states: dict  # stacked new states [C, ...]
+    metrics: dict  # {"loss": [C], "steps": [C]}
+    deltas: Params | None  # stacked [C, ...] when ``keep_deltas``
+
+
+def _cat(chunks: list) -> dict:
+    if not chunks:
+        return {}
+    return tree_map(lambda *xs: torch.cat(xs), *chunks) if len(chunks) > 1 else chunks[0]
+
+
+class ChunkedEngine:
+    """Runs ``local_update`` over chunks of the cohort; subclasses say how one chunk runs."""
+
+    name = "base"
+
+    def __init__(self, keep_deltas: bool = False) -> None:
+        self.keep_deltas = keep_deltas
+        self._fns: dict[tuple, Callable] = {}
+
+    def local_update(self, algorithm: Algorithm, loss_fn: LossFn, masked: bool) -> Callable:
+        key = (id(algorithm), id(loss_fn), masked)
+        if key not in self._fns:
+            self._fns[key] = self.wrap(make_local_update(algorithm, loss_fn, masked=masked))
+        return self._fns[key]
+
+    def wrap(self, fn: Callable) -> Callable:
+        """Turn the one-client function into a chunk function (leading client axis)."""
+        raise NotImplementedError
+
+    def chunk_size(self, inputs: CohortInputs, x_all: torch.Tensor) -> int:
+        raise NotImplementedError
+
+    def run_cohort(
+        self,
+        algorithm: Algorithm,
+        loss_fn: LossFn,
+        x_all: torch.Tensor,
+        y_all: torch.Tensor,
+        inputs: CohortInputs,
+    ) -> CohortOutput:
+        num_clients = inputs.sample_idx.shape[0]
+        chunk = max(1, min(self.chunk_size(inputs, x_all), num_clients))
+        mean_delta = tree_map(torch.zeros_like, inputs.global_params)
+        upload_sum: dict | None = None
+        states, metrics, deltas = [], [], []
+        for start in range(0, num_clients, chunk):
+            sl = slice(start, start + chunk)
+            idx = inputs.sample_idx[sl]  # [c, steps, batch]
+            ws = inputs.weights[sl]  # [c, steps, batch]
+            masked = bool((ws.sum(-1) == 0).any())
+            fn = self.local_update(algorithm, loss_fn, masked)
+            out: LocalResult = fn(
+                inputs.global_params,
+                inputs.broadcast,
+                tree_index(inputs.client_states, sl),
+                tree_index(inputs.info, sl),
+                x_all[idx],  # [c, steps, batch, ...]
+                y_all[idx],  # [c, steps, batch]
+                ws,
+            )
+            w = inputs.agg_weights[sl]  # [c]
+            mean_delta = tree_map2(
+                lambda acc, d: acc + torch.tensordot(w.to(d.dtype), d, dims=1), mean_delta, out.delta
+            )
+            chunk_uploads = tree_map(lambda u: u.sum(0), out.uploads)
+            upload_sum = (
+                chunk_uploads if upload_sum is None else tree_map2(torch.add, upload_sum, chunk_uploads)
+            )
+            states.append(out.client_state)
+            metrics.append(out.metrics)
+            if self.keep_deltas:
+                deltas.append(out.delta)
+        mean_uploads = tree_map(lambda u: u / num_clients, upload_sum or {})
+        return CohortOutput(
+            mean_delta,
+            mean_uploads,
+            _cat(states),
+            _cat(metrics),
+            _cat(deltas) if self.keep_deltas else None,
+        )

@@ -1,0 +1,83 @@
+"""The client's local round as one pure function of tensors.
+
+``make_local_update`` builds ``local_update(global_params, broadcast, client_state, info, xs,
+ys, ws)`` for one client. It has no Python state, no RNG and no data-dependent control flow,
+so ``LoopEngine`` calls it per client and ``VmapEngine`` vmaps it over a chunk of clients;
+both must agree to float tolerance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedforge.algorithms.base import Algorithm, FinalizeInputs
+from fedforge.client.transforms import RoundContext
+from fedforge.core.tree import Params, tree_map2, tree_sub, tree_where, tree_zeros_like
+
+LossFn = Callable[[Params, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class LocalResult(NamedTuple):
+    delta: Params  # x^t - x_i (server minus client)
+    client_state: dict  # new persistent state of this client
+    uploads: dict  # extra tensors averaged over the cohort (by part name)
+    metrics: dict  # {"loss": mean local loss, "steps": steps taken}
+
+
+def classification_loss(model: nn.Module) -> LossFn:
+    """Masked mean cross-entropy: ``sum_b w_b CE_b / max(sum_b w_b, 1)``."""
+
+    def loss_fn(params, x, y, w):
+        logits = torch.func.functional_call(model, params, (x,))  # [B, classes]
+        per_sample = F.cross_entropy(logits, y, reduction="none")  # [B]
+        return (per_sample * w).sum() / w.sum().clamp_min(1.0)
+
+    return loss_fn
+
+
+def make_local_update(algorithm: Algorithm, loss_fn: LossFn, *, masked: bool) -> Callable:
+    """Build the pure local-round function of ``algorithm``.
+
+    Args:
+      masked: some steps of some clients are padding (all weights zero); such steps leave
+        parameters and optimizer state unchanged. ``False`` skips the selects (faster).
+    """
+    grad_and_loss = torch.func.grad_and_value(loss_fn)
+    opt = algorithm.local_optimizer
+    keep_grad_sum = algorithm.needs_grad_sum
+
+    def local_update(global_params, broadcast, client_state, info, xs, ys, ws) -> LocalResult:
+        # xs: [steps, batch, ...], ys: [steps, batch], ws: [steps, batch]
+        ctx = RoundContext(global_params, broadcast, client_state, info)
+        state = opt.init(global_params, ctx)
+        params = global_params
+        loss_sum = torch.zeros((), device=ws.device)
+        steps = torch.zeros((), device=ws.device)
+        grad_sum = tree_zeros_like(global_params) if keep_grad_sum else None
+        for k in range(xs.shape[0]):
+            grads, loss = grad_and_loss(params, xs[k], ys[k], ws[k])
+            updates, new_state = opt.update(grads, state, params, ctx)
+            new_params = tree_map2(torch.add, params, updates)
+            if masked:
+                active = ws[k].sum() > 0
+                params = tree_where(active, new_params, params)
+                state = tree_where(active, new_state, state)
+                a = active.to(loss.dtype)
+            else:
+                params, state, a = new_params, new_state, 1.0
+            loss_sum = loss_sum + a * loss.detach()
+            steps = steps + a
+            if grad_sum is not None:
+                grad_sum = tree_map2(lambda s, g: s + a * g, grad_sum, grads)
+        delta = tree_sub(global_params, params)
+        fin = FinalizeInputs(ctx, delta, params, state, grad_sum, steps)
+        new_client_state, uploads = algorithm.finalize(fin)
+        metrics = {"loss": loss_sum / steps.clamp_min(1.0), "steps": steps}
+        return LocalResult(delta, new_client_state, uploads, metrics)
+
+    return local_update

@@ -1,0 +1,67 @@
+"""One synchronous federated round: broadcast, cohort local rounds, aggregation, server step.
+
+This is the only place that wires the engine, the client store and the algorithm's server
+step together, so the runner, the tests and the benchmarks run the same round.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from fedforge.algorithms.base import Algorithm
+from fedforge.core.store import ClientStore
+from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput
+from fedforge.engine.local import LossFn
+from fedforge.core.tree import Params
+
+
+class RoundResult(NamedTuple):
+    params: Params
+    server_state: dict
+    cohort: CohortOutput
+
+
+def federated_round(
+    algorithm: Algorithm,
+    engine: ChunkedEngine,
+    loss_fn: LossFn,
+    params: Params,
+    server_state: dict,
+    store: ClientStore,
+    client_ids: torch.Tensor,
+    x_all: torch.Tensor,
+    y_all: torch.Tensor,
+    sample_idx: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    agg_weights: torch.Tensor | None = None,
+    info: dict | None = None,
+) -> RoundResult:
+    """Run one round for the sampled ``client_ids``.
+
+    Args:
+      sample_idx: ``[C, steps, batch]`` indices into ``x_all``/``y_all``.
+      weights: ``[C, steps, batch]`` sample mask (0 = padding).
+      agg_weights: ``[C]`` weights of the deltas; default uniform ``1/C``.
+      info: per-client round inputs (from ``algorithm.round_info``).
+    """
+    num_sampled = int(client_ids.numel())
+    if agg_weights is None:
+        agg_weights = torch.full((num_sampled,), 1.0 / num_sampled, device=x_all.device)
+    inputs = CohortInputs(
+        global_params=params,
+        broadcast=algorithm.broadcast(server_state),
+        client_states=store.gather(client_ids),
+        info=info or {},
+        sample_idx=sample_idx,
+        weights=weights,
+        agg_weights=agg_weights,
+    )
+    cohort = engine.run_cohort(algorithm, loss_fn, x_all, y_all, inputs)
+    store.scatter(client_ids, cohort.client_states)
+    new_params, new_server_state = algorithm.server_step(
+        params, server_state, cohort.mean_delta, cohort.mean_uploads, num_sampled, store.num_clients
+    )
+    return RoundResult(new_params, new_server_state, cohort)
