@@ -1,0 +1,66 @@
+"""Model zoo: vmap-friendly (buffer-free, batching-rule-only) models for cohort training.
+
+Every model is built as ``cls(input_shape, num_classes, **kwargs)`` and can be run for a whole
+client cohort with ``vmap(functional_call)`` over stacked parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torch import nn
+
+from .convnet import ConvNet
+from .recurrent import LSTM, CharLSTM
+from .resnet import ResNet18GN
+from .simple import CNN, MLP, LeNet5, LogReg
+from .text import TextClassifier
+from .transformer import TransformerLM, TransformerTiny
+
+MODELS: dict[str, tuple[type[nn.Module], str]] = {
+    "logreg": (LogReg, "flatten + linear (multinomial logistic regression)"),
+    "mlp": (MLP, "flatten + ReLU MLP, default hidden (200, 200) = FedAvg 2NN"),
+    "cnn": (CNN, "FedAvg/LEAF 2-conv CNN (32, 64 channels, fc 512)"),
+    "lenet5": (LeNet5, "LeNet-5 (6/16 channels, 120/84 units) for 28x28 or 32x32"),
+    "resnet18_gn": (ResNet18GN, "ResNet-18, CIFAR stem, GroupNorm (groups=2)"),
+    "convnet": (ConvNet, "dataset-distillation ConvNet: depth x conv-instancenorm-relu-avgpool"),
+    "char_lstm": (CharLSTM, "Shakespeare char LSTM: embed 8, 2x LSTM(256), next-char logits"),
+    "text_classifier": (TextClassifier, "embedding + masked mean pooling + MLP (SST-2)"),
+    "transformer_tiny": (TransformerTiny, "2-layer d64 4-head transformer encoder classifier"),
+    "transformer_lm": (TransformerLM, "causal transformer LM, next-token logits (Shakespeare)"),
+}
+
+
+def build_model(
+    name: str, input_shape: Sequence[int], num_classes: int, **kwargs: Any
+) -> nn.Module:
+    """Instantiate a registered model; unknown names raise ``ValueError`` listing choices."""
+    try:
+        cls, _ = MODELS[name]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; allowed: {', '.join(sorted(MODELS))}") from None
+    return cls(tuple(int(s) for s in input_shape), int(num_classes), **kwargs)
+
+
+def num_parameters(model: nn.Module, trainable_only: bool = False) -> int:
+    """Total number of scalar parameters (optionally only those with ``requires_grad``)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+__all__ = [
+    "CNN",
+    "LSTM",
+    "MLP",
+    "MODELS",
+    "CharLSTM",
+    "ConvNet",
+    "LeNet5",
+    "LogReg",
+    "ResNet18GN",
+    "TextClassifier",
+    "TransformerLM",
+    "TransformerTiny",
+    "build_model",
+    "num_parameters",
+]

@@ -1,0 +1,109 @@
+"""Classic small vision models used by FedAvg / LEAF style benchmarks.
+
+All are buffer-free and use only ops with ``torch.func.vmap`` batching rules, so a whole
+client cohort can be run with stacked parameters.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from ._utils import conv_out, image_shape
+
+
+class LogReg(nn.Module):
+    """Multinomial logistic regression: flatten + one linear layer (convex baseline)."""
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(math.prod(input_shape), num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x.flatten(1))
+
+
+class MLP(nn.Module):
+    """Fully connected ReLU network; default (200, 200) is FedAvg's "2NN" (199,210 params)."""
+
+    def __init__(
+        self,
+        input_shape: Sequence[int],
+        num_classes: int,
+        hidden: Sequence[int] = (200, 200),
+    ) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = math.prod(input_shape)
+        for h in hidden:
+            layers += [nn.Linear(width, h), nn.ReLU()]
+            width = h
+        layers.append(nn.Linear(width, num_classes))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x.flatten(1))
+
+
+class CNN(nn.Module):
+    """FedAvg/LEAF 2-conv CNN (1,663,370 params on 1x28x28 with 10 classes)."""
+
+    def __init__(
+        self,
+        input_shape: Sequence[int],
+        num_classes: int,
+        channels: tuple[int, int] = (32, 64),
+        fc: int = 512,
+    ) -> None:
+        super().__init__()
+        c, h, w = image_shape(input_shape, "cnn")
+        c1, c2 = channels
+        self.features = nn.Sequential(
+            nn.Conv2d(c, c1, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(c1, c2, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        flat = c2 * (h // 4) * (w // 4)
+        self.classifier = nn.Sequential(nn.Linear(flat, fc), nn.ReLU(), nn.Linear(fc, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x).flatten(1))
+
+
+class LeNet5(nn.Module):
+    """LeNet-5 (6/16 channels, 120/84 units) with ReLU and max-pooling (modern variant).
+
+    28x28 inputs get padding 2 on the first conv so both MNIST and CIFAR sizes reach the
+    classic 16x5x5 feature map.
+    """
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int) -> None:
+        super().__init__()
+        c, h, w = image_shape(input_shape, "lenet5")
+        pad = 2 if min(h, w) < 32 else 0
+        self.features = nn.Sequential(
+            nn.Conv2d(c, 6, 5, padding=pad),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, 5),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        fh = conv_out(conv_out(conv_out(conv_out(h, 5, padding=pad), 2, 2), 5), 2, 2)
+        fw = conv_out(conv_out(conv_out(conv_out(w, 5, padding=pad), 2, 2), 5), 2, 2)
+        self.classifier = nn.Sequential(
+            nn.Linear(16 * fh * fw, 120),
+            nn.ReLU(),
+            nn.Linear(120, 84),
+            nn.ReLU(),
+            nn.Linear(84, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x).flatten(1))
