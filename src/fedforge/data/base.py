@@ -1,0 +1,172 @@
+"""Shared pieces of the dataset loaders: the result type, the error type and safe file reading.
+
+Every loader goes through the helpers here so that a missing, truncated or corrupt file always
+surfaces as a :class:`DatasetError` that names the file and says what was expected, instead of
+an ``EOFError`` or ``zlib.error`` deep inside numpy.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import lzma
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+class DatasetError(ValueError):
+    """A dataset file is missing, unreadable or does not have the expected content."""
+
+
+@dataclass
+class DatasetSplits:
+    """A whole dataset in memory: train and test tensors plus natural client ids if any.
+
+    ``train_x`` is float32 ``[N, C, H, W]`` (normalised images), int64 ``[N, T]`` (tokens) or
+    float32 ``[N, D]`` (features); labels are int64 ``[N]``. ``train_groups``/``test_groups``
+    hold the natural client id of every sample (FEMNIST writer, Shakespeare role, synthetic
+    device) and are ``None`` for datasets without natural clients. ``group_names[g]`` is the
+    original name of group ``g`` when one exists.
+    """
+
+    name: str
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    num_classes: int
+    input_shape: tuple[int, ...]
+    train_groups: np.ndarray | None
+    test_groups: np.ndarray | None
+    vocab_size: int | None = None
+    group_names: list[str] | None = None
+
+    @property
+    def num_train(self) -> int:
+        return int(self.train_y.shape[0])
+
+    @property
+    def num_test(self) -> int:
+        return int(self.test_y.shape[0])
+
+
+# ----------------------------------------------------------------------------- locating files
+
+
+def find_dataset_dir(root: str | Path, folder: str, marker: str) -> Path:
+    """Accept both ``root`` (holding ``folder/``) and ``root`` pointing at ``folder`` itself."""
+    root = Path(root).expanduser()
+    if (root / folder).is_dir():
+        return root / folder
+    if root.is_dir() and (root.name == folder or (root / marker).exists()):
+        return root
+    raise DatasetError(
+        f"{root / folder}: dataset directory not found (expected a '{folder}/' folder under "
+        f"{root}, or root pointing at it; pass root= or set $FEDFORGE_DATA)"
+    )
+
+
+def require_file(path: Path, what: str) -> Path:
+    """Fail early, with the path, rather than inside a decompressor."""
+    if not path.is_file():
+        raise DatasetError(f"{path}: file not found (expected {what})")
+    return path
+
+
+# ----------------------------------------------------------------------------- reading files
+
+
+def read_gzip(path: Path, what: str) -> bytes:
+    """Whole decompressed content of a .gz file; truncation/corruption -> DatasetError."""
+    require_file(path, what)
+    try:
+        with gzip.open(path, "rb") as f:
+            return f.read()
+    except (OSError, EOFError, zlib.error) as e:
+        raise DatasetError(f"{path}: truncated or corrupt gzip file, expected {what} ({e})") from e
+
+
+def read_gzip_text(path: Path, what: str) -> str:
+    data = read_gzip(path, what)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{path}: not UTF-8 text, expected {what} ({e})") from e
+
+
+def read_npy_xz(path: Path, what: str) -> np.ndarray:
+    """An xz-compressed .npy array, loaded without pickle."""
+    require_file(path, what)
+    try:
+        raw = lzma.decompress(path.read_bytes())
+    except (OSError, EOFError, lzma.LZMAError) as e:
+        raise DatasetError(f"{path}: truncated or corrupt xz file, expected {what} ({e})") from e
+    return load_npy_bytes(io.BytesIO(raw), path, what)
+
+
+def load_npy_bytes(source, path: Path, what: str) -> np.ndarray:
+    """``np.load`` of one .npy (file or buffer) with errors converted to DatasetError."""
+    try:
+        return np.load(source, allow_pickle=False)
+    except (OSError, EOFError, ValueError) as e:
+        raise DatasetError(f"{path}: unreadable .npy data, expected {what} ({e})") from e
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def check_array(
+    arr: np.ndarray, path: Path, shape: Sequence[int | None], dtype: np.dtype | type | None = None
+) -> np.ndarray:
+    """Check ``arr`` against ``shape`` (``None`` = any size) and dtype, naming ``path``."""
+    ok = arr.ndim == len(shape) and all(
+        s is None or s == a for s, a in zip(shape, arr.shape, strict=True)
+    )
+    if not ok:
+        want = "x".join("?" if s is None else str(s) for s in shape)
+        raise DatasetError(f"{path}: expected an array of shape {want}, got {arr.shape}")
+    if dtype is not None and arr.dtype != np.dtype(dtype):
+        raise DatasetError(f"{path}: expected dtype {np.dtype(dtype)}, got {arr.dtype}")
+    return arr
+
+
+def check_labels(y: np.ndarray, num_classes: int, path: Path) -> np.ndarray:
+    """Labels must be integers in ``[0, num_classes)``."""
+    if y.size and (int(y.min()) < 0 or int(y.max()) >= num_classes):
+        raise DatasetError(
+            f"{path}: labels out of range, expected 0..{num_classes - 1}, "
+            f"got {int(y.min())}..{int(y.max())}"
+        )
+    return y
+
+
+def check_same_length(a: np.ndarray, b: np.ndarray, path_a: Path, path_b: Path) -> None:
+    if len(a) != len(b):
+        raise DatasetError(
+            f"{path_a}: {len(a)} samples but {path_b} has {len(b)} labels (expected equal counts)"
+        )
+
+
+# ----------------------------------------------------------------------------- tensors
+
+
+def images_to_tensor(
+    x: np.ndarray, mean: Sequence[float], std: Sequence[float], normalize: bool = True
+) -> torch.Tensor:
+    """uint8 ``[N, C, H, W]`` -> float32 in [0, 1], then per-channel standardised."""
+    t = torch.from_numpy(np.asarray(x).astype(np.float32)).div_(255.0)
+    if normalize:
+        c = t.shape[1]
+        m = torch.tensor(mean, dtype=torch.float32).view(1, c, 1, 1)
+        s = torch.tensor(std, dtype=torch.float32).view(1, c, 1, 1)
+        t.sub_(m).div_(s)
+    return t
+
+
+def labels_to_tensor(y: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.array(y, dtype=np.int64))

@@ -1,0 +1,194 @@
+"""Partitioners: how a centralised training set is split over simulated clients.
+
+Each returns ``list[np.ndarray]``, one sorted int64 index array per client, is a pure function
+of its arguments and the ``np.random.Generator`` passed in (same seed -> same split), and
+assigns every sample to exactly one client (``natural`` follows the given groups instead).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+
+def _as_int_array(values: Any, what: str) -> np.ndarray:
+    if hasattr(values, "detach"):  # torch.Tensor, without importing torch here
+        values = values.detach().cpu().numpy()
+    arr = np.asarray(values)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise ValueError(f"{what} must be a 1-D integer array, got shape {arr.shape} {arr.dtype}")
+    return arr
+
+
+def _check_counts(num_samples: int, num_clients: int, min_per_client: int = 1) -> None:
+    if num_clients < 1:
+        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+    if num_clients * min_per_client > num_samples:
+        raise ValueError(
+            f"cannot give {num_clients} clients {min_per_client}+ samples each from "
+            f"{num_samples} samples"
+        )
+
+
+def group_by_client(indices: np.ndarray, owner: np.ndarray, num_clients: int) -> list[np.ndarray]:
+    """Split ``indices`` by ``owner`` (client id per entry) into sorted per-client arrays."""
+    order = np.lexsort((indices, owner))
+    counts = np.bincount(owner, minlength=num_clients)
+    return [a.astype(np.int64) for a in np.split(indices[order], np.cumsum(counts)[:-1])]
+
+
+def iid(num_samples: int, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Uniformly random, equal-sized (+-1) clients: the homogeneous baseline."""
+    _check_counts(num_samples, num_clients)
+    owner = np.repeat(np.arange(num_clients), _even_sizes(num_samples, num_clients))
+    return group_by_client(rng.permutation(num_samples), owner, num_clients)
+
+
+def _even_sizes(n: int, k: int) -> np.ndarray:
+    return np.full(k, n // k, dtype=np.int64) + (np.arange(k) < n % k)
+
+
+def dirichlet_label(
+    labels: Any,
+    num_clients: int,
+    alpha: float,
+    rng: np.random.Generator,
+    min_size: int = 10,
+    max_tries: int = 1000,
+) -> list[np.ndarray]:
+    """Label skew: class c is spread over clients by proportions ~ Dir(alpha) (Hsu et al. 2019).
+
+    Small ``alpha`` (0.1) gives few classes per client, large (100) is nearly IID. Proportions
+    are redrawn until every client holds at least ``min_size`` samples.
+    """
+    y = _as_int_array(labels, "labels")
+    if alpha <= 0:
+        raise ValueError(f"alpha must be > 0, got {alpha}")
+    _check_counts(len(y), num_clients, max(min_size, 1))
+    classes, y_inv = np.unique(y, return_inverse=True)
+    counts = np.bincount(y_inv, minlength=len(classes))
+    for _ in range(max_tries):
+        props = rng.dirichlet(np.full(num_clients, float(alpha)), size=len(classes))
+        cuts = np.floor(np.cumsum(props, axis=1) * counts[:, None]).astype(np.int64)
+        cuts[:, -1] = counts
+        per_client = np.diff(cuts, axis=1, prepend=0)  # [classes, clients]
+        if per_client.sum(axis=0).min() >= min_size:
+            break
+    else:
+        raise ValueError(
+            f"dirichlet_label: no split with every client >= min_size={min_size} samples after "
+            f"{max_tries} tries (alpha={alpha}, num_clients={num_clients}, {len(y)} samples); "
+            "lower min_size or num_clients, or raise alpha"
+        )
+    # class-major order, each class shuffled, then cut into the clients' consecutive runs
+    order = np.lexsort((rng.random(len(y)), y_inv))
+    owner = np.repeat(np.tile(np.arange(num_clients), len(classes)), per_client.ravel())
+    return group_by_client(order, owner, num_clients)
+
+
+def shards(
+    labels: Any, num_clients: int, classes_per_client: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """McMahan et al. (2017) pathological split: sort by label, cut into
+    ``num_clients * classes_per_client`` equal shards and deal each client that many shards,
+    so most clients see about ``classes_per_client`` classes.
+    """
+    y = _as_int_array(labels, "labels")
+    if classes_per_client < 1:
+        raise ValueError(f"classes_per_client must be >= 1, got {classes_per_client}")
+    n_shards = num_clients * classes_per_client
+    _check_counts(len(y), n_shards)
+    order = np.lexsort((rng.random(len(y)), y))  # by label, random within a label
+    shard_of_pos = np.repeat(np.arange(n_shards), _even_sizes(len(y), n_shards))
+    client_of_shard = np.empty(n_shards, dtype=np.int64)
+    dealt = np.repeat(np.arange(num_clients), classes_per_client)
+    client_of_shard[rng.permutation(n_shards)] = dealt
+    return group_by_client(order, client_of_shard[shard_of_pos], num_clients)
+
+
+def quantity_skew(
+    num_samples: int,
+    num_clients: int,
+    rng: np.random.Generator,
+    sigma: float = 1.0,
+    min_size: int = 1,
+) -> list[np.ndarray]:
+    """IID labels but unequal sizes: client shares ~ LogNormal(0, ``sigma``), >= ``min_size``."""
+    if sigma < 0:
+        raise ValueError(f"sigma must be >= 0, got {sigma}")
+    _check_counts(num_samples, num_clients, max(min_size, 0))
+    w = rng.lognormal(0.0, sigma, num_clients)
+    extra = num_samples - num_clients * min_size
+    raw = w / w.sum() * extra
+    sizes = np.floor(raw).astype(np.int64)
+    short = extra - int(sizes.sum())  # largest remainders get the leftover samples
+    sizes[np.argsort(-(raw - sizes), kind="stable")[:short]] += 1
+    owner = np.repeat(np.arange(num_clients), sizes + min_size)
+    return group_by_client(rng.permutation(num_samples), owner, num_clients)
+
+
+def natural(groups: Any) -> list[np.ndarray]:
+    """One client per distinct group id (sorted): keeps each writer/role/device intact."""
+    g = _as_int_array(groups, "groups")
+    uniq, owner = np.unique(g, return_inverse=True)
+    return group_by_client(np.arange(len(g)), owner.ravel(), len(uniq))
+
+
+PARTITIONERS: dict[str, Callable[..., list[np.ndarray]]] = {
+    "iid": iid,
+    "dirichlet": dirichlet_label,
+    "shards": shards,
+    "quantity_skew": quantity_skew,
+    "natural": natural,
+}
+_ALIASES = {"dirichlet_label": "dirichlet", "pathological": "shards", "quantity": "quantity_skew"}
+
+
+def partition(
+    name: str,
+    labels: Any,
+    num_clients: int | None,
+    rng: np.random.Generator,
+    groups: Any = None,
+    **kw: Any,
+) -> list[np.ndarray]:
+    """Run partitioner ``name`` with the arguments it needs, checking options up front.
+
+    ``natural`` needs ``groups`` and takes the first ``num_clients`` groups (all if ``None``);
+    the others need ``num_clients`` and their own options (e.g. ``alpha`` for ``dirichlet``).
+    """
+    key = _ALIASES.get(name, name)
+    if key not in PARTITIONERS:
+        raise ValueError(f"unknown partitioner {name!r}; known: {', '.join(PARTITIONERS)}")
+    if key == "natural":
+        if groups is None:
+            raise ValueError("partition 'natural' needs groups= (a natural client id per sample)")
+        if kw:
+            raise ValueError(f"partition 'natural' takes no options, got {sorted(kw)}")
+        parts = natural(groups)
+        if num_clients is not None:
+            if not 1 <= num_clients <= len(parts):
+                raise ValueError(f"num_clients={num_clients} but there are {len(parts)} groups")
+            parts = parts[:num_clients]
+        return parts
+    if num_clients is None:
+        raise ValueError(f"partition {key!r} needs num_clients")
+    fn = PARTITIONERS[key]
+    params = list(inspect.signature(fn).parameters.values())[1:]  # after labels/num_samples
+    options = {p.name: p for p in params if p.name not in ("num_clients", "rng")}
+    unknown = sorted(set(kw) - set(options))
+    if unknown:
+        raise ValueError(
+            f"partition {key!r}: unknown option(s) {unknown}; accepts {sorted(options)}"
+        )
+    empty = inspect.Parameter.empty
+    missing = [k for k, p in options.items() if p.default is empty and k not in kw]
+    if missing:
+        raise ValueError(f"partition {key!r} needs option(s) {missing} (pass them as keywords)")
+    if next(iter(inspect.signature(fn).parameters)) == "num_samples":
+        first = labels if isinstance(labels, (int, np.integer)) else len(labels)
+        return fn(int(first), num_clients=num_clients, rng=rng, **kw)
+    return fn(labels, num_clients=num_clients, rng=rng, **kw)
