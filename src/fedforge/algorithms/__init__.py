@@ -50,8 +50,10 @@ def build_algorithm(name: str, **hparams) -> Algorithm:
     if unknown:
         raise ValueError(f"algorithm.{unknown[0]}: not a hyper-parameter of {name!r}; "
                          f"expected one of {sorted(allowed)}")
-    algo = _factory(name)(**hparams)
-    return algo
+    for key, value in hparams.items():
+        if key.endswith("lr") and isinstance(value, (int, float)) and value <= 0:
+            raise ValueError(f"algorithm.{key}: expected a positive learning rate, got {value}")
+    return _factory(name)(**hparams)
 
 
 def describe_algorithms() -> dict[str, str]:

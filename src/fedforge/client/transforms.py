@@ -33,6 +33,11 @@ class RoundContext(NamedTuple):
     client_state: dict  # this client's persistent state, by part name
     info: dict  # per-client scalars for this round (e.g. {"tracking": tensor(True)})
 
+    @property
+    def round(self) -> torch.Tensor:
+        """The current round t (1-based) as a 0-d float tensor, for schedules."""
+        return self.broadcast["round"]
+
 
 class Transform(NamedTuple):
     name: str

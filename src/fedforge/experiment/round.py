@@ -38,6 +38,7 @@ def federated_round(
     *,
     agg_weights: torch.Tensor | None = None,
     info: dict | None = None,
+    round_: int = 1,
 ) -> RoundResult:
     """Run one round for the sampled ``client_ids``.
 
@@ -46,13 +47,15 @@ def federated_round(
       weights: ``[C, steps, batch]`` sample mask (0 = padding).
       agg_weights: ``[C]`` weights of the deltas; default uniform ``1/C``.
       info: per-client round inputs (from ``algorithm.round_info``).
+      round_: the round index t (1-based); broadcast as ``broadcast["round"]`` for schedules.
     """
     num_sampled = int(client_ids.numel())
     if agg_weights is None:
         agg_weights = torch.full((num_sampled,), 1.0 / num_sampled, device=x_all.device)
     inputs = CohortInputs(
         global_params=params,
-        broadcast=algorithm.broadcast(server_state),
+        broadcast={**algorithm.broadcast(server_state),
+                   "round": torch.tensor(float(round_), device=x_all.device)},
         client_states=store.gather(client_ids),
         info=info or {},
         sample_idx=sample_idx,

@@ -1,0 +1,3 @@
+from fedforge.cli import app
+
+app()

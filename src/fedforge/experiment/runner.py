@@ -1,0 +1,165 @@
+"""The synchronous experiment loop: sampling, rounds, evaluation, metrics, checkpoints.
+
+Randomness is derived per round from ``(seed, round)``: client sampling, mini-batch order
+and per-client round inputs use a fresh ``torch.Generator`` seeded by both, so a run resumed
+from round k draws exactly what an uninterrupted run draws, with no RNG state to restore.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedforge.algorithms import Algorithm, build_algorithm
+from fedforge.core.store import ClientStore
+from fedforge.core.tree import Params, tree_nbytes
+from fedforge.data import FederatedDataset, build_federated_dataset, client_batches, load_dataset
+from fedforge.engine import ChunkedEngine, build_engine, classification_loss
+from fedforge.experiment.checkpoint import load_checkpoint, save_checkpoint
+from fedforge.experiment.config import RunConfig, dump_config
+from fedforge.experiment.evaluate import evaluate
+from fedforge.experiment.metrics import MetricsWriter
+from fedforge.experiment.round import federated_round
+from fedforge.models import build_model
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"engine.device: {name!r} requested but CUDA is not available")
+    return torch.device(name)
+
+
+def round_generator(seed: int, round_: int) -> torch.Generator:
+    """The round's RNG: independent of everything that happened in earlier rounds."""
+    return torch.Generator().manual_seed(int(np.random.SeedSequence([seed, round_]).generate_state(1)[0]))
+
+
+@dataclass
+class Experiment:
+    """Everything a run needs, built once from a config (also used by ``compare`` and benches)."""
+
+    cfg: RunConfig
+    data: FederatedDataset
+    model: torch.nn.Module
+    algorithm: Algorithm
+    engine: ChunkedEngine
+    device: torch.device
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig) -> Experiment:
+        device = resolve_device(cfg.engine.device)
+        splits = load_dataset(cfg.data.dataset, cfg.data.root, **cfg.data.options)
+        data = build_federated_dataset(
+            splits, cfg.data.partition, cfg.data.num_clients, cfg.seed, **cfg.data.partition_options
+        ).to(device)
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg.model.name, data.input_shape, data.num_classes, **cfg.model.options)
+        model = model.to(device)
+        algorithm = build_algorithm(cfg.algorithm.name, **cfg.algorithm.hparams)
+        engine_kw = {} if cfg.engine.name == "loop" else {"chunk_size": cfg.engine.chunk_size}
+        engine = build_engine(cfg.engine.name, **engine_kw)
+        return cls(cfg, data, model, algorithm, engine, device)
+
+    def initial_params(self) -> Params:
+        return {k: v.detach().clone() for k, v in self.model.named_parameters()}
+
+
+def sample_round(exp: Experiment, round_: int):
+    """Draw the round's cohort and its mini-batch schedule (deterministic in seed, round)."""
+    cfg, data = exp.cfg, exp.data
+    gen = round_generator(cfg.seed, round_)
+    num = min(cfg.server.clients_per_round, data.num_clients)
+    client_ids = torch.randperm(data.num_clients, generator=gen)[:num].sort().values
+    sizes = data.client_sizes()[client_ids]
+    pos, weights = client_batches(
+        sizes, cfg.client.local_steps, cfg.client.local_epochs, cfg.client.batch_size, gen
+    )
+    sample_idx = data.gather_round_indices(client_ids, pos)  # [C, steps, batch]
+    info = exp.algorithm.round_info(num, gen)
+    if cfg.server.aggregation == "num_samples":
+        agg = sizes.double() / sizes.sum().clamp_min(1)
+    else:
+        agg = torch.full((num,), 1.0 / num, dtype=torch.float64)
+    dev = exp.device
+    info = {k: v.to(dev) for k, v in info.items()}
+    return (client_ids, sample_idx.to(dev), weights.to(dev), agg.to(dev, torch.float32), info)
+
+
+def run_experiment(
+    cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress: bool = True
+) -> list[dict]:
+    """Run ``cfg``, writing ``out_dir/{config.resolved.toml, metrics.jsonl, checkpoints/}``."""
+    from fedforge.experiment.progress import RoundProgress
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, out / "config.resolved.toml")
+    exp = Experiment.from_config(cfg)
+    loss_fn = classification_loss(exp.model)
+    params = exp.initial_params()
+    server_state = exp.algorithm.server_init(params)
+    store = ClientStore(exp.data.num_clients, exp.algorithm.client_init(params), exp.device)
+    start, wall_offset, bytes_up, bytes_down = 1, 0.0, 0, 0
+    ckpt_dir = out / "checkpoints"
+    if resume and (ckpt_dir / "latest.json").is_file():
+        tensors, meta = load_checkpoint(ckpt_dir, exp.device)
+        params, server_state = tensors["params"], tensors.get("server", {})
+        server_state = {"opt": server_state.get("opt", {}), "parts": server_state.get("parts", {})}
+        if tensors.get("clients"):
+            store.load_state_dict(tensors["clients"])
+        start, wall_offset = meta["round"] + 1, meta["wall_s"]
+        bytes_up, bytes_down = meta["bytes_up"], meta["bytes_down"]
+    metrics = MetricsWriter(out / "metrics.jsonl", truncate_after=start - 1)
+    t0 = time.perf_counter() - wall_offset
+    down_per_client, up_per_client = exp.algorithm.message_nbytes(params, server_state)
+    history = metrics.records
+    with RoundProgress(cfg.rounds, start, enabled=progress) as bar:
+        for t in range(start, cfg.rounds + 1):
+            client_ids, sample_idx, weights, agg, info = sample_round(exp, t)
+            params, server_state, cohort = federated_round(
+                exp.algorithm, exp.engine, loss_fn, params, server_state, store, client_ids,
+                exp.data.train_x, exp.data.train_y, sample_idx, weights, agg_weights=agg, info=info, round_=t,
+            )
+            bytes_down += down_per_client * len(client_ids)
+            bytes_up += up_per_client * len(client_ids)
+            train_loss = cohort.metrics["loss"].mean().item()
+            if not np.isfinite(train_loss):
+                raise FloatingPointError(f"round {t}: training loss is {train_loss} (diverged); "
+                                         f"last good checkpoint in {ckpt_dir}")
+            record = None
+            if t % cfg.eval.every == 0 or t == cfg.rounds:
+                record = {"round": t, "train_loss": train_loss}
+                record.update(evaluate(
+                    exp.model, params, exp.data.test_x, exp.data.test_y, cfg.eval.batch_size,
+                    exp.data.client_test_indices if cfg.eval.per_client else None,
+                ))
+                record.update({"bytes_up": bytes_up, "bytes_down": bytes_down,
+                               "wall_s": round(time.perf_counter() - t0, 3)})
+                metrics.write(record)
+            if t % cfg.checkpoint.every == 0 or t == cfg.rounds:
+                save_checkpoint(
+                    ckpt_dir, t,
+                    {"params": params, "server": server_state, "clients": store.state_dict()},
+                    {"wall_s": time.perf_counter() - t0, "bytes_up": bytes_up,
+                     "bytes_down": bytes_down, "seed": cfg.seed,
+                     "rng": "derived per round from (seed, round)"},
+                    keep=cfg.checkpoint.keep,
+                )
+            bar.advance(t, record)
+    return history
+
+
+def model_nbytes(params: Params) -> int:
+    return tree_nbytes(params)
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
