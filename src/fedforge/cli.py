@@ -11,6 +11,7 @@ from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="fedforge: fast, faithful federated-learning simulation.")
+Overrides = Annotated[list[str] | None, typer.Argument(help="dotted key=value overrides")]
 console = Console()
 err_console = Console(stderr=True)
 
@@ -32,7 +33,7 @@ def _load(config: Path, overrides: list[str]):
 @app.command()
 def run(
     config: Annotated[Path, typer.Argument(help="TOML or YAML run config")],
-    overrides: Annotated[list[str] | None, typer.Argument(help="dotted key=value overrides")] = None,
+    overrides: Overrides = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="output directory")] = Path("runs/run"),
     resume: Annotated[bool, typer.Option("--resume", help="continue from out/checkpoints")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
@@ -58,7 +59,7 @@ def run(
 def compare(
     config: Annotated[Path, typer.Argument(help="TOML or YAML run config")],
     algorithms: Annotated[str, typer.Option("--algorithms", "-a", help="comma-separated names")],
-    overrides: Annotated[list[str] | None, typer.Argument(help="dotted key=value overrides")] = None,
+    overrides: Overrides = None,
     out: Annotated[Path, typer.Option("--out", "-o")] = Path("runs/compare"),
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
 ) -> None:

@@ -94,12 +94,14 @@ class ChunkedEngine:
             )
             w = inputs.agg_weights[sl]  # [c]
             mean_delta = tree_map2(
-                lambda acc, d: acc + torch.tensordot(w.to(d.dtype), d, dims=1), mean_delta, out.delta
+                lambda acc, d, w=w: acc + torch.tensordot(w.to(d.dtype), d, dims=1),
+                mean_delta, out.delta,
             )
             chunk_uploads = tree_map(lambda u: u.sum(0), out.uploads)
-            upload_sum = (
-                chunk_uploads if upload_sum is None else tree_map2(torch.add, upload_sum, chunk_uploads)
-            )
+            if upload_sum is None:
+                upload_sum = chunk_uploads
+            else:
+                upload_sum = tree_map2(torch.add, upload_sum, chunk_uploads)
             states.append(out.client_state)
             metrics.append(out.metrics)
             if self.keep_deltas:

@@ -12,9 +12,9 @@ import torch
 
 from fedforge.algorithms.base import Algorithm
 from fedforge.core.store import ClientStore
+from fedforge.core.tree import Params
 from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput
 from fedforge.engine.local import LossFn
-from fedforge.core.tree import Params
 
 
 class RoundResult(NamedTuple):

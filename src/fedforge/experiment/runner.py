@@ -18,7 +18,9 @@ import torch
 from fedforge.algorithms import Algorithm, build_algorithm
 from fedforge.core.store import ClientStore
 from fedforge.core.tree import Params, tree_nbytes
-from fedforge.data import FederatedDataset, build_federated_dataset, client_batches, load_dataset
+from fedforge.data import FederatedDataset, build_federated_dataset, load_dataset
+from fedforge.data.batching import client_batches
+from fedforge.data.federated import gather_round_indices
 from fedforge.engine import ChunkedEngine, build_engine, classification_loss
 from fedforge.experiment.checkpoint import load_checkpoint, save_checkpoint
 from fedforge.experiment.config import RunConfig, dump_config
@@ -67,6 +69,12 @@ class Experiment:
         engine = build_engine(cfg.engine.name, **engine_kw)
         return cls(cfg, data, model, algorithm, engine, device)
 
+    @property
+    def client_sizes(self) -> torch.Tensor:
+        if not hasattr(self, "_sizes"):
+            self._sizes = self.data.client_sizes().cpu()
+        return self._sizes
+
     def initial_params(self) -> Params:
         return {k: v.detach().clone() for k, v in self.model.named_parameters()}
 
@@ -77,11 +85,11 @@ def sample_round(exp: Experiment, round_: int):
     gen = round_generator(cfg.seed, round_)
     num = min(cfg.server.clients_per_round, data.num_clients)
     client_ids = torch.randperm(data.num_clients, generator=gen)[:num].sort().values
-    sizes = data.client_sizes()[client_ids]
+    sizes = exp.client_sizes[client_ids]  # on the CPU, like the generator
     pos, weights = client_batches(
         sizes, cfg.client.local_steps, cfg.client.local_epochs, cfg.client.batch_size, gen
     )
-    sample_idx = data.gather_round_indices(client_ids, pos)  # [C, steps, batch]
+    sample_idx = gather_round_indices(data.index_table, client_ids, pos)  # [C, steps, batch]
     info = exp.algorithm.round_info(num, gen)
     if cfg.server.aggregation == "num_samples":
         agg = sizes.double() / sizes.sum().clamp_min(1)
