@@ -127,7 +127,7 @@ def decode_cifar_planes(e: np.ndarray) -> np.ndarray:
     return np.stack([p[:, 1] + g, g, p[:, 2] + g], axis=1)
 
 
-def _load_cifar_split(folder: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
+def load_cifar_split(folder: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
     img_path = folder / f"{split}_images.npy.xz"
     lab_path = folder / f"{split}_labels.npy"
     require_file(lab_path, "a uint8 label array (.npy)")
@@ -145,8 +145,8 @@ def _load_cifar_split(folder: Path, split: str) -> tuple[np.ndarray, np.ndarray]
 def load_cifar10(root: str | Path, normalize: bool = True) -> DatasetSplits:
     """CIFAR-10, 50k/10k x 3x32x32, 10 classes (train is sorted by class: partition shuffles)."""
     folder = find_dataset_dir(root, "cifar10", "train_labels.npy")
-    tr_x, tr_y = _load_cifar_split(folder, "train")
-    te_x, te_y = _load_cifar_split(folder, "test")
+    tr_x, tr_y = load_cifar_split(folder, "train")
+    te_x, te_y = load_cifar_split(folder, "test")
     mean, std = CIFAR10_STATS
     return DatasetSplits(
         name="cifar10",

@@ -67,7 +67,12 @@ def dirichlet_label(
     y = _as_int_array(labels, "labels")
     if alpha <= 0:
         raise ValueError(f"alpha must be > 0, got {alpha}")
-    _check_counts(len(y), num_clients, max(min_size, 1))
+    _check_counts(len(y), num_clients)
+    if num_clients * min_size > len(y):
+        raise ValueError(
+            f"dirichlet_label: min_size={min_size} for each of {num_clients} clients needs "
+            f"{num_clients * min_size} samples, only {len(y)} given"
+        )
     classes, y_inv = np.unique(y, return_inverse=True)
     counts = np.bincount(y_inv, minlength=len(classes))
     for _ in range(max_tries):

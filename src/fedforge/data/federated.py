@@ -1,0 +1,195 @@
+"""A dataset split over clients, held as whole tensors plus per-client index lists.
+
+Keeping one copy of the data (on the training device) and only *indices* per client lets a
+round gather every client's minibatches with a single indexing op through ``index_table``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedforge.data.base import DatasetSplits
+from fedforge.data.batching import client_batches
+from fedforge.data.partition import partition as run_partitioner
+
+__all__ = [
+    "FederatedDataset",
+    "build_federated_dataset",
+    "build_index_table",
+    "client_batches",
+    "gather_round_indices",
+]
+
+
+def build_index_table(
+    client_indices: list[Tensor], device: torch.device | str | None = None
+) -> Tensor:
+    """Pad per-client index lists into int64 ``[num_clients, max(1, max_size)]`` (pad = 0)."""
+    dev = (
+        torch.device(device)
+        if device is not None
+        else (client_indices[0].device if client_indices else torch.device("cpu"))
+    )
+    sizes = torch.tensor([len(ix) for ix in client_indices], dtype=torch.int64, device=dev)
+    width = max(int(sizes.max()) if len(sizes) else 0, 1)
+    table = torch.zeros(len(client_indices), width, dtype=torch.int64, device=dev)
+    if int(sizes.sum()) > 0:
+        flat = torch.cat([ix.to(dev, torch.int64) for ix in client_indices])
+        row = torch.repeat_interleave(torch.arange(len(sizes), device=dev), sizes)
+        col = torch.arange(len(flat), device=dev) - torch.repeat_interleave(
+            torch.cumsum(sizes, 0) - sizes, sizes
+        )
+        table[row, col] = flat
+    return table
+
+
+def gather_round_indices(
+    client_indices: list[Tensor] | Tensor, clients: Tensor, pos: Tensor
+) -> Tensor:
+    """Map local positions ``pos`` ``[C, ...]`` of cohort ``clients`` ``[C]`` to global indices.
+
+    Pass the cached ``FederatedDataset.index_table`` (one indexing op); a list of per-client
+    index tensors also works but builds the table first.
+    """
+    table = (
+        client_indices if isinstance(client_indices, Tensor) else build_index_table(client_indices)
+    )
+    rows = clients.to(table.device, torch.int64).view(-1, *([1] * (pos.dim() - 1)))
+    return table[rows, pos.to(table.device)]
+
+
+@dataclass
+class FederatedDataset:
+    """Whole train/test tensors on one device plus each client's sample indices."""
+
+    train_x: Tensor
+    train_y: Tensor
+    test_x: Tensor
+    test_y: Tensor
+    client_indices: list[Tensor]
+    client_test_indices: list[Tensor] | None
+    num_classes: int
+    input_shape: tuple[int, ...]
+    name: str
+    vocab_size: int | None = None
+    index_table: Tensor = field(default=None, repr=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.index_table is None:
+            self.index_table = build_index_table(self.client_indices, self.train_x.device)
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_indices)
+
+    @property
+    def device(self) -> torch.device:
+        return self.train_x.device
+
+    def client_sizes(self) -> Tensor:
+        """int64 ``[num_clients]``: number of train samples per client (FedAvg weights)."""
+        return torch.tensor(
+            [len(ix) for ix in self.client_indices], dtype=torch.int64, device=self.device
+        )
+
+    def label_counts(self) -> Tensor:
+        """int64 ``[num_clients, num_classes]`` train label histogram, to report heterogeneity."""
+        sizes = self.client_sizes()
+        mask = torch.arange(self.index_table.shape[1], device=self.device) < sizes[:, None]
+        y = self.train_y[self.index_table]
+        rows = torch.arange(self.num_clients, device=self.device)[:, None].expand_as(y)
+        out = torch.zeros(self.num_clients, self.num_classes, dtype=torch.int64, device=self.device)
+        out.index_put_((rows[mask], y[mask]), torch.ones_like(y[mask]), accumulate=True)
+        return out
+
+    def to(self, device: torch.device | str) -> FederatedDataset:
+        """A copy with every tensor (data, indices, index table) on ``device``."""
+
+        def mv(ts: list[Tensor] | None) -> list[Tensor] | None:
+            return None if ts is None else [t.to(device) for t in ts]
+
+        return FederatedDataset(
+            train_x=self.train_x.to(device),
+            train_y=self.train_y.to(device),
+            test_x=self.test_x.to(device),
+            test_y=self.test_y.to(device),
+            client_indices=mv(self.client_indices) or [],
+            client_test_indices=mv(self.client_test_indices),
+            num_classes=self.num_classes,
+            input_shape=self.input_shape,
+            name=self.name,
+            vocab_size=self.vocab_size,
+            index_table=self.index_table.to(device),
+        )
+
+    def round_batches(
+        self,
+        clients: Tensor,
+        batch_size: int,
+        generator: torch.Generator,
+        steps: int | None = None,
+        epochs: int | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Global sample indices ``[C, S, B]`` and float mask for cohort ``clients`` this round."""
+        clients = clients.to(self.device, torch.int64)
+        sizes = self.client_sizes()[clients]
+        pos, mask = client_batches(sizes, steps, epochs, batch_size, generator)
+        return gather_round_indices(self.index_table, clients, pos), mask
+
+
+def _test_parts(test_groups: np.ndarray, group_ids: np.ndarray) -> list[np.ndarray]:
+    order = np.argsort(test_groups, kind="stable")
+    sorted_g = test_groups[order]
+    lo = np.searchsorted(sorted_g, group_ids, "left")
+    hi = np.searchsorted(sorted_g, group_ids, "right")
+    return [order[a:b].astype(np.int64) for a, b in zip(lo, hi, strict=True)]
+
+
+def build_federated_dataset(
+    splits: DatasetSplits,
+    partition: str,
+    num_clients: int | None,
+    seed: int,
+    **partition_kw: object,
+) -> FederatedDataset:
+    """Split ``splits.train_*`` over clients with partitioner ``partition`` (seeded).
+
+    ``natural`` uses the dataset's own groups (writers, roles, devices): ``num_clients=None``
+    keeps all groups, an int keeps the first n (sorted ids), and each client also gets its own
+    test samples in ``client_test_indices``. Other partitioners need ``num_clients``.
+    """
+    rng = np.random.default_rng(seed)
+    labels = splits.train_y.cpu().numpy()
+    test_parts = None
+    if partition == "natural":
+        if splits.train_groups is None:
+            raise ValueError(
+                f"dataset {splits.name!r} has no natural clients; use iid, dirichlet, shards or "
+                "quantity_skew"
+            )
+        parts = run_partitioner(
+            "natural", labels, num_clients, rng, groups=splits.train_groups, **partition_kw
+        )
+        group_ids = np.unique(splits.train_groups)[: len(parts)]
+        if splits.test_groups is not None:
+            test_parts = _test_parts(np.asarray(splits.test_groups), group_ids)
+    else:
+        parts = run_partitioner(partition, labels, num_clients, rng, **partition_kw)
+    return FederatedDataset(
+        train_x=splits.train_x,
+        train_y=splits.train_y,
+        test_x=splits.test_x,
+        test_y=splits.test_y,
+        client_indices=[torch.from_numpy(p) for p in parts],
+        client_test_indices=None
+        if test_parts is None
+        else [torch.from_numpy(p) for p in test_parts],
+        num_classes=splits.num_classes,
+        input_shape=tuple(splits.input_shape),
+        name=splits.name,
+        vocab_size=splits.vocab_size,
+    )
