@@ -73,7 +73,7 @@ def make_local_update(algorithm: Algorithm, loss_fn: LossFn, *, masked: bool) ->
             loss_sum = loss_sum + a * loss.detach()
             steps = steps + a
             if grad_sum is not None:
-                grad_sum = tree_map2(lambda s, g: s + a * g, grad_sum, grads)
+                grad_sum = tree_map2(lambda s, g, a=a: s + a * g, grad_sum, grads)
         delta = tree_sub(global_params, params)
         fin = FinalizeInputs(ctx, delta, params, state, grad_sum, steps)
         new_client_state, uploads = algorithm.finalize(fin)

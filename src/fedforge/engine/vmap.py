@@ -43,7 +43,9 @@ class VmapEngine(ChunkedEngine):
     ) -> None:
         super().__init__(keep_deltas=keep_deltas)
         if chunk_size != "auto" and (not isinstance(chunk_size, int) or chunk_size < 1):
-            raise ValueError(f"engine.chunk_size: expected 'auto' or an int >= 1, got {chunk_size!r}")
+            raise ValueError(
+                f"engine.chunk_size: expected 'auto' or an int >= 1, got {chunk_size!r}"
+            )
         self._chunk = chunk_size
         self.memory_fraction = memory_fraction
         self.state_factor = state_factor

@@ -40,7 +40,8 @@ def resolve_device(name: str) -> torch.device:
 
 def round_generator(seed: int, round_: int) -> torch.Generator:
     """The round's RNG: independent of everything that happened in earlier rounds."""
-    return torch.Generator().manual_seed(int(np.random.SeedSequence([seed, round_]).generate_state(1)[0]))
+    state = np.random.SeedSequence([seed, round_]).generate_state(1)[0]
+    return torch.Generator().manual_seed(int(state))
 
 
 @dataclass
@@ -133,7 +134,8 @@ def run_experiment(
             client_ids, sample_idx, weights, agg, info = sample_round(exp, t)
             params, server_state, cohort = federated_round(
                 exp.algorithm, exp.engine, loss_fn, params, server_state, store, client_ids,
-                exp.data.train_x, exp.data.train_y, sample_idx, weights, agg_weights=agg, info=info, round_=t,
+                exp.data.train_x, exp.data.train_y, sample_idx, weights, agg_weights=agg,
+                info=info, round_=t,
             )
             bytes_down += down_per_client * len(client_ids)
             bytes_up += up_per_client * len(client_ids)
