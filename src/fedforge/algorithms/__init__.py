@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
+from fedforge.algorithms import fadamgc, momentum
 from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
 from fedforge.algorithms.fedavg import fedavg, fedavgm, fedprox
 from fedforge.algorithms.fedopt import fedadagrad, fedadam, fedams, fedyogi
@@ -19,6 +20,11 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
     "fedyogi": fedyogi,
     "fedadagrad": fedadagrad,
     "fedams": fedams,
+    "fadamgc": fadamgc.fadamgc,
+    "fa_nt": fadamgc.fa_nt,
+    "localadam": fadamgc.localadam,
+    "fedavg_m": momentum.fedavg_m,
+    "scaffold_m": momentum.scaffold_m,
 }
 
 
