@@ -8,6 +8,7 @@ from collections.abc import Callable
 from fedforge.algorithms import fadamgc, momentum
 from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
 from fedforge.algorithms.fedavg import fedavg, fedavgm, fedprox
+from fedforge.algorithms.fedexp import fedexp
 from fedforge.algorithms.fedopt import fedadagrad, fedadam, fedams, fedyogi
 from fedforge.algorithms.scaffold import scaffold
 
@@ -20,6 +21,7 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
     "fedyogi": fedyogi,
     "fedadagrad": fedadagrad,
     "fedams": fedams,
+    "fedexp": fedexp,
     "fadamgc": fadamgc.fadamgc,
     "fa_nt": fadamgc.fa_nt,
     "localadam": fadamgc.localadam,

@@ -12,46 +12,56 @@ from __future__ import annotations
 from fedforge.algorithms.base import Algorithm
 from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import add_prox, chain
+from fedforge.core.schedules import ScheduleLike
 from fedforge.server.optimizers import server_sgd
 
 
 def fedavg(
-    local_lr: float = 0.01, server_lr: float = 1.0, client_optimizer: str = "sgd",
-    weight_decay: float = 0.0, local_momentum: float = 0.9,
+    local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1.0, client_optimizer: str = "sgd",
+    weight_decay: ScheduleLike = 0.0, local_momentum: float = 0.9,
+    max_grad_norm: ScheduleLike | None = None, nar: bool = False,
 ) -> Algorithm:
-    """FedAvg: ``x <- x - server_lr * mean_i (x - x_i)`` (server_lr 1 = plain averaging)."""
+    """FedAvg: ``x <- x - server_lr * mean_i (x - x_i)`` (server_lr 1 = plain averaging).
+
+    Every float hyper-parameter may be a schedule; ``max_grad_norm`` clips the local
+    gradient and ``nar=True`` is FedNAR (decay inside the clip, :mod:`fedforge.client.nar`).
+    """
     return Algorithm(
         "fedavg",
         local_optimizer(client_optimizer, local_lr, weight_decay=weight_decay,
-                        momentum=local_momentum),
+                        momentum=local_momentum, max_grad_norm=max_grad_norm, nar=nar),
         server_sgd(server_lr),
         description="FedAvg (McMahan et al. 2017): local SGD, average of client models",
     )
 
 
 def fedavgm(
-    local_lr: float = 0.01, server_lr: float = 1.0, server_momentum: float = 0.9,
-    client_optimizer: str = "sgd", weight_decay: float = 0.0,
+    local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1.0, server_momentum: float = 0.9,
+    client_optimizer: str = "sgd", weight_decay: ScheduleLike = 0.0,
+    max_grad_norm: ScheduleLike | None = None, nar: bool = False,
 ) -> Algorithm:
     """FedAvgM: server heavy-ball momentum on the pseudo-gradient (Hsu et al. 2019)."""
     return Algorithm(
         "fedavgm",
-        local_optimizer(client_optimizer, local_lr, weight_decay=weight_decay),
+        local_optimizer(client_optimizer, local_lr, weight_decay=weight_decay,
+                        max_grad_norm=max_grad_norm, nar=nar),
         server_sgd(server_lr, momentum=server_momentum),
         description="FedAvgM (Hsu et al. 2019): FedAvg with server momentum",
     )
 
 
 def fedprox(
-    local_lr: float = 0.01, mu: float = 0.01, server_lr: float = 1.0,
-    client_optimizer: str = "sgd", weight_decay: float = 0.0,
+    local_lr: ScheduleLike = 0.01, mu: float = 0.01, server_lr: ScheduleLike = 1.0,
+    client_optimizer: str = "sgd", weight_decay: ScheduleLike = 0.0,
+    max_grad_norm: ScheduleLike | None = None, nar: bool = False,
 ) -> Algorithm:
     """FedProx: local gradient ``g + mu (x - x^t)`` (Li et al. 2020, Eq. 2)."""
     if mu < 0:
         raise ValueError(f"algorithm.mu: expected mu >= 0, got {mu}")
     return Algorithm(
         "fedprox",
-        chain(add_prox(mu), local_optimizer(client_optimizer, local_lr, weight_decay=weight_decay)),
+        chain(add_prox(mu), local_optimizer(client_optimizer, local_lr, weight_decay=weight_decay,
+                                            max_grad_norm=max_grad_norm, nar=nar)),
         server_sgd(server_lr),
         description="FedProx (Li et al. 2020): FedAvg + proximal term mu/2 ||x - x_global||^2",
     )

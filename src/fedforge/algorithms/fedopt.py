@@ -9,53 +9,68 @@ from __future__ import annotations
 
 from fedforge.algorithms.base import Algorithm
 from fedforge.client.optimizers import local_optimizer
+from fedforge.core.schedules import ScheduleLike
 from fedforge.server.optimizers import server_adagrad, server_adam, server_yogi
 
 
 def fedadam(
-    local_lr: float = 0.01, server_lr: float = 1e-2, b1: float = 0.9, b2: float = 0.99,
-    tau: float = 1e-3, client_optimizer: str = "sgd", weight_decay: float = 0.0,
+    local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1e-2, b1: float = 0.9,
+    b2: float = 0.99, tau: ScheduleLike = 1e-3, client_optimizer: str = "sgd",
+    weight_decay: ScheduleLike = 0.0, max_grad_norm: ScheduleLike | None = None,
+    nar: bool = False, adam_rule: str = "textbook",
 ) -> Algorithm:
+    """FedAdam. ``adam_rule="fednar_code"``: the FedNAR code's variant (v from the momentum,
+    ε inside the root; see :func:`fedforge.server.optimizers.server_adam`)."""
     return Algorithm(
         "fedadam",
-        local_optimizer(client_optimizer, local_lr, weight_decay=weight_decay),
-        server_adam(server_lr, b1, b2, tau),
-        description="FedAdam (Reddi et al. 2021): server Adam on the mean delta, no bias correction",
+        local_optimizer(client_optimizer, local_lr, weight_decay=weight_decay,
+                        max_grad_norm=max_grad_norm, nar=nar),
+        server_adam(server_lr, b1, b2, tau, rule=adam_rule),
+        description="FedAdam (Reddi et al. 2021): server Adam on the mean delta, "
+                    "no bias correction",
     )
 
 
 def fedyogi(
-    local_lr: float = 0.01, server_lr: float = 1e-2, b1: float = 0.9, b2: float = 0.99,
-    tau: float = 1e-3, client_optimizer: str = "sgd", weight_decay: float = 0.0,
+    local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1e-2, b1: float = 0.9,
+    b2: float = 0.99,
+    tau: ScheduleLike = 1e-3, client_optimizer: str = "sgd", weight_decay: ScheduleLike = 0.0,
+    max_grad_norm: ScheduleLike | None = None, nar: bool = False,
 ) -> Algorithm:
     return Algorithm(
         "fedyogi",
-        local_optimizer(client_optimizer, local_lr, weight_decay=weight_decay),
+        local_optimizer(client_optimizer, local_lr, weight_decay=weight_decay,
+                        max_grad_norm=max_grad_norm, nar=nar),
         server_yogi(server_lr, b1, b2, tau),
         description="FedYogi (Reddi et al. 2021): server Yogi on the mean delta",
     )
 
 
 def fedadagrad(
-    local_lr: float = 0.01, server_lr: float = 1e-2, tau: float = 1e-3,
-    client_optimizer: str = "sgd", weight_decay: float = 0.0,
+    local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1e-2, tau: ScheduleLike = 1e-3,
+    client_optimizer: str = "sgd", weight_decay: ScheduleLike = 0.0,
+    max_grad_norm: ScheduleLike | None = None, nar: bool = False,
 ) -> Algorithm:
     return Algorithm(
         "fedadagrad",
-        local_optimizer(client_optimizer, local_lr, weight_decay=weight_decay),
+        local_optimizer(client_optimizer, local_lr, weight_decay=weight_decay,
+                        max_grad_norm=max_grad_norm, nar=nar),
         server_adagrad(server_lr, tau),
         description="FedAdagrad (Reddi et al. 2021): server Adagrad on the mean delta",
     )
 
 
 def fedams(
-    local_lr: float = 0.01, server_lr: float = 1e-2, b1: float = 0.9, b2: float = 0.99,
-    eps: float = 1e-8, client_optimizer: str = "sgd", weight_decay: float = 0.0,
+    local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1e-2, b1: float = 0.9,
+    b2: float = 0.99,
+    eps: float = 1e-8, client_optimizer: str = "sgd", weight_decay: ScheduleLike = 0.0,
+    max_grad_norm: ScheduleLike | None = None, nar: bool = False,
 ) -> Algorithm:
     """FedAMS: ``v_hat = max(v_hat, v, eps)``, step ``η m / sqrt(v_hat)`` (Wang et al. 2022)."""
     return Algorithm(
         "fedams",
-        local_optimizer(client_optimizer, local_lr, weight_decay=weight_decay),
+        local_optimizer(client_optimizer, local_lr, weight_decay=weight_decay,
+                        max_grad_norm=max_grad_norm, nar=nar),
         server_adam(server_lr, b1, b2, amsgrad=True, floor=eps),
         description="FedAMS (Wang et al. 2022): server AMSGrad with an eps floor on v_hat",
     )

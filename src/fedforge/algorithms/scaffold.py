@@ -2,7 +2,8 @@
 Learning", ICML 2020), Algorithm 1 with option II control variates.
 
 Local step: ``x_i <- x_i - η_l (g_i(x_i) + c - c_i)``.
-Option II:  ``c_i+ = c_i - c + (x - x_i) / (K η_l)`` with K the steps this client took.
+Option II:  ``c_i+ = c_i - c + (x - x_i) / (K η_l)`` with K the steps this client took
+            (η_l is the local lr of the round when it is a schedule).
 Server:     ``x <- x + η_g mean_i (x_i - x)``,  ``c <- c + (|S|/N) mean_i (c_i+ - c_i)``.
 """
 
@@ -12,7 +13,8 @@ import torch
 
 from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
 from fedforge.client.optimizers import local_optimizer
-from fedforge.client.transforms import add_correction, chain
+from fedforge.client.transforms import add_correction, at_round, chain
+from fedforge.core.schedules import ScheduleLike, as_schedule
 from fedforge.core.tree import Params, tree_add, tree_zeros_like
 from fedforge.server.optimizers import server_sgd
 
@@ -23,8 +25,8 @@ class ControlVariates(Part):
     name = "scaffold"
     uplink_models = 1.0  # dc travels beside the delta
 
-    def __init__(self, local_lr: float) -> None:
-        self.local_lr = local_lr
+    def __init__(self, local_lr: ScheduleLike) -> None:
+        self.local_lr = as_schedule(local_lr, "local_lr")
 
     def client_init(self, params: Params) -> dict:
         return {"c": tree_zeros_like(params)}
@@ -38,7 +40,7 @@ class ControlVariates(Part):
     def finalize(self, fin: FinalizeInputs) -> tuple[dict, dict]:
         ci, c = fin.ctx.client_state[self.name]["c"], fin.ctx.broadcast[self.name]["c"]
         steps = fin.num_steps
-        scale = 1.0 / (steps.clamp_min(1.0) * self.local_lr)
+        scale = 1.0 / (steps.clamp_min(1.0) * at_round(self.local_lr, fin.ctx))
         trained = steps > 0  # a client with no data keeps its c_i
         new_ci = {k: torch.where(trained, ci[k] - c[k] + fin.delta[k] * scale, ci[k]) for k in ci}
         return {"c": new_ci}, {"dc": {k: new_ci[k] - ci[k] for k in ci}}
@@ -49,13 +51,18 @@ class ControlVariates(Part):
 
 
 def scaffold(
-    local_lr: float = 0.01, server_lr: float = 1.0, weight_decay: float = 0.0
+    local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1.0,
+    weight_decay: ScheduleLike = 0.0, max_grad_norm: ScheduleLike | None = None,
+    nar: bool = False,
 ) -> Algorithm:
+    """SCAFFOLD; with ``max_grad_norm``/``nar`` the correction ``c - c_i`` sits inside the clip
+    (it is part of the local loss's gradient, as in the FedNAR code)."""
     return Algorithm(
         "scaffold",
         chain(
             add_correction("scaffold", "c", "c"),
-            local_optimizer("sgd", local_lr, weight_decay=weight_decay),
+            local_optimizer("sgd", local_lr, weight_decay=weight_decay,
+                            max_grad_norm=max_grad_norm, nar=nar),
         ),
         server_sgd(server_lr),
         parts=(ControlVariates(local_lr),),

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from fedforge.core.schedules import ScheduleLike, as_schedule, is_zero, value_at
 from fedforge.core.tree import Params, tree_map, tree_map2, tree_sq_norm, tree_zeros_like
 
 State = dict[str, Any]
@@ -37,6 +38,11 @@ class RoundContext(NamedTuple):
     def round(self) -> torch.Tensor:
         """The current round t (1-based) as a 0-d float tensor, for schedules."""
         return self.broadcast["round"]
+
+
+def at_round(schedule: ScheduleLike, ctx: RoundContext):
+    """Value of a hyper-parameter schedule in this round (a constant is returned as is)."""
+    return value_at(as_schedule(schedule), ctx.broadcast.get("round"))
 
 
 class Transform(NamedTuple):
@@ -78,21 +84,37 @@ def identity() -> Transform:
     return _stateless("identity", lambda g, p, ctx: g)
 
 
-def scale(factor: float, name: str = "scale") -> Transform:
-    """``g -> factor * g``."""
-    return _stateless(name, lambda g, p, ctx: tree_map(lambda x: factor * x, g))
+def scale(factor: ScheduleLike, name: str = "scale") -> Transform:
+    """``g -> factor * g`` (``factor`` may be a per-round schedule)."""
+    factor = as_schedule(factor, name)
+
+    def fn(g, p, ctx):
+        f = at_round(factor, ctx)
+        return tree_map(lambda x: f * x, g)
+
+    return _stateless(name, fn)
 
 
-def scale_by_learning_rate(lr: float) -> Transform:
-    """``g -> -lr * g``: the last step of every local optimizer (descent direction)."""
-    return scale(-lr, name="lr")
+def scale_by_learning_rate(lr: ScheduleLike) -> Transform:
+    """``g -> -lr_t * g``: the last step of every local optimizer (descent direction)."""
+    lr = as_schedule(lr, "lr")
+
+    def fn(g, p, ctx):
+        f = at_round(lr, ctx)
+        return tree_map(lambda x: -f * x, g)
+
+    return _stateless("lr", fn)
 
 
-def add_decayed_weights(weight_decay: float) -> Transform:
-    """``g -> g + wd * x`` (L2 / coupled weight decay, as ``torch.optim.SGD``)."""
-    return _stateless(
-        "weight_decay", lambda g, p, ctx: tree_map2(lambda gi, pi: gi + weight_decay * pi, g, p)
-    )
+def add_decayed_weights(weight_decay: ScheduleLike) -> Transform:
+    """``g -> g + wd_t * x`` (L2 / coupled weight decay, as ``torch.optim.SGD``)."""
+    weight_decay = as_schedule(weight_decay, "weight_decay")
+
+    def fn(g, p, ctx):
+        wd = at_round(weight_decay, ctx)
+        return tree_map2(lambda gi, pi: gi + wd * pi, g, p)
+
+    return _stateless("weight_decay", fn)
 
 
 def add_prox(mu: float) -> Transform:
@@ -117,12 +139,13 @@ def add_correction(part: str, server_key: str, client_key: str) -> Transform:
     return _stateless(f"correction_{part}", fn)
 
 
-def clip_by_global_norm(max_norm: float) -> Transform:
-    """Rescale ``g`` to global norm at most ``max_norm`` (no-op below it)."""
+def clip_by_global_norm(max_norm: ScheduleLike) -> Transform:
+    """Rescale ``g`` to global norm at most ``max_norm`` (no-op below it; may be a schedule)."""
+    max_norm = as_schedule(max_norm, "max_grad_norm")
 
     def fn(g, p, ctx):
         norm = tree_sq_norm(g).sqrt()
-        factor = torch.clamp(max_norm / (norm + 1e-12), max=1.0)
+        factor = torch.clamp(at_round(max_norm, ctx) / (norm + 1e-12), max=1.0)
         return tree_map(lambda x: x * factor, g)
 
     return _stateless("clip", fn)
@@ -145,7 +168,7 @@ def trace(momentum: float, nesterov: bool = False, name: str = "momentum") -> Tr
 def scale_by_adam(
     b1: float = 0.9,
     b2: float = 0.999,
-    eps: float = 1e-8,
+    eps: ScheduleLike = 1e-8,
     *,
     amsgrad: bool = False,
     bias_correction: bool = True,
@@ -161,6 +184,7 @@ def scale_by_adam(
       initial_v: read the starting second moment from the round context (FAdamGC carries
         ``v_i`` across rounds); ``v_hat`` then starts at the same value. Default: zeros.
     """
+    eps = as_schedule(eps, "eps")
 
     def init(params, ctx):
         v = initial_v(ctx) if initial_v is not None else tree_zeros_like(params)
@@ -174,26 +198,28 @@ def scale_by_adam(
         m = tree_map2(lambda mi, gi: b1 * mi + (1 - b1) * gi, state["m"], g)
         v = tree_map2(lambda vi, gi: b2 * vi + (1 - b2) * gi * gi, state["v"], g)
         new_state = {"m": m, "v": v, "count": count}
+        e = at_round(eps, ctx)
         denom_v = v
         if amsgrad:
             denom_v = tree_map2(torch.maximum, state["vhat"], v)
             new_state["vhat"] = denom_v
         if bias_correction:
             c1, c2 = 1 - b1**count, 1 - b2**count
-            out = {k: (m[k] / c1) / ((denom_v[k] / c2).sqrt() + eps) for k in m}
+            out = {k: (m[k] / c1) / ((denom_v[k] / c2).sqrt() + e) for k in m}
         else:
-            out = {k: m[k] / (denom_v[k].sqrt() + eps) for k in m}
+            out = {k: m[k] / (denom_v[k].sqrt() + e) for k in m}
         return out, new_state
 
     return Transform(name, init, update)
 
 
 def sgd(
-    lr: float, momentum: float = 0.0, weight_decay: float = 0.0, *, nesterov: bool = False
+    lr: ScheduleLike, momentum: float = 0.0, weight_decay: ScheduleLike = 0.0, *,
+    nesterov: bool = False,
 ) -> Transform:
     """Client SGD, optionally with momentum and weight decay (``torch.optim.SGD`` semantics)."""
     parts = []
-    if weight_decay:
+    if not is_zero(as_schedule(weight_decay, "weight_decay")):
         parts.append(add_decayed_weights(weight_decay))
     if momentum:
         parts.append(trace(momentum, nesterov))
@@ -202,18 +228,18 @@ def sgd(
 
 
 def adam(
-    lr: float,
+    lr: ScheduleLike,
     b1: float = 0.9,
     b2: float = 0.999,
-    eps: float = 1e-8,
-    weight_decay: float = 0.0,
+    eps: ScheduleLike = 1e-8,
+    weight_decay: ScheduleLike = 0.0,
     *,
     amsgrad: bool = False,
     bias_correction: bool = True,
 ) -> Transform:
     """Client Adam (or AMSGrad with ``amsgrad=True``), coupled L2 weight decay."""
     parts = []
-    if weight_decay:
+    if not is_zero(as_schedule(weight_decay, "weight_decay")):
         parts.append(add_decayed_weights(weight_decay))
     parts.append(scale_by_adam(b1, b2, eps, amsgrad=amsgrad, bias_correction=bias_correction))
     parts.append(scale_by_learning_rate(lr))

@@ -4,6 +4,12 @@ Each is ``ServerOptimizer(init(params) -> state, update(pseudo_grad, state, para
 (updates, state))`` and the new model is ``params + updates``. With this sign convention
 FedAvg is server SGD with lr 1 (Reddi et al. 2021, "Adaptive Federated Optimization").
 Hyper-parameter names follow that paper: η (``lr``), β1, β2, τ (``tau``).
+
+``lr`` and ``tau`` (ε) accept per-round schedules (:mod:`fedforge.core.schedules`). The
+server learns the round from its own state: an optimizer with a non-constant schedule keeps
+``state["count"]`` (updates done so far, checkpointed with the state), and update number
+``count + 1`` is round ``t = count + 1`` of the runner. Constant hyper-parameters keep the
+state exactly as before (no ``count``).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from typing import NamedTuple
 
 import torch
 
+from fedforge.core.schedules import Schedule, ScheduleLike, as_schedule, value_at
 from fedforge.core.tree import Params, tree_map, tree_map2, tree_zeros_like
 
 
@@ -22,19 +29,44 @@ class ServerOptimizer(NamedTuple):
     update: Callable[[Params, dict, Params], tuple[Params, dict]]
 
 
-def server_sgd(lr: float = 1.0, momentum: float = 0.0, *, nesterov: bool = False) -> ServerOptimizer:
-    """``x <- x - lr * v`` with ``v = momentum * v + Δ`` (FedAvgM, Hsu et al. 2019)."""
+class _RoundClock:
+    """Gives schedules the round: ``t = state["count"] + 1`` when any schedule varies."""
+
+    def __init__(self, *schedules: Schedule) -> None:
+        self.needed = any(not s.is_constant for s in schedules)
+
+    def init(self, state: dict) -> dict:
+        if self.needed:
+            state["count"] = torch.zeros((), dtype=torch.float64)
+        return state
+
+    def round(self, state: dict) -> torch.Tensor | None:
+        return state["count"] + 1 if self.needed else None
+
+    def tick(self, old: dict, new: dict) -> dict:
+        if self.needed:
+            new["count"] = old["count"] + 1
+        return new
+
+
+def server_sgd(
+    lr: ScheduleLike = 1.0, momentum: float = 0.0, *, nesterov: bool = False
+) -> ServerOptimizer:
+    """``x <- x - lr_t * v`` with ``v = momentum * v + Δ`` (FedAvgM, Hsu et al. 2019)."""
+    lr = as_schedule(lr, "server_lr")
+    clock = _RoundClock(lr)
 
     def init(params):
-        return {"v": tree_zeros_like(params)} if momentum else {}
+        return clock.init({"v": tree_zeros_like(params)} if momentum else {})
 
     def update(g, state, params):
         del params
+        eta = value_at(lr, clock.round(state))
         if not momentum:
-            return tree_map(lambda x: -lr * x, g), state
+            return tree_map(lambda x: -eta * x, g), clock.tick(state, dict(state))
         v = tree_map2(lambda vi, gi: momentum * vi + gi, state["v"], g)
         step = tree_map2(lambda gi, vi: gi + momentum * vi, g, v) if nesterov else v
-        return tree_map(lambda x: -lr * x, step), {"v": v}
+        return tree_map(lambda x: -eta * x, step), clock.tick(state, {"v": v})
 
     return ServerOptimizer("sgd", init, update)
 
@@ -42,13 +74,18 @@ def server_sgd(lr: float = 1.0, momentum: float = 0.0, *, nesterov: bool = False
 def _adaptive(
     name: str,
     second_moment: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    lr: float,
+    lr: ScheduleLike,
     b1: float,
-    tau: float,
+    tau: ScheduleLike,
     initial_accumulator: float,
     amsgrad: bool,
     floor: float | None,
+    rule: str = "textbook",
+    b2: float = 0.99,
 ) -> ServerOptimizer:
+    lr, tau = as_schedule(lr, "server_lr"), as_schedule(tau, "tau")
+    clock = _RoundClock(lr, tau)
+
     def init(params):
         state = {
             "m": tree_zeros_like(params),
@@ -56,11 +93,19 @@ def _adaptive(
         }
         if amsgrad:
             state["vhat"] = tree_map(lambda p: torch.full_like(p, initial_accumulator), params)
-        return state
+        return clock.init(state)
 
     def update(g, state, params):
         del params
+        t = clock.round(state)
+        eta, eps = value_at(lr, t), value_at(tau, t)
         m = tree_map2(lambda mi, gi: b1 * mi + (1 - b1) * gi, state["m"], g)
+        if rule == "fednar_code":
+            # ljb121002/fednar main.py: v from the new momentum m (not from Δ), both moments
+            # rescaled by 1/(1-β) (not a bias correction), ε inside the square root.
+            v = tree_map2(lambda vi, mi: b2 * vi + (1 - b2) * mi * mi, state["v"], m)
+            updates = {k: -eta * (m[k] / (1 - b1)) / (v[k] / (1 - b2) + eps).sqrt() for k in m}
+            return updates, clock.tick(state, {"m": m, "v": v})
         v = tree_map2(second_moment, state["v"], g)
         new_state = {"m": m, "v": v}
         denom = v
@@ -70,25 +115,34 @@ def _adaptive(
                 denom = tree_map(lambda x: x.clamp_min(floor), denom)
             new_state["vhat"] = denom
         if floor is not None:
-            updates = {k: -lr * m[k] / denom[k].sqrt() for k in m}
+            updates = {k: -eta * m[k] / denom[k].sqrt() for k in m}
         else:
-            updates = {k: -lr * m[k] / (denom[k].sqrt() + tau) for k in m}
-        return updates, new_state
+            updates = {k: -eta * m[k] / (denom[k].sqrt() + eps) for k in m}
+        return updates, clock.tick(state, new_state)
 
+    if rule not in ("textbook", "fednar_code"):
+        raise ValueError(f"adam_rule: expected 'textbook' or 'fednar_code', got {rule!r}")
     return ServerOptimizer(name, init, update)
 
 
 def server_adam(
-    lr: float = 1e-2,
+    lr: ScheduleLike = 1e-2,
     b1: float = 0.9,
     b2: float = 0.99,
-    tau: float = 1e-3,
+    tau: ScheduleLike = 1e-3,
     *,
     initial_accumulator: float = 0.0,
     amsgrad: bool = False,
     floor: float | None = None,
+    rule: str = "textbook",
 ) -> ServerOptimizer:
     """FedAdam (Reddi et al. 2021, Alg. 2): no bias correction, ``x <- x - η m/(sqrt(v)+τ)``.
+
+    ``rule="fednar_code"`` is the FedAdam of the FedNAR/FedExP code (ljb121002/fednar,
+    ``main.py``): ``m <- β1 m + (1-β1) Δ``, then ``v <- β2 v + (1-β2) m²`` (the *momentum*
+    squared, where the textbook squares Δ), and ``x <- x - η (m/(1-β1)) / sqrt(v/(1-β2) + ε_t)``
+    with ε = ``tau`` inside the root (the code decays it, ``ε_t = ε_0 γ^(2t)``: pass an
+    exponential schedule with ``gamma = γ²``). ``amsgrad``/``floor`` apply to the textbook rule.
 
     ``amsgrad=True`` keeps ``v_hat = max(v_hat, v)``. With ``floor`` set the step is
     ``η m / sqrt(max(v_hat, v, floor))`` as in FedAMS (Wang et al. 2022, Alg. 2, ε = ``floor``).
@@ -96,7 +150,7 @@ def server_adam(
     """
     return _adaptive(
         "adam", lambda v, g: b2 * v + (1 - b2) * g * g, lr, b1, tau, initial_accumulator,
-        amsgrad, floor,
+        amsgrad, floor, rule, b2,
     )
 
 
@@ -117,4 +171,6 @@ def server_adagrad(
     lr: float = 1e-2, tau: float = 1e-3, *, b1: float = 0.0, initial_accumulator: float = 0.0
 ) -> ServerOptimizer:
     """FedAdagrad: ``v <- v + Δ²`` (Reddi et al. 2021, Alg. 2; β1 = 0 by default)."""
-    return _adaptive("adagrad", lambda v, g: v + g * g, lr, b1, tau, initial_accumulator, False, None)
+    return _adaptive(
+        "adagrad", lambda v, g: v + g * g, lr, b1, tau, initial_accumulator, False, None
+    )
