@@ -109,7 +109,7 @@ def read_npy_xz(path: Path, what: str) -> np.ndarray:
     return load_npy_bytes(io.BytesIO(raw), path, what)
 
 
-def load_npy_bytes(source, path: Path, what: str) -> np.ndarray:
+def load_npy_bytes(source: Path | io.BytesIO, path: Path, what: str) -> np.ndarray:
     """``np.load`` of one .npy (file or buffer) with errors converted to DatasetError."""
     try:
         return np.load(source, allow_pickle=False)

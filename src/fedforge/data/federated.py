@@ -76,11 +76,15 @@ class FederatedDataset:
     input_shape: tuple[int, ...]
     name: str
     vocab_size: int | None = None
+    client_names: list[str] | None = None  # natural splits: writer / role name per client
     index_table: Tensor = field(default=None, repr=False)  # type: ignore[assignment]
+    _sizes: Tensor = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.index_table is None:
             self.index_table = build_index_table(self.client_indices, self.train_x.device)
+        sizes = [len(ix) for ix in self.client_indices]
+        self._sizes = torch.tensor(sizes, dtype=torch.int64, device=self.index_table.device)
 
     @property
     def num_clients(self) -> int:
@@ -92,9 +96,7 @@ class FederatedDataset:
 
     def client_sizes(self) -> Tensor:
         """int64 ``[num_clients]``: number of train samples per client (FedAvg weights)."""
-        return torch.tensor(
-            [len(ix) for ix in self.client_indices], dtype=torch.int64, device=self.device
-        )
+        return self._sizes.clone()
 
     def label_counts(self) -> Tensor:
         """int64 ``[num_clients, num_classes]`` train label histogram, to report heterogeneity."""
@@ -123,6 +125,7 @@ class FederatedDataset:
             input_shape=self.input_shape,
             name=self.name,
             vocab_size=self.vocab_size,
+            client_names=self.client_names,
             index_table=self.index_table.to(device),
         )
 
@@ -136,7 +139,7 @@ class FederatedDataset:
     ) -> tuple[Tensor, Tensor]:
         """Global sample indices ``[C, S, B]`` and float mask for cohort ``clients`` this round."""
         clients = clients.to(self.device, torch.int64)
-        sizes = self.client_sizes()[clients]
+        sizes = self._sizes[clients]
         pos, mask = client_batches(sizes, steps, epochs, batch_size, generator)
         return gather_round_indices(self.index_table, clients, pos), mask
 
@@ -164,7 +167,7 @@ def build_federated_dataset(
     """
     rng = np.random.default_rng(seed)
     labels = splits.train_y.cpu().numpy()
-    test_parts = None
+    test_parts, names = None, None
     if partition == "natural":
         if splits.train_groups is None:
             raise ValueError(
@@ -175,6 +178,8 @@ def build_federated_dataset(
             "natural", labels, num_clients, rng, groups=splits.train_groups, **partition_kw
         )
         group_ids = np.unique(splits.train_groups)[: len(parts)]
+        if splits.group_names is not None:
+            names = [splits.group_names[g] for g in group_ids.tolist()]
         if splits.test_groups is not None:
             test_parts = _test_parts(np.asarray(splits.test_groups), group_ids)
     else:
@@ -192,4 +197,5 @@ def build_federated_dataset(
         input_shape=tuple(splits.input_shape),
         name=splits.name,
         vocab_size=splits.vocab_size,
+        client_names=names,
     )

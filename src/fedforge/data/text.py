@@ -103,6 +103,9 @@ def load_shakespeare(
     """
     if seq_len < 1 or stride < 1:
         raise ValueError(f"seq_len and stride must be >= 1, got {seq_len}, {stride}")
+    for cap in (max_samples_per_client, max_test_samples_per_client):
+        if cap is not None and cap < 1:
+            raise ValueError(f"per-client sample caps must be None or >= 1, got {cap}")
     folder = find_dataset_dir(root, "shakespeare", "shakespeare_train.json.gz")
     train = _read_roles(folder / "shakespeare_train.json.gz")
     test = _read_roles(folder / "shakespeare_test.json.gz")
