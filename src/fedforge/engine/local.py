@@ -29,15 +29,35 @@ class LocalResult(NamedTuple):
     metrics: dict  # {"loss": mean local loss, "steps": steps taken}
 
 
-def classification_loss(model: nn.Module) -> LossFn:
-    """Masked mean cross-entropy: ``sum_b w_b CE_b / max(sum_b w_b, 1)``."""
+PRECISIONS = ("fp32", "bf16", "tf32")
+
+
+def classification_loss(model: nn.Module, precision: str = "fp32") -> LossFn:
+    """Masked mean cross-entropy: ``sum_b w_b CE_b / max(sum_b w_b, 1)``.
+
+    ``precision="bf16"`` runs the model's forward (and so its backward) under bf16 autocast
+    on the inputs' device — on CPUs with AMX and on GPUs this roughly halves step time;
+    parameters, the loss and every optimizer state stay fp32. ``"tf32"`` is set globally by
+    :func:`set_matmul_precision`, not here.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"engine.precision: expected one of {PRECISIONS}, got {precision!r}")
+    autocast = precision == "bf16"
 
     def loss_fn(params, x, y, w):
-        logits = torch.func.functional_call(model, params, (x,))  # [B, classes]
-        per_sample = F.cross_entropy(logits, y, reduction="none")  # [B]
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
+            logits = torch.func.functional_call(model, params, (x,))  # [B, classes]
+        per_sample = F.cross_entropy(logits.float(), y, reduction="none")  # [B]
         return (per_sample * w).sum() / w.sum().clamp_min(1.0)
 
     return loss_fn
+
+
+def set_matmul_precision(precision: str) -> None:
+    """``tf32`` lets CUDA matmuls/convs use TensorFloat-32 (``"high"``); others keep fp32."""
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
 
 
 def make_local_update(algorithm: Algorithm, loss_fn: LossFn, *, masked: bool) -> Callable:

@@ -82,6 +82,7 @@ class EngineConfig(_Section):
     name: Literal["vmap", "loop"] = "vmap"
     chunk_size: int | Literal["auto"] = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    precision: Literal["fp32", "bf16", "tf32"] = "fp32"  # bf16 = autocast of the forward
 
     @field_validator("chunk_size")
     @classmethod

@@ -22,6 +22,7 @@ from fedforge.data import FederatedDataset, build_federated_dataset, load_datase
 from fedforge.data.batching import client_batches
 from fedforge.data.federated import gather_round_indices
 from fedforge.engine import ChunkedEngine, build_engine, classification_loss
+from fedforge.engine.local import set_matmul_precision
 from fedforge.experiment.checkpoint import load_checkpoint, save_checkpoint
 from fedforge.experiment.config import RunConfig, dump_config
 from fedforge.experiment.evaluate import evaluate
@@ -111,7 +112,8 @@ def run_experiment(
     out.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, out / "config.resolved.toml")
     exp = Experiment.from_config(cfg)
-    loss_fn = classification_loss(exp.model)
+    set_matmul_precision(cfg.engine.precision)
+    loss_fn = classification_loss(exp.model, cfg.engine.precision)
     params = exp.initial_params()
     server_state = exp.algorithm.server_init(params)
     store = ClientStore(exp.data.num_clients, exp.algorithm.client_init(params), exp.device)

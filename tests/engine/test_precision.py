@@ -1,0 +1,41 @@
+"""bf16 autocast is an engine option: it must not change what a run learns (beyond noise)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedforge.engine.local import classification_loss
+from fedforge.experiment.config import load_config
+from fedforge.experiment.runner import run_experiment
+from fedforge.models import build_model
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.toml"
+
+
+def test_bf16_autocast_keeps_accuracy(tmp_path):
+    final = {}
+    for precision in ("fp32", "bf16"):
+        cfg = load_config(QUICKSTART, ["rounds=20", "eval.every=20",
+                                       f"engine.precision={precision}"])
+        final[precision] = run_experiment(cfg, tmp_path / precision, progress=False)[-1]
+    assert final["fp32"]["test_accuracy"] > 0.5
+    assert abs(final["bf16"]["test_accuracy"] - final["fp32"]["test_accuracy"]) < 0.03
+    # and it really ran in bf16: the losses differ in low bits
+    assert final["bf16"]["train_loss"] != final["fp32"]["train_loss"]
+
+
+def test_bf16_loss_is_fp32_and_close():
+    torch.manual_seed(0)
+    model = build_model("cnn", (1, 28, 28), 10)
+    params = dict(model.named_parameters())
+    x, y, w = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,)), torch.ones(8)
+    l32 = classification_loss(model, "fp32")(params, x, y, w)
+    l16 = classification_loss(model, "bf16")(params, x, y, w)
+    assert l16.dtype == torch.float32
+    assert torch.allclose(l16, l32, rtol=2e-2)
+
+
+def test_unknown_precision_names_the_field():
+    with pytest.raises(ValueError, match="engine.precision"):
+        classification_loss(torch.nn.Linear(2, 2), "fp8")
