@@ -8,8 +8,11 @@ from collections.abc import Callable
 from fedforge.algorithms import fadamgc, momentum
 from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
 from fedforge.algorithms.fedavg import fedavg, fedavgm, fedprox
+from fedforge.algorithms.feddc import feddc
+from fedforge.algorithms.feddyn import feddyn
 from fedforge.algorithms.fedexp import fedexp
 from fedforge.algorithms.fedopt import fedadagrad, fedadam, fedams, fedyogi
+from fedforge.algorithms.fedptr import fedptr, fedptr_s
 from fedforge.algorithms.scaffold import scaffold
 
 ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
@@ -27,6 +30,10 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
     "localadam": fadamgc.localadam,
     "fedavg_m": momentum.fedavg_m,
     "scaffold_m": momentum.scaffold_m,
+    "feddyn": feddyn,
+    "feddc": feddc,
+    "fedptr": fedptr,
+    "fedptr_s": fedptr_s,
 }
 
 

@@ -37,6 +37,20 @@ class FinalizeInputs(NamedTuple):
     num_steps: torch.Tensor  # steps actually taken (0-d)
 
 
+class PrepareInputs(NamedTuple):
+    """What a part's pre-training client hook sees (outside the vmapped local round)."""
+
+    global_params: Params  # x^t, as broadcast
+    broadcast: dict  # algorithm.broadcast(server_state) + "round"
+    client_states: dict  # the cohort's persistent states, stacked [C, ...], by part name
+    info: dict  # per-client round inputs [C] (from round_info)
+    loss_fn: Callable  # loss_fn(params, x, y, w) of the run's model
+    x_all: torch.Tensor  # [N, ...] the whole training set
+    y_all: torch.Tensor  # [N]
+    sample_idx: torch.Tensor  # [C, steps, batch] this round's local samples (into x_all)
+    weights: torch.Tensor  # [C, steps, batch], 0 = padding
+
+
 class Part:
     """A stateful add-on; subclasses override what they need. Default: stateless."""
 
@@ -67,6 +81,33 @@ class Part:
         return {}
 
     needs_grad_sum: bool = False
+
+    # --- optional hooks for parts that do non-vmappable work around the local round ----
+    prepares: bool = False  # True: prepare_cohort / server_prepare are called (FedPTR)
+
+    def bind_data(self, input_shape: tuple[int, ...], num_classes: int) -> None:
+        """Told the dataset's sample shape and class count before any state is built."""
+
+    def prepare_cohort(self, prep: PrepareInputs) -> tuple[dict, dict, dict]:
+        """Before local training, per cohort, eagerly (not vmapped, same for every engine).
+
+        -> (this part's new stacked client states, extra per-client info [C, ...] merged into
+        the round's info, metrics such as ``{"distill_s": [C]}``).
+        """
+        return prep.client_states.get(self.name, {}), {}, {}
+
+    def server_prepare(
+        self, server_state: dict, params: Params, loss_fn: Callable
+    ) -> tuple[dict, dict]:
+        """At the start of a round, on the server, seeing the current global model x^t.
+
+        -> (this part's new server state, metrics such as ``{"server_distill_s": 0-d}``).
+        """
+        return server_state, {}
+
+    def adjust_params(self, params: Params, server_state: dict) -> Params:
+        """After the server step: a correction of the new global model (FedDyn's -h/α)."""
+        return params
 
 
 @dataclass(frozen=True)
@@ -103,6 +144,39 @@ class Algorithm:
             info.update(p.round_info(num_sampled, generator))
         return info
 
+    def bind_data(self, input_shape: tuple[int, ...], num_classes: int) -> None:
+        """Tell every part the data's sample shape and class count (the runner calls this)."""
+        for p in self.parts:
+            p.bind_data(tuple(input_shape), num_classes)
+
+    def prepare_cohort(self, prep: PrepareInputs) -> tuple[dict, dict, dict]:
+        """-> (client states, info, metrics) after every preparing part's client hook."""
+        states, info, metrics = dict(prep.client_states), dict(prep.info), {}
+        for p in self.parts:
+            if not p.prepares:
+                continue
+            state, extra, m = p.prepare_cohort(prep._replace(client_states=states, info=info))
+            if p.name in states:
+                states[p.name] = state
+            info.update(extra)
+            metrics.update(m)
+        return states, info, metrics
+
+    def server_prepare(
+        self, params: Params, server_state: dict, loss_fn: Callable
+    ) -> tuple[dict, dict]:
+        """-> (server state, metrics) after every preparing part's server hook."""
+        parts, metrics = dict(server_state["parts"]), {}
+        for p in self.parts:
+            if p.prepares:
+                parts[p.name], m = p.server_prepare(parts[p.name], params, loss_fn)
+                metrics.update(m)
+        return {**server_state, "parts": parts}, metrics
+
+    @property
+    def prepares(self) -> bool:
+        return any(p.prepares for p in self.parts)
+
     # --- server side -----------------------------------------------------------------
     def server_init(self, params: Params) -> dict:
         return {
@@ -132,6 +206,8 @@ class Algorithm:
             )
             for p in self.parts
         }
+        for p in self.parts:
+            new_params = p.adjust_params(new_params, parts[p.name])
         return new_params, {"opt": opt_state, "parts": parts}
 
     def message_nbytes(self, params: Params, server_state: dict) -> tuple[int, int]:

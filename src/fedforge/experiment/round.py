@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import torch
 
-from fedforge.algorithms.base import Algorithm
+from fedforge.algorithms.base import Algorithm, PrepareInputs
 from fedforge.core.store import ClientStore
 from fedforge.core.tree import Params
 from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput
@@ -52,17 +52,28 @@ def federated_round(
     num_sampled = int(client_ids.numel())
     if agg_weights is None:
         agg_weights = torch.full((num_sampled,), 1.0 / num_sampled, device=x_all.device)
+    prep_metrics: dict = {}
+    if algorithm.prepares:  # server hook sees x^t before the broadcast (FedPTR-S projection)
+        server_state, prep_metrics = algorithm.server_prepare(params, server_state, loss_fn)
+    broadcast = {**algorithm.broadcast(server_state),
+                 "round": torch.tensor(float(round_), device=x_all.device)}
+    client_states, info = store.gather(client_ids), info or {}
+    if algorithm.prepares:  # eager per-client work before local training (FedPTR's MTT)
+        client_states, info, client_metrics = algorithm.prepare_cohort(PrepareInputs(
+            params, broadcast, client_states, info, loss_fn, x_all, y_all, sample_idx, weights,
+        ))
+        prep_metrics.update(client_metrics)
     inputs = CohortInputs(
         global_params=params,
-        broadcast={**algorithm.broadcast(server_state),
-                   "round": torch.tensor(float(round_), device=x_all.device)},
-        client_states=store.gather(client_ids),
-        info=info or {},
+        broadcast=broadcast,
+        client_states=client_states,
+        info=info,
         sample_idx=sample_idx,
         weights=weights,
         agg_weights=agg_weights,
     )
     cohort = engine.run_cohort(algorithm, loss_fn, x_all, y_all, inputs)
+    cohort.metrics.update(prep_metrics)  # e.g. distill_s [C], server_distill_s (0-d)
     store.scatter(client_ids, cohort.client_states)
     new_params, new_server_state = algorithm.server_step(
         params, server_state, cohort.mean_delta, cohort.mean_uploads, num_sampled, store.num_clients

@@ -67,6 +67,7 @@ class Experiment:
         model = build_model(cfg.model.name, data.input_shape, data.num_classes, **cfg.model.options)
         model = model.to(device)
         algorithm = build_algorithm(cfg.algorithm.name, **cfg.algorithm.hparams)
+        algorithm.bind_data(data.input_shape, data.num_classes)  # e.g. FedPTR's synthetic set
         engine_kw = {} if cfg.engine.name == "loop" else {"chunk_size": cfg.engine.chunk_size}
         engine = build_engine(cfg.engine.name, **engine_kw)
         return cls(cfg, data, model, algorithm, engine, device)

@@ -1,0 +1,388 @@
+"""FedPTR and FedPTR-S (Chen, Cao, Wang, Hsieh, Chen, "Federated Learning with Projected
+Trajectory Regularization", arXiv:2312.14380, 2023), Algorithms 2 and 3.
+
+Each round a synthetic set D̃ is fitted by trajectory matching (MTT, :mod:`fedforge.distill`)
+so that R GD steps on it carry w^{t-m} to w^t; K more GD steps on D̃ from w^t give the
+projected model w̃^{t+1}. Local training adds the layer-adaptive proximal term
+
+    Σ_j (λ / ||w_j - w̃_j||) / 2 · ||w_j - w̃_j||²        (j: layers; App. B.1)
+
+with λ_j = λ/||w_j - w̃_j|| recomputed every step and treated as a constant (detached), so
+layer j is pulled towards w̃_j with gradient ``λ (w_j - w̃_j)/||w_j - w̃_j||`` of norm λ.
+λ̃ = 0 while t ≤ m (warm-up: plain FedAvg local training). Aggregation is FedAvg's.
+
+* FedPTR (client side): each client keeps, in the ClientStore, the last m+1 global models it
+  received, its D̃_i (real images of its present classes, noise for absent ones) and β_i.
+  With partial participation a client matches the oldest model in its window (the model it
+  received m participations ago), per the paper's footnote 1. The MTT and projection run
+  eagerly per client before the vmapped local round (``Part.prepare_cohort``).
+* FedPTR-S (server side): one D̃ from noise on the server (``Part.server_prepare``); w̃^{t+1}
+  is broadcast with w^t (two models down). λ̃ is not sent: clients use λ̃ = λ iff w̃ ≠ w^t.
+
+See ``docs/fedptr.md`` for every choice the paper leaves open.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from fedforge.algorithms.base import Algorithm, Part, PrepareInputs
+from fedforge.client.optimizers import local_optimizer
+from fedforge.client.transforms import RoundContext, Transform, chain
+from fedforge.core.schedules import ScheduleLike
+from fedforge.core.tree import Params, tree_index, tree_stack
+from fedforge.distill import flip_shift, init_synthetic, match_trajectory, student_descent
+from fedforge.distill.synthetic import synthetic_labels
+from fedforge.server.optimizers import server_sgd
+
+AnchorFn = Callable[[RoundContext], tuple[Params, torch.Tensor]]
+
+
+def layer_of(name: str) -> str:
+    """A parameter's layer: its module path (``features.0.weight`` -> ``features.0``)."""
+    return name.rsplit(".", 1)[0] if "." in name else name
+
+
+def add_layer_prox(anchor_fn: AnchorFn, *, adaptive: bool = True, eps: float = 1e-12) -> Transform:
+    """``g_j -> g_j + λ̃ (w_j - w̃_j) / ||w_j - w̃_j||`` per layer j (``adaptive``), else
+    ``g -> g + λ̃ (w - w̃)`` (the fixed-λ ablation, Table 4). ``anchor_fn(ctx) -> (w̃, λ̃)``."""
+
+    def init(params, ctx):
+        del params, ctx
+        return {}
+
+    def update(g, state, params, ctx):
+        anchor, lam = anchor_fn(ctx)
+        diff = {k: params[k] - anchor[k] for k in g}
+        if not adaptive:
+            return {k: g[k] + lam * diff[k] for k in g}, state
+        sq: dict[str, torch.Tensor] = {}
+        for k in g:
+            sq[layer_of(k)] = sq.get(layer_of(k), 0.0) + (diff[k] ** 2).sum()
+        scale = {layer: lam / s.sqrt().clamp_min(eps) for layer, s in sq.items()}
+        return {k: g[k] + scale[layer_of(k)] * diff[k] for k in g}, state
+
+    return Transform("layer_prox", init, update)
+
+
+@dataclass(frozen=True)
+class ProjectionConfig:
+    """MTT (Algorithm 1) and projection hyper-parameters; defaults from Sec. 5.1 / MTT."""
+
+    window: int = 2  # m: match w^{t-m} -> w^t (not given in the paper)
+    ipc: int = 10  # images per class (Table 3: 100 images for 10 classes)
+    outer_steps: int = 20  # H
+    inner_steps: int = 10  # R
+    syn_lr: float = 0.01  # β init
+    lr_img: float = 1000.0
+    lr_lr: float = 1e-5
+    proj_steps: int = 5  # K
+    proj_lr: float = 0.01  # η of the projection steps (plain GD)
+    mtt_every: int = 1  # refit D̃ every this many eligible rounds (Table 7); else reuse it
+    augment: bool = False
+
+    def __post_init__(self) -> None:
+        for key in ("window", "ipc", "inner_steps", "mtt_every"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"algorithm.{key}: expected an int >= 1, got {getattr(self, key)}")
+        for key in ("outer_steps", "proj_steps"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"algorithm.{key}: expected an int >= 0, got {getattr(self, key)}")
+        if self.lr_img <= 0:
+            raise ValueError(f"algorithm.lr_img: expected > 0, got {self.lr_img}")
+
+
+def push(window: Params, params: Params) -> Params:
+    """Drop the oldest of the stacked models ``[m+1, ...]`` and append ``params``."""
+    return {
+        k: torch.cat([window[k][1:], params[k].detach()[None].to(window[k].dtype)]) for k in window
+    }
+
+
+class _Projector(Part):
+    """Shared state layout and the distil-then-project step of both variants."""
+
+    prepares = True
+
+    def __init__(self, cfg: ProjectionConfig) -> None:
+        self.cfg = cfg
+        self.input_shape: tuple[int, ...] | None = None
+        self.num_classes = 0
+
+    def bind_data(self, input_shape: tuple[int, ...], num_classes: int) -> None:
+        self.input_shape, self.num_classes = tuple(input_shape), int(num_classes)
+
+    def _template(self, params: Params) -> dict:
+        m = self.cfg.window
+        state = {
+            "window": {
+                k: torch.zeros((m + 1, *v.shape), dtype=v.dtype, device=v.device)
+                for k, v in params.items()
+            },
+            "seen": torch.zeros(()),
+            "syn_lr": torch.tensor(self.cfg.syn_lr),
+        }
+        if self.input_shape is not None:
+            n = self.cfg.ipc * self.num_classes
+            state["syn_x"] = torch.zeros((n, *self.input_shape))
+        return state
+
+    def _labels(self, device) -> torch.Tensor:
+        return synthetic_labels(self.num_classes, self.cfg.ipc, device)
+
+    def _advance(
+        self, state: dict, params: Params, loss_fn: Callable, seed: int
+    ) -> tuple[dict, Params, bool, float]:
+        """Push x^t; if t > m, refit D̃ by MTT (every ``mtt_every``) and project K steps.
+
+        -> (new state, anchor w̃^{t+1}, active (λ̃ = λ), seconds spent on MTT + projection).
+        """
+        cfg = self.cfg
+        state = {**state, "window": push(state["window"], params), "seen": state["seen"] + 1}
+        seen = int(state["seen"])  # = t + 1 under full participation (t 0-based)
+        if seen < cfg.window + 2:  # t <= m: warm-up
+            return state, params, False, 0.0
+        if "syn_x" not in state:
+            raise ValueError(
+                f"{self.name}: the synthetic set's shape is unknown; call "
+                "algorithm.bind_data(input_shape, num_classes) first (the runner does)"
+            )
+        t0 = time.perf_counter()
+        syn_y = self._labels(state["syn_x"].device)
+        syn_x, syn_lr = state["syn_x"], state["syn_lr"]
+        if (seen - cfg.window - 2) % cfg.mtt_every == 0:
+            start = {k: v[0] for k, v in state["window"].items()}  # w^{t-m} (oldest seen)
+            aug = flip_shift(seed) if cfg.augment else None
+            res = match_trajectory(
+                loss_fn,
+                start,
+                params,
+                syn_x,
+                syn_y,
+                syn_lr,
+                outer_steps=cfg.outer_steps,
+                inner_steps=cfg.inner_steps,
+                lr_img=cfg.lr_img,
+                lr_lr=cfg.lr_lr,
+                augment=aug,
+            )
+            syn_x, syn_lr = res.syn_x, res.syn_lr.to(state["syn_lr"].dtype)
+        with torch.no_grad():
+            anchor = student_descent(
+                loss_fn,
+                {k: v.detach() for k, v in params.items()},
+                syn_x,
+                syn_y,
+                cfg.proj_lr,
+                cfg.proj_steps,
+            )
+        state = {**state, "syn_x": syn_x, "syn_lr": syn_lr}
+        return state, anchor, True, time.perf_counter() - t0
+
+
+class ClientProjection(_Projector):
+    """FedPTR's per-client window, D̃_i and β_i; sets the round's anchor w̃_i and λ̃_i."""
+
+    name = "fedptr"
+
+    def __init__(self, cfg: ProjectionConfig, lam: float) -> None:
+        super().__init__(cfg)
+        self.lam = lam
+
+    def client_init(self, params: Params) -> dict:
+        return self._template(params)
+
+    def round_info(self, num_sampled: int, generator: torch.Generator) -> dict:
+        return {"fedptr_seed": torch.randint(2**31 - 1, (num_sampled,), generator=generator)}
+
+    def prepare_cohort(self, prep: PrepareInputs) -> tuple[dict, dict, dict]:
+        stacked = prep.client_states[self.name]
+        num = prep.sample_idx.shape[0]
+        seeds = prep.info.get("fedptr_seed")
+        states, anchors, lams, secs = [], [], [], []
+        for c in range(num):
+            seed = int(seeds[c]) if seeds is not None else c
+            state = tree_index(stacked, c)
+            if int(state["seen"]) == 0 and "syn_x" in state:  # first participation: init D̃_i
+                idx = prep.sample_idx[c][prep.weights[c] > 0]  # this round's real samples
+                gen = torch.Generator().manual_seed(seed)
+                state["syn_x"] = init_synthetic(
+                    prep.x_all[idx],
+                    prep.y_all[idx],
+                    self.num_classes,
+                    self.cfg.ipc,
+                    gen,
+                    self.input_shape,
+                ).to(state["syn_x"].dtype)
+            state, anchor, active, sec = self._advance(
+                state, prep.global_params, prep.loss_fn, seed
+            )
+            states.append(state)
+            anchors.append(anchor)
+            lams.append(self.lam if active else 0.0)
+            secs.append(sec)
+        dtype = next(iter(prep.global_params.values())).dtype
+        dev = prep.sample_idx.device
+        info = {
+            "fedptr_anchor": tree_stack(anchors),  # [C, ...]
+            "fedptr_lam": torch.tensor(lams, dtype=dtype, device=dev),
+        }  # [C]
+        return tree_stack(states), info, {"distill_s": torch.tensor(secs)}
+
+
+class ServerProjection(_Projector):
+    """FedPTR-S's server-side window, D̃ (noise init) and β; broadcasts w̃^{t+1}."""
+
+    name = "fedptr_s"
+
+    def server_init(self, params: Params) -> dict:
+        state = self._template(params)
+        state["anchor"] = {k: v.detach().clone() for k, v in params.items()}
+        if "syn_x" in state:
+            state["syn_x"] = torch.randn(state["syn_x"].shape)  # global RNG: seeded by the run
+        return state
+
+    def broadcast(self, server_state: dict) -> dict:
+        return {"anchor": server_state["anchor"]}
+
+    def server_prepare(self, server_state, params, loss_fn) -> tuple[dict, dict]:
+        seed = int(server_state["seen"])
+        state, anchor, _active, sec = self._advance(server_state, params, loss_fn, seed)
+        state["anchor"] = {k: v.detach() for k, v in anchor.items()}
+        return state, {"server_distill_s": torch.tensor(sec)}
+
+
+def _client_anchor(lam: float) -> AnchorFn:
+    return lambda ctx: (ctx.info["fedptr_anchor"], ctx.info["fedptr_lam"])
+
+
+def _server_anchor(lam: float) -> AnchorFn:
+    def fn(ctx):
+        anchor, x = ctx.broadcast["fedptr_s"]["anchor"], ctx.global_params
+        moved = torch.stack([(anchor[k] != x[k]).any() for k in x]).any()  # w̃ ≠ w^t: t > m
+        return anchor, moved.to(next(iter(x.values())).dtype) * lam
+
+    return fn
+
+
+def _build(
+    name: str,
+    server_side: bool,
+    local_lr,
+    lam,
+    adaptive,
+    client_optimizer,
+    local_momentum,
+    weight_decay,
+    **mtt,
+) -> Algorithm:
+    if lam < 0:
+        raise ValueError(f"algorithm.lam: expected lam >= 0, got {lam}")
+    cfg = ProjectionConfig(**mtt)
+    part = ServerProjection(cfg) if server_side else ClientProjection(cfg, lam)
+    anchor = _server_anchor(lam) if server_side else _client_anchor(lam)
+    opt = local_optimizer(
+        client_optimizer, local_lr, momentum=local_momentum, weight_decay=weight_decay
+    )
+    kind = "layer-adaptive" if adaptive else "fixed"
+    where = "server-side MTT (one noise-initialised D̃)" if server_side else "client-side MTT"
+    return Algorithm(
+        name,
+        chain(add_layer_prox(anchor, adaptive=adaptive), opt),
+        server_sgd(1.0),
+        parts=(part,),
+        description=f"{'FedPTR-S' if server_side else 'FedPTR'} (Chen et al. 2023): {where}, "
+        f"{kind} prox towards the projected model",
+        hparams={"lam": lam, "adaptive": adaptive, **mtt},
+    )
+
+
+def fedptr(
+    local_lr: ScheduleLike = 0.01,
+    lam: float = 0.05,
+    adaptive: bool = True,
+    client_optimizer: str = "momentum",
+    local_momentum: float = 0.5,
+    weight_decay: ScheduleLike = 0.0,
+    window: int = 2,
+    ipc: int = 10,
+    outer_steps: int = 20,
+    inner_steps: int = 10,
+    syn_lr: float = 0.01,
+    lr_img: float = 1000.0,
+    lr_lr: float = 1e-5,
+    proj_steps: int = 5,
+    proj_lr: float = 0.01,
+    mtt_every: int = 1,
+    augment: bool = False,
+) -> Algorithm:
+    """FedPTR, client-side (Algorithm 2). Defaults: Sec. 5.1 (SGD 0.01, momentum 0.5, λ 0.05,
+    K 5, H 20, R 10, β₀ 0.01, 10 ipc) and MTT's code (lr_img, lr_lr); ``window`` (m) is ours."""
+    return _build(
+        "fedptr",
+        False,
+        local_lr,
+        lam,
+        adaptive,
+        client_optimizer,
+        local_momentum,
+        weight_decay,
+        window=window,
+        ipc=ipc,
+        outer_steps=outer_steps,
+        inner_steps=inner_steps,
+        syn_lr=syn_lr,
+        lr_img=lr_img,
+        lr_lr=lr_lr,
+        proj_steps=proj_steps,
+        proj_lr=proj_lr,
+        mtt_every=mtt_every,
+        augment=augment,
+    )
+
+
+def fedptr_s(
+    local_lr: ScheduleLike = 0.01,
+    lam: float = 0.05,
+    adaptive: bool = True,
+    client_optimizer: str = "momentum",
+    local_momentum: float = 0.5,
+    weight_decay: ScheduleLike = 0.0,
+    window: int = 2,
+    ipc: int = 10,
+    outer_steps: int = 20,
+    inner_steps: int = 10,
+    syn_lr: float = 0.01,
+    lr_img: float = 1000.0,
+    lr_lr: float = 1e-5,
+    proj_steps: int = 5,
+    proj_lr: float = 0.01,
+    mtt_every: int = 1,
+    augment: bool = False,
+) -> Algorithm:
+    """FedPTR-S, server-side (Algorithm 3); same defaults as :func:`fedptr`."""
+    return _build(
+        "fedptr_s",
+        True,
+        local_lr,
+        lam,
+        adaptive,
+        client_optimizer,
+        local_momentum,
+        weight_decay,
+        window=window,
+        ipc=ipc,
+        outer_steps=outer_steps,
+        inner_steps=inner_steps,
+        syn_lr=syn_lr,
+        lr_img=lr_img,
+        lr_lr=lr_lr,
+        proj_steps=proj_steps,
+        proj_lr=proj_lr,
+        mtt_every=mtt_every,
+        augment=augment,
+    )
