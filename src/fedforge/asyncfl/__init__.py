@@ -1,0 +1,1 @@
+"""Asynchronous and multi-task federated training on the simulated clock (FedAST and baselines)."""

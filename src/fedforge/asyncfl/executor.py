@@ -1,0 +1,118 @@
+"""Batched execution of dispatched jobs: many local rounds, each from its own model version.
+
+A job's result depends only on what was sent at dispatch (model version, client, its seed),
+so the executor may train every dispatched-but-not-yet-computed job of a task in one vmapped
+call (``in_dims=0`` on the global params: one model version per job) while the clock applies
+the results in arrival order. ``max_batch=1`` is the one-at-a-time reference; both give the
+same models and events (``tests/asyncfl/test_batched.py``). Local training is the library's
+own pure ``make_local_update``, with the task algorithm's local optimizer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fedforge.algorithms.base import Algorithm
+from fedforge.core.tree import Params, tree_index, tree_stack
+from fedforge.data.batching import client_batches
+from fedforge.engine.local import LossFn, make_local_update
+from fedforge.sim.clock import Job
+
+
+def job_generator(seed: int, task: int, job_id: int) -> torch.Generator:
+    """The job's mini-batch RNG: a function of (seed, task, job id) only."""
+    state = np.random.SeedSequence([seed, 7919, task, job_id]).generate_state(1)[0]
+    return torch.Generator().manual_seed(int(state))
+
+
+class TaskExecutor:
+    """Trains one task's jobs; keeps the model versions that jobs in flight still need.
+
+    Args:
+      index_table: ``[num_data_clients, max_size]`` sample indices per data client.
+      sizes: ``[num_data_clients]`` int64 on the CPU. Pool client ``i`` uses data client
+        ``i % num_data_clients`` (the authors reuse roles when there are fewer than N).
+      max_batch: at most this many jobs per vmapped call (1 = one at a time).
+    """
+
+    def __init__(self, task: int, algorithm: Algorithm, loss_fn: LossFn, x_all: torch.Tensor,
+                 y_all: torch.Tensor, index_table: torch.Tensor, sizes: torch.Tensor, tau: int,
+                 batch_size: int, seed: int, template: Params, max_batch: int = 64) -> None:
+        if algorithm.client_init(template) or algorithm.prepares:
+            raise ValueError(f"tasks[{task}].algorithm.name: asynchronous runs need an algorithm "
+                             f"without per-client state, got {algorithm.name!r}")
+        self.task, self.algorithm, self.seed = task, algorithm, seed
+        self.x_all, self.y_all, self.index_table, self.sizes = x_all, y_all, index_table, sizes
+        self.tau, self.batch_size, self.max_batch = tau, batch_size, max(1, int(max_batch))
+        self.versions: dict[int, tuple[Params, dict]] = {}  # version -> (model, broadcast)
+        self.refs: dict[int, int] = {}  # version -> jobs still needing it
+        self.waiting: dict[int, Job] = {}  # dispatched, not yet computed
+        self.results: dict[int, tuple[Params, float, Params]] = {}  # id -> (delta, loss, sent)
+        self._fns: dict[bool, object] = {}
+        self._loss_fn = loss_fn
+        self.batches_run = 0
+
+    # --- bookkeeping --------------------------------------------------------------------
+    def submit(self, job: Job, params: Params, broadcast: dict) -> None:
+        """Record a dispatched job and keep what was sent (model, broadcast) until computed."""
+        if job.version not in self.versions:
+            self.versions[job.version] = (params, broadcast)
+        self.refs[job.version] = self.refs.get(job.version, 0) + 1
+        self.waiting[job.job_id] = job
+
+    def discard(self, job: Job) -> None:
+        """A cancelled job: forget it (and its version if nothing else needs it)."""
+        if self.waiting.pop(job.job_id, None) is not None:
+            self._release(job.version)
+        self.results.pop(job.job_id, None)
+
+    def _release(self, version: int) -> None:
+        self.refs[version] -= 1
+        if self.refs[version] == 0:
+            del self.refs[version], self.versions[version]
+
+    # --- computing ---------------------------------------------------------------------
+    def result(self, job: Job) -> tuple[Params, float, Params]:
+        """The job's ``(delta, mean local loss, model it was sent)``; computes a batch that
+        includes it if needed."""
+        if job.job_id not in self.results:
+            rest = sorted((j for j in self.waiting.values() if j.job_id != job.job_id),
+                          key=Job.key)  # the jobs needed soonest go first
+            self._compute([job, *rest[: self.max_batch - 1]])
+        return self.results.pop(job.job_id)
+
+    def batch_inputs(self, jobs: list[Job]):
+        """-> (sample indices ``[J, tau, B]``, mask ``[J, tau, B]``), one seeded draw per job."""
+        idx, masks = [], []
+        nd = self.index_table.shape[0]
+        for j in jobs:
+            data_client = torch.tensor([j.client % nd])
+            pos, mask = client_batches(self.sizes[data_client], self.tau, None, self.batch_size,
+                                       job_generator(self.seed, self.task, j.job_id))
+            rows = data_client.to(self.index_table.device).view(-1, 1, 1)
+            idx.append(self.index_table[rows, pos.to(self.index_table.device)])  # [1, tau, B]
+            masks.append(mask)
+        return torch.cat(idx), torch.cat(masks).to(self.x_all.device)
+
+    def _fn(self, masked: bool):
+        if masked not in self._fns:
+            fn = make_local_update(self.algorithm, self._loss_fn, masked=masked)
+            # one model version per job: every argument has a leading job axis
+            self._fns[masked] = torch.func.vmap(fn, in_dims=(0, 0, 0, 0, 0, 0, 0))
+        return self._fns[masked]
+
+    def _compute(self, jobs: list[Job]) -> None:
+        sample_idx, mask = self.batch_inputs(jobs)  # [J, tau, B]
+        params = tree_stack([self.versions[j.version][0] for j in jobs])  # [J, ...]
+        bcast = tree_stack([self.versions[j.version][1] for j in jobs])  # [J, ...] per leaf
+        empty: dict = {}
+        masked = bool((mask.sum(-1) == 0).any())
+        out = self._fn(masked)(params, bcast, empty, empty, self.x_all[sample_idx],
+                               self.y_all[sample_idx], mask)  # deltas [J, ...]
+        self.batches_run += 1
+        for i, j in enumerate(jobs):
+            self.results[j.job_id] = (tree_index(out.delta, i), float(out.metrics["loss"][i]),
+                                      self.versions[j.version][0])
+            del self.waiting[j.job_id]
+            self._release(j.version)

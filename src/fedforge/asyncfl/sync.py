@@ -1,0 +1,160 @@
+"""Synchronous simultaneous-training baselines on the simulated clock (FedAST Sec. 5.2).
+
+Every round the server draws ``clients_per_round`` distinct available clients and hands
+disjoint subsets to the unfinished tasks; each task aggregates only its first ``k`` arrivals
+(straggler mitigation, k = 30 in the paper) with the task algorithm's own server step, and
+the next round starts when the slowest kept update *across all tasks* has arrived. Discarded
+stragglers stay busy (their next request queues behind the unfinished one).
+
+* ``sync_st`` (Bhuyan et al. 2023): a fresh random split each round, per-task counts from
+  ``allocation`` (default equal).
+* ``sync_st_nosm``: the same, waiting for every assigned client (no straggler mitigation).
+* ``sync_ucb_st``: counts ∝ a UCB index per task, ``loss_m / loss_m^(0) + c sqrt(2 ln r / n_m)``
+  (a simplification of Bhuyan & Moharir 2022, who score client-task pairs by local loss).
+* ``sequential``: one task at a time, all of the round's clients, until it reaches its target.
+
+Local training is the engine's cohort path (:func:`fedforge.experiment.round.federated_round`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedforge.asyncfl.allocation import proportional_split
+from fedforge.asyncfl.task import Task
+from fedforge.core.store import ClientStore
+from fedforge.engine.base import ChunkedEngine
+from fedforge.experiment.round import federated_round
+from fedforge.sim.clock import EventClock, kth_arrival_round
+from fedforge.sim.delays import DelayLaw
+from fedforge.sim.population import Population
+
+SYNC_METHODS = ("sync_st", "sync_st_nosm", "sync_ucb_st", "sequential")
+
+
+@dataclass
+class SyncOptions:
+    method: str = "sync_st"
+    clients_per_round: int | None = None  # None: the availability cap (max_busy)
+    k: int | None = 30  # first k kept per task; None keeps all
+    allocation: tuple[int, ...] | None = None  # per-task client counts (sum = clients/round)
+    ucb_c: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.method not in SYNC_METHODS:
+            raise ValueError(f"method: unknown sync method {self.method!r}; expected one of "
+                             f"{list(SYNC_METHODS)}")
+
+
+class SyncDriver:
+    def __init__(self, tasks: list[Task], population: Population, delay: DelayLaw,
+                 options: SyncOptions, seed: int, engine: ChunkedEngine) -> None:
+        self.tasks, self.pop, self.delay, self.opt, self.engine = (
+            tasks, population, delay, options, engine)
+        self.rng = np.random.default_rng(np.random.SeedSequence([seed, 23]))
+        self.clock = EventClock(population.num_clients)
+        self.round = 0
+        self.c = 0
+        self.n_per_round = min(options.clients_per_round or population.max_busy,
+                               population.num_clients)
+        m = len(tasks)
+        alloc = options.allocation or proportional_split(self.n_per_round, [1.0] * m, 0)
+        if len(alloc) != m:
+            raise ValueError(f"sync.allocation: expected {m} counts, got {len(alloc)}")
+        self.alloc = list(alloc)
+        self.first_loss = [None] * m
+        self.last_loss = [1.0] * m
+        self.assigned = [0] * m
+        self.stores = [ClientStore(t.executor.index_table.shape[0],
+                                   t.algorithm.client_init(t.server.params)) for t in tasks]
+
+    def counts(self) -> list[int]:
+        active = [m for m, t in enumerate(self.tasks) if not t.done]
+        out = [0] * len(self.tasks)
+        if not active:
+            return out
+        n = self.n_per_round
+        if self.opt.method == "sequential":
+            out[active[0]] = n
+            return out
+        if self.opt.method == "sync_ucb_st":
+            r = self.round + 1
+            score = [self.last_loss[m] / (self.first_loss[m] or 1.0)
+                     + self.opt.ucb_c * math.sqrt(2 * math.log(r + 1) / max(self.assigned[m], 1))
+                     for m in active]
+            split = proportional_split(n, score, 1)
+        else:  # freed clients of finished tasks go to the others, ∝ their counts
+            split = proportional_split(n, [max(self.alloc[m], 1) for m in active], 1)
+        for m, c in zip(active, split):
+            out[m] = c
+        return out
+
+    def step(self, on_eval: Callable[[int, dict], None]) -> None:
+        self.round += 1
+        counts = self.counts()
+        clients = self.rng.permutation(self.pop.sample_available(self.rng, self.n_per_round))
+        k = None if self.opt.method == "sync_st_nosm" else self.opt.k
+        start, ends, kept_jobs = 0, [], {}
+        for m, cnt in enumerate(counts):
+            if cnt == 0:
+                continue
+            task, mine = self.tasks[m], clients[start:start + cnt]
+            start += cnt
+            durs = np.array([self.delay.sample(self.rng, int(i), float(self.pop.speed[i]),
+                                               task.tau, task.step_time) for i in mine])
+            first_id = self.clock.next_id
+            keep, end = kth_arrival_round(self.clock, mine, durs, k, m, task.server.round)
+            ends.append(end)
+            kept_jobs[m] = [(first_id + int(i), int(mine[i])) for i in keep]
+            self.assigned[m] += cnt
+        self.clock.advance_to(max(ends, default=self.clock.now))
+        for m, jobs in kept_jobs.items():
+            self._train(m, jobs, on_eval)
+
+    def _train(self, m: int, jobs: list[tuple[int, int]], on_eval) -> None:
+        from fedforge.sim.clock import Job
+
+        task = self.tasks[m]
+        ex = task.executor
+        fake = [Job(jid, m, c, task.server.round, 0.0, 0.0, 0.0) for jid, c in jobs]
+        sample_idx, mask = ex.batch_inputs(fake)  # [C, tau, B], seeded per job
+        nd = ex.index_table.shape[0]
+        ids = torch.tensor([c % nd for _, c in jobs])
+        params, state, cohort = federated_round(
+            task.algorithm, self.engine, ex._loss_fn, task.server.params,
+            task.server.server_state, self.stores[m], ids, ex.x_all, ex.y_all, sample_idx,
+            mask, round_=task.server.round + 1)
+        task.server.params, task.server.server_state = params, state
+        task.server.round += 1
+        self.c += len(jobs)
+        loss = float(cohort.metrics["loss"].mean())
+        if self.first_loss[m] is None:
+            self.first_loss[m] = loss
+        self.last_loss[m] = loss
+        task.losses.append(loss)
+        if task.server.round % task.eval_every == 0:
+            rec = task.evaluate(task.server.params)
+            rec["train_loss"] = float(np.mean(task.losses))
+            task.losses = []
+            if task.target is not None and rec["test_accuracy"] >= task.target:
+                task.done, task.done_time = True, self.clock.now
+            on_eval(m, rec)
+
+    @property
+    def finished(self) -> bool:
+        return all(t.done for t in self.tasks)
+
+    def run(self, on_eval, *, max_updates=None, max_time=None, on_update=None) -> None:
+        while not self.finished:
+            if max_updates is not None and self.c >= max_updates:
+                break
+            if max_time is not None and self.clock.now >= max_time:
+                break
+            self.step(on_eval)
+            if on_update is not None:
+                on_update()
