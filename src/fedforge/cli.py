@@ -1,4 +1,4 @@
-"""``fedforge`` command line: run | compare | plot | algorithms | datasets | models."""
+"""``fedforge`` command line: run | compare | plot | bench | algorithms | datasets | models."""
 
 from __future__ import annotations
 
@@ -98,6 +98,52 @@ def plot(
     except FileNotFoundError as exc:
         _fail(str(exc))
     console.print(f"wrote {path}")
+
+
+@app.command()
+def bench(
+    workload: Annotated[str, typer.Argument(help="w1 | w2 (throughput) | w3 (time to accuracy)")],
+    cohorts: Annotated[str, typer.Option(help="w1/w2: comma-separated cohort sizes")] = "10,100",
+    engines: Annotated[str, typer.Option(
+        help="w1/w2: plain,loop,vmap,flower; suffix :bf16 for bf16 autocast")] = "plain,loop,vmap",
+    device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
+    chunk: Annotated[str, typer.Option(help="vmap chunk size or auto")] = "auto",
+    repeats: Annotated[int, typer.Option(help="timed repetitions after a warm-up")] = 1,
+    config: Annotated[Path, typer.Option(help="w3: run config")] = Path(
+        "examples/femnist_fedavg.toml"),
+    target: Annotated[float, typer.Option(help="w3: test-accuracy target")] = 0.8,
+    out: Annotated[Path, typer.Option(help="w3: run directory")] = Path("runs/bench_w3"),
+    results: Annotated[Path, typer.Option(help="markdown file to append to")] = Path(
+        "benchmarks/RESULTS.md"),
+) -> None:
+    """Run a benchmark workload, print a table and append it to benchmarks/RESULTS.md."""
+    import torch
+
+    from fedforge.bench import append_results
+
+    dev = torch.device(device)
+    if workload in ("w1", "w2"):
+        from fedforge.bench.throughput import W1, W2, run_w1
+
+        work = W1 if workload == "w1" else W2
+        try:
+            rows = run_w1([int(c) for c in cohorts.split(",")], engines.split(","), dev,
+                          chunk if chunk == "auto" else int(chunk), repeats, work)
+        except ValueError as exc:
+            _fail(str(exc))
+        header = ["engine", "cohort", "client updates/s", "peak GPU GiB", "vs plain"]
+        title = (f"{work.name} ({work.model}, {work.steps} steps x batch {work.batch}, "
+                 "FedAvg)")
+    elif workload == "w3":
+        from fedforge.bench.time_to_accuracy import run_w3
+
+        rows = [run_w3(config, out, target, [f"engine.device={device}"])]
+        header = ["config", "target", "round reached", "wall s to target", "final acc",
+                  "total wall s"]
+        title = "W3 time to accuracy"
+    else:
+        _fail(f"workload: expected w1, w2 or w3, got {workload!r}")
+    console.print(append_results(results, title, dev, header, rows), markup=False)
 
 
 def _print_registry(title: str, entries: dict[str, str]) -> None:

@@ -1,21 +1,19 @@
-"""W1 throughput: FedAvg, 2-conv CNN on 28x28, 320 samples/client, batch 32, 1 local epoch.
+"""Throughput workloads W1 (FedAvg, 2-conv CNN on 28x28, 320 samples/client, batch 32, 1 local
+epoch) and W2 (ResNet-18-GN on 32x32, 20 steps of batch 50).
 
-Measures client updates per second for a plain sequential PyTorch loop (nn.Module +
-torch.optim.SGD per client, the way most FL code is written), fedforge's LoopEngine and
-fedforge's VmapEngine, in one process on the same data. Appends a row per (engine, cohort)
-to benchmarks/RESULTS.md with the machine, date, torch version and command.
+Measures client updates per second for a plain sequential PyTorch loop (``nn.Module`` +
+``torch.optim.SGD`` per client, the way most FL code is written), fedforge's LoopEngine and
+VmapEngine — and Flower's simulation engine when ``flwr[simulation]`` is installed — in one
+process on the same data. An engine name may carry a precision: ``vmap:bf16``, ``plain:bf16``.
 
-    python benchmarks/w1_throughput.py --cohorts 10,100 --device cpu
+    fedforge bench w1 --cohorts 10,100 --engines plain,loop,vmap,vmap:bf16
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
-import platform
-import sys
 import time
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -26,47 +24,68 @@ from fedforge.engine import LoopEngine, VmapEngine, classification_loss
 from fedforge.experiment.round import federated_round
 from fedforge.models import build_model
 
-SAMPLES, BATCH, STEPS, LR = 320, 32, 10, 0.01
+LR = 0.01
+ENGINES = ("plain", "loop", "vmap", "flower")
 
 
-def make_data(num_clients: int, device: torch.device):
+@dataclass(frozen=True)
+class Workload:
+    """A throughput workload: every client runs ``steps`` SGD steps of ``batch`` samples."""
+
+    name: str
+    model: str
+    input_shape: tuple[int, ...]
+    steps: int
+    batch: int
+    num_classes: int = 10
+
+
+W1 = Workload("W1", "cnn", (1, 28, 28), steps=10, batch=32)  # 320 samples, 1 epoch
+W2 = Workload("W2", "resnet18_gn", (3, 32, 32), steps=20, batch=50)
+
+
+def make_data(num_clients: int, device: torch.device, work: Workload = W1):
+    """Random images; each client's epoch = its ``steps * batch`` samples in a random order."""
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(num_clients * SAMPLES, 1, 28, 28, generator=g).to(device)
-    y = torch.randint(0, 10, (num_clients * SAMPLES,), generator=g).to(device)
-    # each client's epoch: its 320 samples in a random order, 10 batches of 32
-    perm = torch.argsort(torch.rand(num_clients, SAMPLES, generator=g), dim=1)
-    idx = (torch.arange(num_clients).view(-1, 1) * SAMPLES + perm).view(num_clients, STEPS, BATCH)
-    return x, y, idx.to(device)
+    per_client = work.steps * work.batch
+    x = torch.randn(num_clients * per_client, *work.input_shape, generator=g).to(device)
+    y = torch.randint(0, work.num_classes, (num_clients * per_client,), generator=g).to(device)
+    perm = torch.argsort(torch.rand(num_clients, per_client, generator=g), dim=1)
+    idx = (torch.arange(num_clients).view(-1, 1) * per_client + perm)
+    return x, y, idx.view(num_clients, work.steps, work.batch).to(device)
 
 
-def plain_loop(model, x, y, idx) -> None:
-    """The baseline: deep-copy the global model per client, torch.optim.SGD, average."""
+def plain_loop(model, x, y, idx, precision: str = "fp32") -> None:
+    """The baseline: reload the global model per client, torch.optim.SGD, average."""
     global_state = {k: v.clone() for k, v in model.state_dict().items()}
     acc = {k: torch.zeros_like(v) for k, v in global_state.items()}
     for c in range(idx.shape[0]):
         model.load_state_dict(global_state)
         opt = torch.optim.SGD(model.parameters(), lr=LR)
-        for s in range(STEPS):
+        for s in range(idx.shape[1]):
             b = idx[c, s]
             opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(x[b]), y[b]).backward()
+            with torch.autocast(x.device.type, torch.bfloat16, enabled=precision == "bf16"):
+                logits = model(x[b])
+            F.cross_entropy(logits.float(), y[b]).backward()
             opt.step()
         for k, v in model.state_dict().items():
             acc[k] += v / idx.shape[0]
     model.load_state_dict(acc)
 
 
-def fedforge_round(engine, model, x, y, idx) -> None:
+def fedforge_round(engine, model, x, y, idx, precision: str = "fp32") -> None:
     algo = build_algorithm("fedavg", local_lr=LR)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     store = ClientStore(idx.shape[0], {})
     weights = torch.ones(idx.shape, device=x.device)
-    federated_round(algo, engine, classification_loss(model), params, algo.server_init(params),
-                    store, torch.arange(idx.shape[0]), x, y, idx, weights)
+    federated_round(algo, engine, classification_loss(model, precision), params,
+                    algo.server_init(params), store, torch.arange(idx.shape[0]), x, y, idx,
+                    weights)
 
 
-def timed(fn, device, repeats: int) -> float:
-    fn()  # warm-up (allocations, lazy init)
+def timed(fn: Callable[[], None], device: torch.device, repeats: int) -> float:
+    fn()  # warm-up (allocations, lazy init, vmap tracing)
     if device.type == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -77,48 +96,45 @@ def timed(fn, device, repeats: int) -> float:
     return (time.perf_counter() - t0) / repeats
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cohorts", default="10,100")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--engines", default="plain,loop,vmap")
-    ap.add_argument("--chunk", default="auto")
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--results", default=str(Path(__file__).with_name("RESULTS.md")))
-    args = ap.parse_args()
-    device = torch.device(args.device)
+def runner(name: str, chunk, data, device: torch.device) -> Callable[[], None]:
+    engine, _, precision = name.partition(":")
+    precision = precision or "fp32"
+    if engine not in ENGINES:
+        raise ValueError(f"--engines: unknown engine {engine!r}; expected one of {ENGINES}")
+    if engine == "plain":
+        return lambda: plain_loop(*data, precision)
+    if engine == "loop":
+        return lambda: fedforge_round(LoopEngine(), *data, precision)
+    if engine == "vmap":
+        return lambda: fedforge_round(VmapEngine(chunk_size=chunk), *data, precision)
+    raise ValueError("flower is timed by run_w1 itself")
+
+
+def run_w1(cohorts: list[int], engines: list[str], device: torch.device, chunk="auto",
+           repeats: int = 1, work: Workload = W1) -> list[list[object]]:
+    """Rows ``[engine, cohort, client updates/s, peak GPU GiB, x vs plain]``, printed as they go."""
     torch.manual_seed(0)
-    model = build_model("cnn", (1, 28, 28), 10).to(device)
-    chunk = args.chunk if args.chunk == "auto" else int(args.chunk)
-    rows = []
-    for cohort in [int(c) for c in args.cohorts.split(",")]:
-        x, y, idx = make_data(cohort, device)
-        data = (model, x, y, idx)
-        runners = {
-            "plain": lambda d=data: plain_loop(*d),
-            "loop": lambda d=data: fedforge_round(LoopEngine(), *d),
-            "vmap": lambda d=data: fedforge_round(VmapEngine(chunk_size=chunk), *d),
-        }
-        for name in args.engines.split(","):
+    model = build_model(work.model, work.input_shape, work.num_classes).to(device)
+    rows: list[list[object]] = []
+    for cohort in cohorts:
+        data = (model, *make_data(cohort, device, work))
+        plain_rate = None
+        for name in engines:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            seconds = timed(runners[name], device, args.repeats)
+            if name == "flower":
+                from fedforge.bench.flower_w1 import flower_round  # optional dependency
+
+                seconds = flower_round(*data, device=device, rounds=2 + repeats)
+            else:
+                seconds = timed(runner(name, chunk, data, device), device, repeats)
             peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
             rate = cohort / seconds
-            rows.append((name, cohort, rate, peak))
+            if name == "plain":
+                plain_rate = rate
+            ratio = None if plain_rate is None else f"{rate / plain_rate:.2f}x"
+            rows.append([name, cohort, rate, peak, ratio])
             mem = f", peak {peak:.2f} GiB" if peak is not None else ""
-            print(f"W1 {name:6s} cohort {cohort:5d}: {rate:8.1f} client updates/s{mem}", flush=True)
-    machine = f"{platform.machine()} {torch.get_num_threads()} threads"
-    if device.type == "cuda":
-        machine = torch.cuda.get_device_name(device)
-    header = (f"\n### W1 {dt.date.today().isoformat()} · {machine} · torch {torch.__version__} · "
-              f"`python {' '.join(sys.argv)}`\n\n"
-              "| engine | cohort | client updates/s | peak GPU GiB |\n|---|---|---|---|\n")
-    body = "".join(f"| {n} | {c} | {r:.1f} | {'' if p is None else f'{p:.2f}'} |\n"
-                   for n, c, r, p in rows)
-    with open(args.results, "a", encoding="utf-8") as f:
-        f.write(header + body)
-
-
-if __name__ == "__main__":
-    main()
+            print(f"{work.name} {name:11s} cohort {cohort:5d}: {rate:8.1f} client updates/s{mem}",
+                  flush=True)
+    return rows

@@ -1,0 +1,49 @@
+"""Appending a benchmark table to ``benchmarks/RESULTS.md`` with what it ran on."""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+
+def machine_line(device: torch.device) -> str:
+    """e.g. ``x86_64, 2 threads, AMX`` or the CUDA device name."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    flags = ""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+        flags = ", AMX" if "amx_bf16" in cpuinfo else ""
+    except OSError:
+        pass
+    return f"{platform.machine()} CPU, {torch.get_num_threads()} threads{flags}"
+
+
+def append_results(path: str | Path, title: str, device: torch.device, header: list[str],
+                   rows: list[list[object]], note: str = "") -> str:
+    """Append ``### title · date · machine · torch · command`` and a markdown table."""
+    cmd = " ".join(["fedforge" if sys.argv[0].endswith("fedforge") else "python"]
+                   + [Path(sys.argv[0]).name if not sys.argv[0].endswith("fedforge") else ""]
+                   + sys.argv[1:]).replace("  ", " ")
+    lines = [f"\n### {title} · {dt.date.today().isoformat()} · {machine_line(device)} · "
+             f"torch {torch.__version__}\n", f"\nCommand: `{cmd.strip()}`\n",
+             "\n| " + " | ".join(header) + " |\n", "|" + "---|" * len(header) + "\n"]
+    lines += ["| " + " | ".join(_fmt(v) for v in row) + " |\n" for row in rows]
+    if note:
+        lines.append(f"\n{note}\n")
+    text = "".join(lines)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(text)
+    return text
+
+
+def _fmt(v: object) -> str:
+    if isinstance(v, float):
+        return f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
+    return "" if v is None else str(v)
