@@ -63,9 +63,10 @@ class TaskExecutor:
 
     def discard(self, job: Job) -> None:
         """A cancelled job: forget it (and its version if nothing else needs it)."""
-        if self.waiting.pop(job.job_id, None) is not None:
+        live = self.waiting.pop(job.job_id, None) is not None
+        live |= self.results.pop(job.job_id, None) is not None
+        if live:
             self._release(job.version)
-        self.results.pop(job.job_id, None)
 
     def _release(self, version: int) -> None:
         self.refs[version] -= 1
@@ -80,7 +81,9 @@ class TaskExecutor:
             rest = sorted((j for j in self.waiting.values() if j.job_id != job.job_id),
                           key=Job.key)  # the jobs needed soonest go first
             self._compute([job, *rest[: self.max_batch - 1]])
-        return self.results.pop(job.job_id)
+        out = self.results.pop(job.job_id)
+        self._release(job.version)  # versions live until their jobs' results are consumed
+        return out
 
     def batch_inputs(self, jobs: list[Job]):
         """-> (sample indices ``[J, tau, B]``, mask ``[J, tau, B]``), one seeded draw per job."""
@@ -115,4 +118,3 @@ class TaskExecutor:
             self.results[j.job_id] = (tree_index(out.delta, i), float(out.metrics["loss"][i]),
                                       self.versions[j.version][0])
             del self.waiting[j.job_id]
-            self._release(j.version)

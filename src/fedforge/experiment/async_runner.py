@@ -1,0 +1,215 @@
+"""Multi-task runs (FedAST and baselines) on the simulated clock: build, run, log, resume.
+
+A run directory holds ``config.resolved.toml``, ``metrics.jsonl`` (one line per evaluation of
+one task: ``task``, ``round`` (that task's server round), ``updates`` (all tasks), ``sim_time_s``,
+``test_accuracy``, ``test_loss``, ``train_loss``, ``wall_s``), ``events.jsonl`` (every applied
+update: job id, task, client, version, send, start, finish), ``summary.json`` (per-task time to
+target, time to finish all tasks) and ``checkpoints/``. The same seed gives the same event
+log; a run resumed from a checkpoint continues exactly as the uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedforge.algorithms import build_algorithm
+from fedforge.asyncfl.executor import TaskExecutor
+from fedforge.asyncfl.fedast import ASYNC_METHODS, AsyncDriver, AsyncOptions
+from fedforge.asyncfl.partition import dirichlet_fixed_size
+from fedforge.asyncfl.server import BufferedServer
+from fedforge.asyncfl.state import driver_state, load_driver_state
+from fedforge.asyncfl.sync import SyncDriver, SyncOptions
+from fedforge.asyncfl.task import Task
+from fedforge.core.schedules import first_value
+from fedforge.data import FederatedDataset, build_federated_dataset, load_dataset
+from fedforge.engine import build_engine, classification_loss
+from fedforge.experiment.checkpoint import load_checkpoint, save_checkpoint
+from fedforge.experiment.evaluate import evaluate
+from fedforge.experiment.multitask import MultiTaskConfig, TaskConfig, dump_multitask
+from fedforge.experiment.runner import resolve_device
+from fedforge.models import build_model
+from fedforge.sim.delays import build_delay
+from fedforge.sim.population import Population
+
+
+def build_task_data(t: TaskConfig, num_clients: int, seed: int) -> FederatedDataset:
+    splits = load_dataset(t.data.dataset, t.data.root, **t.data.options)
+    n = t.data.num_clients or num_clients
+    if t.data.partition == "dirichlet_fixed":
+        opts = {"alpha": 0.1, "samples_per_client": 300, **t.data.partition_options}
+        parts = dirichlet_fixed_size(splits.train_y.numpy(), n, float(opts["alpha"]),
+                                     int(opts["samples_per_client"]), np.random.default_rng(seed))
+        return FederatedDataset(splits.train_x, splits.train_y, splits.test_x, splits.test_y,
+                                [torch.from_numpy(p) for p in parts], None, splits.num_classes,
+                                tuple(splits.input_shape), splits.name, splits.vocab_size)
+    nc = None if t.data.partition == "natural" and t.data.num_clients is None else n
+    return build_federated_dataset(splits, t.data.partition, nc, seed,
+                                   **t.data.partition_options)
+
+
+def _scalar(hp: dict, key: str, default: float) -> float:
+    v = hp.get(key, default)
+    return float(first_value(v)) if not isinstance(v, (int, float)) else float(v)
+
+
+def build_tasks(cfg: MultiTaskConfig, device: torch.device) -> list[Task]:
+    tasks = []
+    max_batch = 1 if cfg.engine.name == "loop" else cfg.async_.max_batch
+    for m, tc in enumerate(cfg.tasks):
+        data = build_task_data(tc, cfg.system.num_clients, cfg.seed + 1000 * m).to(device)
+        torch.manual_seed(cfg.seed + 1000 * m)
+        model = build_model(tc.model.name, data.input_shape, data.num_classes,
+                            **tc.model.options).to(device)
+        alg = build_algorithm(tc.algorithm.name, **tc.algorithm.hparams)
+        params = {k: v.detach().clone() for k, v in model.named_parameters()}
+        loss_fn = classification_loss(model, cfg.engine.precision)
+        ex = TaskExecutor(m, alg, loss_fn, data.train_x, data.train_y, data.index_table,
+                          data.client_sizes().cpu(), tc.client.local_steps, tc.client.batch_size,
+                          cfg.seed, params, max_batch=max_batch)
+        server = BufferedServer(alg, params, 1, cfg.system.num_clients)
+        n_test = cfg.eval.max_test_samples
+        tx, ty = data.test_x[:n_test], data.test_y[:n_test]
+
+        def ev(p, model=model, tx=tx, ty=ty):
+            return evaluate(model, p, tx, ty, cfg.eval.batch_size)
+
+        hp = tc.algorithm.hparams
+        tasks.append(Task(cfg.task_name(m), alg, ex, server, tc.client.local_steps,
+                          tc.step_time, _scalar(hp, "local_lr", 0.01),
+                          _scalar(hp, "server_lr", 1.0), ev, tc.target, tc.eval_every))
+    return tasks
+
+
+def build_driver(cfg: MultiTaskConfig, tasks: list[Task], device: torch.device):
+    s = cfg.system
+    pop = Population.build(s.num_clients, [tuple(c) for c in s.speed_classes], s.speed_seed,
+                           s.available_fraction)
+    delay = build_delay(s.delay, shift=s.delay_shift, trace=s.delay_trace,
+                        scale_by_speed=s.trace_scale_by_speed)
+    if cfg.method in ASYNC_METHODS:
+        a = cfg.async_
+        req = [t.requests or a.requests for t in cfg.tasks]
+        opts = AsyncOptions(cfg.method, tuple(req), a.rb_ratio, a.buffer_size, a.variance_window,
+                            a.c_period_factor, a.min_requests, fedasync_alpha=a.fedasync_alpha,
+                            fedasync_a=a.fedasync_a)
+        return AsyncDriver(tasks, pop, delay, opts, cfg.seed)
+    alloc = [t.sync_clients for t in cfg.tasks]
+    opts = SyncOptions(cfg.method, cfg.sync.clients_per_round, cfg.sync.k,
+                       tuple(alloc) if alloc[0] is not None else None, cfg.sync.ucb_c)
+    engine_kw = {} if cfg.engine.name == "loop" else {"chunk_size": cfg.engine.chunk_size}
+    return SyncDriver(tasks, pop, delay, opts, cfg.seed, build_engine(cfg.engine.name,
+                                                                        **engine_kw))
+
+
+def _truncate_jsonl(path: Path, keep) -> list[dict]:
+    recs = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                break
+            if keep(rec, len(recs)):
+                recs.append(rec)
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return recs
+
+
+def _append_jsonl(path: Path, recs: list) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        for r in recs:
+            f.write(json.dumps(r) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+EVENT_KEYS = ("job", "task", "client", "version", "send", "start", "finish")
+
+
+def run_multitask(cfg: MultiTaskConfig, out_dir: str | Path, *, resume: bool = False,
+                  progress: bool = True) -> list[dict]:
+    """Run a multi-task config; returns the metric records (see the module docstring)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dump_multitask(cfg, out / "config.resolved.toml")
+    device = resolve_device(cfg.engine.device)
+    tasks = build_tasks(cfg, device)
+    driver = build_driver(cfg, tasks, device)
+    ckpt_dir, metrics_path, events_path = out / "checkpoints", out / "metrics.jsonl", \
+        out / "events.jsonl"
+    wall_offset = 0.0
+    if resume and (ckpt_dir / "latest.json").is_file():
+        tensors, meta = load_checkpoint(ckpt_dir, device)
+        load_driver_state(driver, tensors, meta["driver"])
+        wall_offset = meta["wall_s"]
+        c = driver.c
+        records = _truncate_jsonl(metrics_path, lambda r, i: r["updates"] <= c)
+        n_ev = meta["driver"]["clock"]["num_logged"]
+        evs = _truncate_jsonl(events_path, lambda r, i: i < n_ev)
+        driver.clock.log = [tuple(e[k] for k in EVENT_KEYS) for e in evs]
+    else:
+        records = _truncate_jsonl(metrics_path, lambda r, i: False)
+        _truncate_jsonl(events_path, lambda r, i: False)
+        if isinstance(driver, AsyncDriver):
+            driver.start()
+    t0 = time.perf_counter() - wall_offset
+    written = [len(driver.clock.log)]
+    next_ckpt = [(driver.c // cfg.checkpoint.every + 1) * cfg.checkpoint.every]
+
+    def flush_events():
+        new = driver.clock.log[written[0]:]
+        _append_jsonl(events_path, [dict(zip(EVENT_KEYS, e)) for e in new])
+        written[0] = len(driver.clock.log)
+
+    def on_eval(m: int, rec: dict) -> None:
+        full = {"task": tasks[m].name, "task_index": m, "method": cfg.method,
+                "round": tasks[m].server.round, "updates": driver.c,
+                "sim_time_s": round(driver.clock.now, 6), **rec,
+                "wall_s": round(time.perf_counter() - t0, 3)}
+        records.append(full)
+        _append_jsonl(metrics_path, [full])
+        if progress:
+            print(f"[{cfg.method}] {full['task']} round {full['round']} t={full['sim_time_s']:.1f}"
+                  f" acc={full['test_accuracy']:.4f} updates={full['updates']}", flush=True)
+
+    def on_update() -> None:
+        if driver.c >= next_ckpt[0]:
+            flush_events()
+            tensors, meta = driver_state(driver)
+            save_checkpoint(ckpt_dir, driver.c, tensors,
+                            {"driver": meta, "wall_s": time.perf_counter() - t0,
+                             "seed": cfg.seed}, keep=cfg.checkpoint.keep)
+            next_ckpt[0] = (driver.c // cfg.checkpoint.every + 1) * cfg.checkpoint.every
+
+    driver.run(on_eval, max_updates=cfg.max_updates, max_time=cfg.max_time, on_update=on_update)
+    flush_events()
+    write_summary(out, cfg, driver, time.perf_counter() - t0)
+    return records
+
+
+def write_summary(out: Path, cfg: MultiTaskConfig, driver, wall_s: float) -> dict:
+    done = [t.done_time for t in driver.tasks]
+    summary = {
+        "method": cfg.method, "seed": cfg.seed, "updates": driver.c,
+        "sim_time_s": driver.clock.now, "wall_s": round(wall_s, 3),
+        "time_to_target": {t.name: t.done_time for t in driver.tasks},
+        "time_all_tasks": max(done) if all(d is not None for d in done) else None,
+        "final_round": {t.name: t.server.round for t in driver.tasks},
+    }
+    if isinstance(driver, AsyncDriver):
+        summary["allocation_log"] = driver.alloc_log
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def gain(t_baseline: float | None, t_method: float | None) -> float | None:
+    """FedAST's gain: ``(T_baseline - T_method) / T_baseline`` (None if either never finished)."""
+    if t_baseline is None or t_method is None or t_baseline <= 0:
+        return None
+    return (t_baseline - t_method) / t_baseline

@@ -1,0 +1,172 @@
+"""Multi-task run configuration: a list of tasks sharing one client pool and one clock.
+
+A config with a ``[[tasks]]`` list is a multi-task (asynchronous or synchronous-simultaneous)
+run; ``fedforge run`` sends it to :func:`fedforge.experiment.async_runner.run_multitask`.
+Errors name the field, e.g. ``tasks[2].model.name: unknown model 'cnnn'; ...``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator
+
+from fedforge.asyncfl.fedast import ASYNC_METHODS
+from fedforge.asyncfl.sync import SYNC_METHODS
+from fedforge.experiment.config import (
+    AlgorithmConfig,
+    ConfigError,
+    DataConfig,
+    EngineConfig,
+    ModelConfig,
+    _Section,
+    apply_overrides,
+    load_raw,
+)
+
+METHODS = (*ASYNC_METHODS, *SYNC_METHODS)
+
+
+class TaskClientConfig(_Section):
+    batch_size: int = Field(default=32, ge=1)
+    local_steps: int = Field(default=27, ge=1)  # tau_m (3 epochs of 300/32 in the paper)
+
+
+class TaskConfig(_Section):
+    name: str | None = None
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    client: TaskClientConfig = Field(default_factory=TaskClientConfig)
+    step_time: float = Field(default=1.0, gt=0)  # e_m, per-step time factor of the delay
+    target: float | None = Field(default=None, gt=0, le=1)  # stop at this test accuracy
+    eval_every: int = Field(default=4, ge=1)  # server rounds of this task between evals
+    requests: int | None = Field(default=None, ge=1)  # R_m^(0) (fedast_static)
+    sync_clients: int | None = Field(default=None, ge=0)  # Sync-ST per-task client count
+
+
+class SystemConfig(_Section):
+    num_clients: int = Field(default=1000, ge=1)
+    speed_classes: list[tuple[float, float]] = [(0.25, 1.3), (0.5, 1.0), (0.25, 0.7)]
+    speed_seed: int = 64
+    available_fraction: float = Field(default=0.3, gt=0, le=1)
+    delay: Literal["shifted_exp", "constant", "trace"] = "shifted_exp"
+    delay_shift: float = Field(default=0.5, ge=0)
+    delay_trace: str | None = None
+    trace_scale_by_speed: bool = False
+
+
+class AsyncSection(_Section):
+    requests: int = Field(default=96, ge=1)  # R_m^(0) per task
+    rb_ratio: float = Field(default=32.0, gt=0)
+    buffer_size: int | None = Field(default=None, ge=1)
+    variance_window: int = Field(default=8, ge=2)
+    c_period_factor: float = Field(default=0.75, gt=0)
+    min_requests: int = Field(default=1, ge=1)
+    max_batch: int = Field(default=64, ge=1)  # jobs per vmapped call
+    fedasync_alpha: float = Field(default=0.6, gt=0, le=1)
+    fedasync_a: float = Field(default=0.5, ge=0)
+
+
+class SyncSection(_Section):
+    k: int | None = Field(default=30, ge=1)
+    clients_per_round: int | None = Field(default=None, ge=1)
+    ucb_c: float = Field(default=0.5, ge=0)
+
+
+class MTEvalConfig(_Section):
+    batch_size: int = Field(default=1024, ge=1)
+    max_test_samples: int | None = Field(default=None, ge=1)  # first n test samples only
+
+
+class MTCheckpointConfig(_Section):
+    every: int = Field(default=2000, ge=1)  # total client updates between checkpoints
+    keep: int = Field(default=2, ge=1)
+
+
+class MultiTaskConfig(_Section):
+    name: str = "multitask"
+    seed: int = 0
+    method: str = "fedast"
+    tasks: list[TaskConfig] = Field(min_length=1)
+    system: SystemConfig = Field(default_factory=SystemConfig)
+    async_: AsyncSection = Field(default_factory=AsyncSection, alias="async")
+    sync: SyncSection = Field(default_factory=SyncSection)
+    max_time: float | None = Field(default=None, gt=0)  # simulated seconds
+    max_updates: int | None = Field(default=None, ge=1)  # total client updates
+    eval: MTEvalConfig = Field(default_factory=MTEvalConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    checkpoint: MTCheckpointConfig = Field(default_factory=MTCheckpointConfig)
+    model_config = {"extra": "forbid", "populate_by_name": True}
+
+    @field_validator("method")
+    @classmethod
+    def _known_method(cls, v: str) -> str:
+        if v not in METHODS:
+            raise ValueError(f"unknown method {v!r}; expected one of {list(METHODS)}")
+        return v
+
+    def task_name(self, m: int) -> str:
+        t = self.tasks[m]
+        return t.name or f"{t.data.dataset}-{t.model.name}"
+
+
+def is_multitask(raw: dict) -> bool:
+    return isinstance(raw, dict) and "tasks" in raw
+
+
+def _format(err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ""
+    for p in first["loc"]:
+        loc += f"[{p}]" if isinstance(p, int) else (f".{p}" if loc else str(p))
+    msg = first["msg"].removeprefix("Value error, ")
+    value = first.get("input")
+    shown = "" if isinstance(value, (dict, list)) else f" (got {value!r})"
+    return f"{loc or 'config'}: {msg}{shown}"
+
+
+def validate_multitask(raw: dict) -> MultiTaskConfig:
+    try:
+        cfg = MultiTaskConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_format(exc)) from None
+    _check_tasks(cfg)
+    return cfg
+
+
+def load_multitask(path, overrides: list[str] | None = None) -> MultiTaskConfig:
+    return validate_multitask(apply_overrides(load_raw(path), overrides or []))
+
+
+def _check_tasks(cfg: MultiTaskConfig) -> None:
+    from fedforge.algorithms import build_algorithm
+    from fedforge.data import DATASETS, PARTITIONERS
+    from fedforge.models import MODELS
+
+    for i, t in enumerate(cfg.tasks):
+        where = f"tasks[{i}]"
+        if t.data.dataset not in DATASETS:
+            raise ConfigError(f"{where}.data.dataset: unknown dataset {t.data.dataset!r}; "
+                              f"expected one of {sorted(DATASETS)}")
+        parts = [*PARTITIONERS, "dirichlet_fixed"]
+        if t.data.partition not in parts:
+            raise ConfigError(f"{where}.data.partition: unknown partition {t.data.partition!r}; "
+                              f"expected one of {sorted(parts)}")
+        if t.model.name not in MODELS:
+            raise ConfigError(f"{where}.model.name: unknown model {t.model.name!r}; expected "
+                              f"one of {sorted(MODELS)}")
+        try:
+            build_algorithm(t.algorithm.name, **t.algorithm.hparams)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}.{exc}") from None
+    counts = [t.sync_clients for t in cfg.tasks]
+    if any(c is not None for c in counts) and any(c is None for c in counts):
+        raise ConfigError("tasks[].sync_clients: set it for every task or for none")
+
+
+def dump_multitask(cfg: MultiTaskConfig, path) -> None:
+    import tomli_w  # noqa: PLC0415
+
+    data: dict[str, Any] = cfg.model_dump(exclude_none=True, by_alias=True)
+    path.write_text(tomli_w.dumps(data), encoding="utf-8")
