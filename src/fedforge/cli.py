@@ -42,6 +42,8 @@ def run(
     from fedforge.data import DatasetError
     from fedforge.experiment.runner import run_experiment
 
+    if _multitask(config):  # a [[tasks]] list: FedAST / simultaneous multi-task run
+        return _run_multitask(config, overrides or [], out, resume, quiet)
     cfg = _load(config, overrides or [])
     try:
         history = run_experiment(cfg, out, resume=resume, progress=not quiet)
@@ -53,6 +55,33 @@ def run(
         f"{last.get('round')} test_accuracy={last.get('test_accuracy', float('nan')):.4f} "
         f"test_loss={last.get('test_loss', float('nan')):.4f}  -> {out}"
     )
+
+
+def _multitask(config: Path) -> bool:
+    from fedforge.experiment.config import ConfigError, load_raw
+    from fedforge.experiment.multitask import is_multitask
+
+    try:
+        return is_multitask(load_raw(config))
+    except ConfigError as exc:
+        _fail(str(exc))
+
+
+def _run_multitask(config: Path, overrides: list[str], out: Path, resume: bool,
+                   quiet: bool) -> None:
+    from fedforge.data import DatasetError
+    from fedforge.experiment.async_runner import run_multitask
+    from fedforge.experiment.config import ConfigError
+    from fedforge.experiment.multitask import load_multitask
+
+    try:
+        cfg = load_multitask(config, overrides)
+        run_multitask(cfg, out, resume=resume, progress=not quiet)
+    except (ConfigError, DatasetError, ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    summary = (out / "summary.json").read_text()
+    console.print(f"[bold green]done[/bold green] {cfg.method} on {len(cfg.tasks)} tasks -> "
+                  f"{out}\n{summary}", highlight=False)
 
 
 @app.command()
@@ -69,18 +98,36 @@ def compare(
     names = [a.strip() for a in algorithms.split(",") if a.strip()]
     if not names:
         _fail("--algorithms: expected a comma-separated list, e.g. fedavg,scaffold")
+    if _multitask(config):  # multi-task: --algorithms names methods (fedast,sync_st,...)
+        from fedforge.experiment.compare import run_multitask_comparison
+        from fedforge.experiment.config import ConfigError
+        from fedforge.experiment.multitask import load_multitask
+
+        try:
+            mcfgs = {n: load_multitask(config, [*(overrides or []), f"method={n}"])
+                     for n in names}
+            table_rows, plot = run_multitask_comparison(mcfgs, out, progress=not quiet)
+        except (ConfigError, ValueError, FileNotFoundError) as exc:
+            _fail(str(exc))
+        _print_rows(table_rows, out)
+        console.print(f"plot: {plot}")
+        return
     cfgs = {name: _load(config, [*(overrides or []), f"algorithm.name={name}"]) for name in names}
     try:
         table_rows, plot = run_comparison(cfgs, out, progress=not quiet)
     except (ValueError, FileNotFoundError, FloatingPointError) as exc:
         _fail(str(exc))
+    _print_rows(table_rows, out)
+    console.print(f"plot: {plot}")
+
+
+def _print_rows(table_rows: list[dict], out: Path) -> None:
     table = Table(title=f"comparison ({out})")
     for col in table_rows[0]:
         table.add_column(col)
     for row in table_rows:
         table.add_row(*[str(v) for v in row.values()])
     console.print(table)
-    console.print(f"plot: {plot}")
 
 
 @app.command()

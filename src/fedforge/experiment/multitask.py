@@ -7,6 +7,7 @@ Errors name the field, e.g. ``tasks[2].model.name: unknown model 'cnnn'; ...``.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
@@ -136,7 +137,26 @@ def validate_multitask(raw: dict) -> MultiTaskConfig:
 
 
 def load_multitask(path, overrides: list[str] | None = None) -> MultiTaskConfig:
-    return validate_multitask(apply_overrides(load_raw(path), overrides or []))
+    """Load and validate; ``tasks.1.target=0.8`` (or ``tasks[1].target=0.8``) sets one task's
+    key, ``tasks.target=0.8`` every task's."""
+    raw = load_raw(path)
+    plain = []
+    for item in overrides or []:
+        m = _TASK_KEY.match(item)
+        if not m:
+            plain.append(item)
+            continue
+        tasks = raw.get("tasks", [])
+        index, rest = m.group(1) or m.group(2), m.group(3)
+        targets = range(len(tasks)) if index is None else [int(index)]
+        for i in targets:
+            if not 0 <= i < len(tasks):
+                raise ConfigError(f"tasks[{i}]: no such task (the config has {len(tasks)})")
+            tasks[i] = apply_overrides(tasks[i], [rest])
+    return validate_multitask(apply_overrides(raw, plain))
+
+
+_TASK_KEY = re.compile(r"^tasks(?:\.(\d+)|\[(\d+)\])?\.(.+=.*)$", re.S)
 
 
 def _check_tasks(cfg: MultiTaskConfig) -> None:

@@ -27,7 +27,9 @@ def plot_metric(
 ) -> Path:
     """One curve per run of ``y`` against ``x``; writes a PNG and returns its path."""
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
-    for label, recs in runs.items():
+    if x == "round" and any("task" in r for recs in runs.values() for r in recs):
+        x = "sim_time_s"  # multi-task runs: rounds differ per task, the clock is shared
+    for label, recs in _split_tasks(runs).items():
         pts = [(r[x], r[y]) for r in recs if x in r and y in r]
         if pts:
             xs, ys = zip(*pts)
@@ -42,4 +44,14 @@ def plot_metric(
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
     plt.close(fig)
+    return out
+
+
+def _split_tasks(runs: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """Multi-task runs (records with ``task``) become one curve per task: ``run / task``."""
+    out: dict[str, list[dict]] = {}
+    for label, recs in runs.items():
+        for r in recs:
+            key = f"{label} / {r['task']}" if "task" in r else label
+            out.setdefault(key, []).append(r)
     return out
