@@ -48,12 +48,13 @@ def proportional_split(total: int, weights: Sequence[float], minimum: int = 1) -
         raise ValueError(f"cannot give {k} tasks >= {minimum} of {total} requests")
     if not np.isfinite(w).all() or w.sum() <= 0:
         w = np.ones(k)
-    spare = total - minimum * k
+    floor = 0 if (total * w / w.sum() >= minimum).all() else minimum  # reserve only if needed
+    spare = total - floor * k
     raw = spare * w / w.sum()
     out = np.floor(raw).astype(np.int64)
     order = np.argsort(-(raw - out), kind="stable")
     out[order[: spare - int(out.sum())]] += 1
-    return (out + minimum).tolist()
+    return (out + floor).tolist()
 
 
 def realloc(requests: Sequence[int], sigma2_hat: Sequence[float], minimum: int = 1) -> list[int]:

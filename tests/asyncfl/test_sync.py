@@ -1,0 +1,45 @@
+"""Sync-ST rounds on the clock: k-th arrival per task, max over tasks; partition helper."""
+
+import numpy as np
+import pytest
+
+from fedforge.asyncfl.partition import dirichlet_fixed_size
+from fedforge.asyncfl.sync import SyncDriver, SyncOptions
+from fedforge.engine import LoopEngine
+from fedforge.sim.delays import ConstantDelay
+from fedforge.sim.population import Population
+from tests.asyncfl.helpers import quadratic_task
+
+
+def test_round_time_is_max_over_tasks_of_kth_arrival():
+    """Constant delays tau * e * s: speeds (1.3, 1, 0.7); task 0 (e = 1) and task 1 (e = 2),
+    tau = 2. With k = 1 each task's round ends at its fastest client's finish."""
+    pop = Population(np.array([1.3, 1.0, 0.7, 1.0]))
+    tasks = [quadratic_task(0, [[0, 0]] * 4, tau=2, step_time=1.0),
+             quadratic_task(1, [[0, 0]] * 4, tau=2, step_time=2.0)]
+    d = SyncDriver(tasks, pop, ConstantDelay(), SyncOptions("sync_st", 4, k=1), 0, LoopEngine())
+    d.step(lambda m, r: None)
+    kept = {}
+    for row in d.clock.log:
+        kept.setdefault(row[1], []).append(row)
+    expected = max(2 * e * pop.speed[rows[0][2]] for e, rows in zip((1.0, 2.0), kept.values()))
+    assert d.clock.now == pytest.approx(expected)
+    assert all(len(rows) == 1 for rows in kept.values())
+    assert d.c == 2 and [t.server.round for t in tasks] == [1, 1]
+
+
+def test_no_mitigation_waits_for_everyone():
+    pop = Population(np.array([1.3, 1.0, 0.7, 1.0]))
+    tasks = [quadratic_task(0, [[0, 0]] * 4, tau=1, step_time=1.0)]
+    d = SyncDriver(tasks, pop, ConstantDelay(), SyncOptions("sync_st_nosm", 4), 0, LoopEngine())
+    d.step(lambda m, r: None)
+    assert d.clock.now == pytest.approx(1.3) and d.c == 4
+
+
+def test_dirichlet_fixed_size():
+    labels = np.repeat(np.arange(10), 50)  # 500 samples; 40 clients x 30 needs refills
+    parts = dirichlet_fixed_size(labels, 40, 0.1, 30, np.random.default_rng(0))
+    sizes = [len(p) for p in parts]
+    assert all(abs(s - 30) <= 5 for s in sizes)
+    few = np.mean([len(np.unique(labels[p])) for p in parts])
+    assert few < 4  # alpha 0.1: few classes per client
