@@ -6,7 +6,9 @@ ops only, so it works unchanged under ``vmap``, needs no Python state and no rec
 and a run resumed at round ``k`` continues the schedule exactly where it was (the position
 *is* the round).
 
-Kinds (the same names in Python and configs)::
+Kinds (the same names in Python and configs; in a config table the kind may be given as
+``schedule = "..."`` or ``kind = "..."``, e.g. TOML
+``local_lr = {schedule = "exponential", init = 0.01, gamma = 0.998}``)::
 
     0.01                                               constant
     {kind="constant", value=0.01}
@@ -156,7 +158,9 @@ def as_schedule(value: ScheduleLike, name: str = "value") -> Schedule:
         return Constant(float(value))
     if isinstance(value, Mapping):
         spec = dict(value)
-        kind = spec.pop("kind", None)
+        if "kind" in spec and "schedule" in spec:
+            raise ValueError(f"{name}: give the schedule kind as 'schedule' or 'kind', not both")
+        kind = spec.pop("kind", spec.pop("schedule", None))
         if kind not in _KINDS:
             raise ValueError(f"{name}: schedule kind {kind!r} unknown; expected one of "
                              f"{sorted(k for k in _KINDS if k not in ('exp', 'linear_warmup'))}")

@@ -94,6 +94,69 @@ def dirichlet_label(
     return group_by_client(order, owner, num_clients)
 
 
+def dirichlet_class(
+    labels: Any, num_clients: int, alpha: float, rng: np.random.Generator, fraction: float = 1.0
+) -> list[np.ndarray]:
+    """Per-class Dirichlet split with no minimum size (Wang et al. 2020a; Acar et al. 2021;
+    FedPTR App. D): for each class k, ``p_k ~ Dir_N(alpha)`` and client j gets the fraction
+    ``p_kj`` of class k. At alpha = 0.01 clients can be empty (the runner warns and gives them
+    no weight). ``fraction < 1`` first keeps a random ``fraction`` of each class (a stated
+    reduced-scale run); the other samples belong to no client.
+    """
+    y = _as_int_array(labels, "labels")
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    keep = np.arange(len(y))
+    if fraction < 1:
+        keep = np.sort(np.concatenate([
+            rng.permutation(np.flatnonzero(y == c))[: int(round(fraction * (y == c).sum()))]
+            for c in np.unique(y)
+        ]))
+    parts = dirichlet_label(y[keep], num_clients, alpha, rng, min_size=0)
+    return [keep[p] for p in parts]
+
+
+def dirichlet_equal(
+    labels: Any, num_clients: int, alpha: float, rng: np.random.Generator,
+    samples_per_client: int | None = None,
+) -> list[np.ndarray]:
+    """Equal-sized clients, each with its own label prior ``p_i ~ Dir(alpha 1_C)`` (the split
+    of the FedDyn / FedExP / FedNAR code, ``getDirichletData_equal``).
+
+    Every client gets ``samples_per_client`` samples (default ``N // num_clients``; the rest
+    belong to no client). Draws are sequential: a uniformly random client that is not yet
+    full draws a class from its prior and takes the next unused sample of that class. The
+    code re-draws while the class is exhausted; drawing from the prior renormalised over the
+    classes still available is the same distribution and always terminates.
+    """
+    y = _as_int_array(labels, "labels")
+    if alpha <= 0:
+        raise ValueError(f"alpha must be > 0, got {alpha}")
+    _check_counts(len(y), num_clients)
+    size = len(y) // num_clients if samples_per_client is None else int(samples_per_client)
+    if not 1 <= size * num_clients <= len(y):
+        raise ValueError(f"dirichlet_equal: samples_per_client={size} for {num_clients} "
+                         f"clients needs {size * num_clients} samples, only {len(y)} given")
+    classes, y_inv = np.unique(y, return_inverse=True)
+    priors = rng.dirichlet(np.full(len(classes), float(alpha)), size=num_clients)  # [n, C]
+    pools = [rng.permutation(np.flatnonzero(y_inv == c)) for c in range(len(classes))]
+    left = np.array([len(p) for p in pools])  # unused samples per class
+    need = np.full(num_clients, size)
+    owner, taken = np.empty(size * num_clients, np.int64), np.empty(size * num_clients, np.int64)
+    for s in range(size * num_clients):
+        open_ = np.flatnonzero(need > 0)
+        i = open_[rng.integers(len(open_))]
+        p = priors[i] * (left > 0)
+        p = p / p.sum() if p.sum() > 0 else (left > 0) / (left > 0).sum()
+        c = min(int(np.searchsorted(np.cumsum(p), rng.random(), side="right")), len(p) - 1)
+        while left[c] == 0:  # float round-off at the top of the CDF
+            c -= 1
+        left[c] -= 1
+        need[i] -= 1
+        owner[s], taken[s] = i, pools[c][left[c]]
+    return group_by_client(taken, owner, num_clients)
+
+
 def shards(
     labels: Any, num_clients: int, classes_per_client: int, rng: np.random.Generator
 ) -> list[np.ndarray]:
@@ -145,6 +208,8 @@ def natural(groups: Any) -> list[np.ndarray]:
 PARTITIONERS: dict[str, Callable[..., list[np.ndarray]]] = {
     "iid": iid,
     "dirichlet": dirichlet_label,
+    "dirichlet_class": dirichlet_class,
+    "dirichlet_equal": dirichlet_equal,
     "shards": shards,
     "quantity_skew": quantity_skew,
     "natural": natural,

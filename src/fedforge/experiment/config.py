@@ -57,6 +57,12 @@ class ClientConfig(_Section):
     batch_size: int = Field(default=10, ge=1)
     local_steps: int | None = Field(default=None, ge=1)
     local_epochs: int | None = Field(default=None, ge=1)
+    # Local-optimizer settings shared by the FedNAR backbones; each, when set, is passed to the
+    # algorithm as the hparam named in CLIENT_TO_HPARAM (numbers or schedule tables).
+    lr: Any = None
+    weight_decay: Any = None
+    max_grad_norm: Any = None
+    nar: bool | None = None  # FedNAR: decay inside the clip (true) or after it (false)
 
     @model_validator(mode="after")
     def _one_of_steps_or_epochs(self):
@@ -109,6 +115,33 @@ class RunConfig(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+
+
+CLIENT_TO_HPARAM = {"lr": "local_lr", "weight_decay": "weight_decay",
+                    "max_grad_norm": "max_grad_norm", "nar": "nar"}
+
+
+def algorithm_kwargs(cfg: RunConfig) -> dict[str, Any]:
+    """``algorithm.*`` hparams plus the ``client.*`` local-optimizer settings that are set.
+
+    A ``client`` setting the algorithm does not take, or one also given under ``algorithm``,
+    is an error naming the field.
+    """
+    from fedforge.algorithms import algorithm_hparams  # noqa: PLC0415 (registry import cycle)
+
+    kwargs = dict(cfg.algorithm.hparams)
+    allowed = algorithm_hparams(cfg.algorithm.name) if cfg.algorithm.name else {}
+    for key, hparam in CLIENT_TO_HPARAM.items():
+        value = getattr(cfg.client, key)
+        if value is None:
+            continue
+        if hparam not in allowed:
+            raise ConfigError(f"client.{key}: algorithm {cfg.algorithm.name!r} does not support "
+                              f"it (no {hparam!r} hyper-parameter)")
+        if hparam in kwargs:
+            raise ConfigError(f"client.{key}: also given as algorithm.{hparam}; set one of them")
+        kwargs[hparam] = value
+    return kwargs
 
 
 def _format(err: ValidationError) -> str:
@@ -198,7 +231,9 @@ def _check_registries(cfg: RunConfig) -> None:
     if cfg.data.root is not None and not Path(cfg.data.root).expanduser().is_dir():
         raise ConfigError(f"data.root: directory {cfg.data.root!r} does not exist")
     try:
-        build_algorithm(cfg.algorithm.name, **cfg.algorithm.hparams)
+        build_algorithm(cfg.algorithm.name, **algorithm_kwargs(cfg))
+    except ConfigError:
+        raise
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
 

@@ -24,7 +24,7 @@ from fedforge.data.federated import gather_round_indices
 from fedforge.engine import ChunkedEngine, build_engine, classification_loss
 from fedforge.engine.local import set_matmul_precision
 from fedforge.experiment.checkpoint import load_checkpoint, save_checkpoint
-from fedforge.experiment.config import RunConfig, dump_config
+from fedforge.experiment.config import RunConfig, algorithm_kwargs, dump_config
 from fedforge.experiment.evaluate import evaluate
 from fedforge.experiment.metrics import MetricsWriter
 from fedforge.experiment.round import federated_round
@@ -66,7 +66,7 @@ class Experiment:
         torch.manual_seed(cfg.seed)
         model = build_model(cfg.model.name, data.input_shape, data.num_classes, **cfg.model.options)
         model = model.to(device)
-        algorithm = build_algorithm(cfg.algorithm.name, **cfg.algorithm.hparams)
+        algorithm = build_algorithm(cfg.algorithm.name, **algorithm_kwargs(cfg))
         algorithm.bind_data(data.input_shape, data.num_classes)  # e.g. FedPTR's synthetic set
         engine_kw = {} if cfg.engine.name == "loop" else {"chunk_size": cfg.engine.chunk_size}
         engine = build_engine(cfg.engine.name, **engine_kw)
@@ -98,6 +98,9 @@ def sample_round(exp: Experiment, round_: int):
         agg = sizes.double() / sizes.sum().clamp_min(1)
     else:
         agg = torch.full((num,), 1.0 / num, dtype=torch.float64)
+        if bool((sizes == 0).any()):  # empty clients (warned at partition time): weight 0
+            nonempty = (sizes > 0).double()
+            agg = nonempty / nonempty.sum().clamp_min(1)
     dev = exp.device
     info = {k: v.to(dev) for k, v in info.items()}
     return (client_ids, sample_idx.to(dev), weights.to(dev), agg.to(dev, torch.float32), info)
@@ -119,6 +122,7 @@ def run_experiment(
     server_state = exp.algorithm.server_init(params)
     store = ClientStore(exp.data.num_clients, exp.algorithm.client_init(params), exp.device)
     start, wall_offset, bytes_up, bytes_down = 1, 0.0, 0, 0
+    distill_s = 0.0
     ckpt_dir = out / "checkpoints"
     if resume and (ckpt_dir / "latest.json").is_file():
         tensors, meta = load_checkpoint(ckpt_dir, exp.device)
@@ -128,6 +132,7 @@ def run_experiment(
             store.load_state_dict(tensors["clients"])
         start, wall_offset = meta["round"] + 1, meta["wall_s"]
         bytes_up, bytes_down = meta["bytes_up"], meta["bytes_down"]
+        distill_s = meta.get("distill_s", 0.0)
     metrics = MetricsWriter(out / "metrics.jsonl", truncate_after=start - 1)
     t0 = time.perf_counter() - wall_offset
     down_per_client, up_per_client = exp.algorithm.message_nbytes(params, server_state)
@@ -142,7 +147,10 @@ def run_experiment(
             )
             bytes_down += down_per_client * len(client_ids)
             bytes_up += up_per_client * len(client_ids)
-            train_loss = cohort.metrics["loss"].mean().item()
+            trained = cohort.metrics["steps"] > 0  # empty clients report no loss
+            train_loss = (cohort.metrics["loss"][trained].mean().item() if bool(trained.any())
+                          else 0.0)
+            distill_s += distill_seconds(cohort.metrics)
             if not np.isfinite(train_loss):
                 raise FloatingPointError(f"round {t}: training loss is {train_loss} (diverged); "
                                          f"last good checkpoint in {ckpt_dir}")
@@ -150,23 +158,38 @@ def run_experiment(
             if t % cfg.eval.every == 0 or t == cfg.rounds:
                 record = {"round": t, "train_loss": train_loss}
                 record.update(evaluate(
-                    exp.model, params, exp.data.test_x, exp.data.test_y, cfg.eval.batch_size,
+                    exp.model, eval_params(exp.algorithm, params, server_state),
+                    exp.data.test_x, exp.data.test_y, cfg.eval.batch_size,
                     exp.data.client_test_indices if cfg.eval.per_client else None,
                 ))
                 record.update({"bytes_up": bytes_up, "bytes_down": bytes_down,
                                "wall_s": round(time.perf_counter() - t0, 3)})
+                if exp.algorithm.prepares:  # FedPTR's MTT: server + all clients, wall seconds
+                    record["distill_s"] = round(distill_s, 3)
                 metrics.write(record)
             if t % cfg.checkpoint.every == 0 or t == cfg.rounds:
                 save_checkpoint(
                     ckpt_dir, t,
                     {"params": params, "server": server_state, "clients": store.state_dict()},
                     {"wall_s": time.perf_counter() - t0, "bytes_up": bytes_up,
-                     "bytes_down": bytes_down, "seed": cfg.seed,
+                     "bytes_down": bytes_down, "seed": cfg.seed, "distill_s": distill_s,
                      "rng": "derived per round from (seed, round)"},
                     keep=cfg.checkpoint.keep,
                 )
             bar.advance(t, record)
     return history
+
+
+def eval_params(algorithm: Algorithm, params: Params, server_state: dict) -> Params:
+    """Where the model is evaluated: ``params`` unless the algorithm says otherwise (FedExP:
+    the average of the last two iterates)."""
+    hook = getattr(algorithm, "eval_params", None)
+    return params if hook is None else hook(params, server_state)
+
+
+def distill_seconds(metrics: dict) -> float:
+    """Wall seconds a round spent on trajectory matching (FedPTR: clients; FedPTR-S: server)."""
+    return sum(float(metrics[k].sum()) for k in ("distill_s", "server_distill_s") if k in metrics)
 
 
 def model_nbytes(params: Params) -> int:
