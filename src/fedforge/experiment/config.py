@@ -76,6 +76,10 @@ class ClientConfig(_Section):
 class ServerConfig(_Section):
     clients_per_round: int = Field(default=10, ge=1)
     aggregation: Literal["uniform", "num_samples"] = "uniform"
+    # robust aggregation of the client deltas (fedforge.robust): mean | median | trimmed_mean |
+    # norm_clip | krum | multi_krum, with its options (beta, max_norm, f, m)
+    aggregator: str = "mean"
+    aggregator_options: dict[str, Any] = Field(default_factory=dict)
 
 
 class EvalConfig(_Section):
@@ -103,6 +107,15 @@ class CheckpointConfig(_Section):
     keep: int = Field(default=2, ge=1)
 
 
+class AttackConfig(_Section):
+    """Simulated Byzantine clients (fedforge.robust.attacks); ``kind = "none"`` is honest."""
+
+    kind: Literal["none", "sign_flip", "scale", "random", "label_flip"] = "none"
+    fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
+    scale: float = 1.0
+    noise_std: float = Field(default=1.0, ge=0.0)
+
+
 class RunConfig(_Section):
     name: str = "run"
     seed: int = 0
@@ -115,6 +128,11 @@ class RunConfig(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    attack: AttackConfig = Field(default_factory=AttackConfig)
+    # NaN/Inf in a loss or update (fedforge.robust.divergence): stop | skip_client | rollback
+    divergence: Literal["stop", "skip_client", "rollback"] = "stop"
+    rollback_lr_factor: float = Field(default=0.5, gt=0.0, lt=1.0)
+    max_rollbacks: int = Field(default=3, ge=0)
 
 
 CLIENT_TO_HPARAM = {"lr": "local_lr", "weight_decay": "weight_decay",
@@ -234,6 +252,20 @@ def _check_registries(cfg: RunConfig) -> None:
         build_algorithm(cfg.algorithm.name, **algorithm_kwargs(cfg))
     except ConfigError:
         raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+    _check_robust(cfg)
+
+
+def _check_robust(cfg: RunConfig) -> None:
+    """server.aggregator / its options, and that rollback can scale the local lr."""
+    from fedforge.robust.aggregators import build_aggregator  # noqa: PLC0415
+    from fedforge.robust.divergence import scale_lr  # noqa: PLC0415
+
+    try:
+        build_aggregator(cfg.server.aggregator, **cfg.server.aggregator_options)
+        if cfg.divergence == "rollback":
+            scale_lr(cfg.algorithm.name, algorithm_kwargs(cfg), cfg.rollback_lr_factor)
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
 

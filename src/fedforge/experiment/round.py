@@ -6,6 +6,7 @@ step together, so the runner, the tests and the benchmarks run the same round.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -15,6 +16,7 @@ from fedforge.core.store import ClientStore
 from fedforge.core.tree import Params
 from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput
 from fedforge.engine.local import LossFn
+from fedforge.robust.divergence import check_model, rerun_fn, screen_cohort
 
 
 class RoundResult(NamedTuple):
@@ -39,6 +41,8 @@ def federated_round(
     agg_weights: torch.Tensor | None = None,
     info: dict | None = None,
     round_: int = 1,
+    divergence: str | None = None,
+    robust: Callable | None = None,
 ) -> RoundResult:
     """Run one round for the sampled ``client_ids``.
 
@@ -48,6 +52,10 @@ def federated_round(
       agg_weights: ``[C]`` weights of the deltas; default uniform ``1/C``.
       info: per-client round inputs (from ``algorithm.round_info``).
       round_: the round index t (1-based); broadcast as ``broadcast["round"]`` for schedules.
+      divergence: NaN/Inf policy (``stop | skip_client | rollback``, see
+        :mod:`fedforge.robust.divergence`); ``None`` skips the screening.
+      robust: attack + robust aggregator applied to the per-client deltas
+        (:class:`fedforge.robust.RobustRound`; the engine must keep deltas).
     """
     num_sampled = int(client_ids.numel())
     if agg_weights is None:
@@ -73,9 +81,18 @@ def federated_round(
         agg_weights=agg_weights,
     )
     cohort = engine.run_cohort(algorithm, loss_fn, x_all, y_all, inputs)
+    if divergence is not None:  # NaN/Inf screening; skip_client re-runs the good clients
+        run = rerun_fn(engine, algorithm, loss_fn, x_all, y_all)
+        cohort, inputs, client_ids, _ = screen_cohort(
+            divergence, cohort, run, inputs, client_ids, round_)
+        num_sampled = int(client_ids.numel())
+    if robust is not None:  # attackers' updates, then median / trimmed mean / Krum / clip
+        cohort = robust(cohort, client_ids, inputs.agg_weights, round_)
     cohort.metrics.update(prep_metrics)  # e.g. distill_s [C], server_distill_s (0-d)
     store.scatter(client_ids, cohort.client_states)
     new_params, new_server_state = algorithm.server_step(
         params, server_state, cohort.mean_delta, cohort.mean_uploads, num_sampled, store.num_clients
     )
+    if divergence is not None:
+        check_model(new_params, round_)
     return RoundResult(new_params, new_server_state, cohort)

@@ -29,6 +29,9 @@ from fedforge.experiment.evaluate import evaluate
 from fedforge.experiment.metrics import MetricsWriter
 from fedforge.experiment.round import federated_round
 from fedforge.models import build_model
+from fedforge.robust.divergence import DivergenceError, log_event, scale_lr
+from fedforge.robust.hook import RobustRound
+from fedforge.robust.setup import build_robust
 
 
 def resolve_device(name: str) -> torch.device:
@@ -55,6 +58,7 @@ class Experiment:
     algorithm: Algorithm
     engine: ChunkedEngine
     device: torch.device
+    robust: RobustRound | None = None  # attackers + robust aggregator (fedforge.robust)
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> Experiment:
@@ -70,7 +74,17 @@ class Experiment:
         algorithm.bind_data(data.input_shape, data.num_classes)  # e.g. FedPTR's synthetic set
         engine_kw = {} if cfg.engine.name == "loop" else {"chunk_size": cfg.engine.chunk_size}
         engine = build_engine(cfg.engine.name, **engine_kw)
-        return cls(cfg, data, model, algorithm, engine, device)
+        robust = build_robust(cfg, data)  # may flip attackers' labels in data.train_y
+        if robust is not None:
+            engine.keep_deltas = True  # robust aggregators need every client's delta
+        return cls(cfg, data, model, algorithm, engine, device, robust)
+
+    def scale_local_lr(self, scale: float) -> None:
+        """Rebuild the algorithm with ``local_lr`` times ``scale`` (divergence rollback)."""
+        if scale != 1.0:
+            hp = scale_lr(self.cfg.algorithm.name, algorithm_kwargs(self.cfg), scale)
+            self.algorithm = build_algorithm(self.cfg.algorithm.name, **hp)
+            self.algorithm.bind_data(self.data.input_shape, self.data.num_classes)
 
     @property
     def client_sizes(self) -> torch.Tensor:
@@ -122,6 +136,7 @@ def run_experiment(
     server_state = exp.algorithm.server_init(params)
     store = ClientStore(exp.data.num_clients, exp.algorithm.client_init(params), exp.device)
     start, wall_offset, bytes_up, bytes_down = 1, 0.0, 0, 0
+    lr_scale, rollbacks = 1.0, 0  # divergence rollbacks so far and the local-lr factor
     distill_s = 0.0
     ckpt_dir = out / "checkpoints"
     if resume and (ckpt_dir / "latest.json").is_file():
@@ -133,18 +148,44 @@ def run_experiment(
         start, wall_offset = meta["round"] + 1, meta["wall_s"]
         bytes_up, bytes_down = meta["bytes_up"], meta["bytes_down"]
         distill_s = meta.get("distill_s", 0.0)
+        lr_scale, rollbacks = meta.get("lr_scale", 1.0), meta.get("rollbacks", 0)
+        exp.scale_local_lr(lr_scale)
     metrics = MetricsWriter(out / "metrics.jsonl", truncate_after=start - 1)
     t0 = time.perf_counter() - wall_offset
     down_per_client, up_per_client = exp.algorithm.message_nbytes(params, server_state)
     history = metrics.records
     with RoundProgress(cfg.rounds, start, enabled=progress) as bar:
-        for t in range(start, cfg.rounds + 1):
+        t = start - 1
+        while t < cfg.rounds:  # a while loop: a divergence rollback moves t back
+            t += 1
             client_ids, sample_idx, weights, agg, info = sample_round(exp, t)
-            params, server_state, cohort = federated_round(
-                exp.algorithm, exp.engine, loss_fn, params, server_state, store, client_ids,
-                exp.data.train_x, exp.data.train_y, sample_idx, weights, agg_weights=agg,
-                info=info, round_=t,
-            )
+            try:
+                params, server_state, cohort = federated_round(
+                    exp.algorithm, exp.engine, loss_fn, params, server_state, store, client_ids,
+                    exp.data.train_x, exp.data.train_y, sample_idx, weights, agg_weights=agg,
+                    info=info, round_=t, divergence=cfg.divergence, robust=exp.robust,
+                )
+            except DivergenceError as exc:
+                event = {"round": t, "policy": cfg.divergence, "faults": exc.faults}
+                if cfg.divergence != "rollback" or rollbacks >= cfg.max_rollbacks:
+                    log_event(out, {**event, "action": "stop"})
+                    exc.args = (f"{exc}; stopped (policy {cfg.divergence}, {rollbacks} "
+                                f"rollbacks); last good checkpoint in {ckpt_dir}",)
+                    raise
+                rollbacks, lr_scale = rollbacks + 1, lr_scale * cfg.rollback_lr_factor
+                exp.scale_local_lr(lr_scale)
+                params, server_state, store, meta = restore_or_init(exp, ckpt_dir, store)
+                t = meta.get("round", 0)
+                bytes_up, bytes_down = meta.get("bytes_up", 0), meta.get("bytes_down", 0)
+                distill_s = meta.get("distill_s", 0.0)
+                metrics = MetricsWriter(out / "metrics.jsonl", truncate_after=t)
+                history = metrics.records
+                log_event(out, {**event, "action": f"rollback to round {t}",
+                                "lr_scale": lr_scale})
+                continue
+            if "skipped_clients" in cohort.metrics:
+                log_event(out, {"round": t, "policy": "skip_client",
+                                "skipped": cohort.metrics["skipped_clients"].tolist()})
             bytes_down += down_per_client * len(client_ids)
             bytes_up += up_per_client * len(client_ids)
             trained = cohort.metrics["steps"] > 0  # empty clients report no loss
@@ -173,11 +214,32 @@ def run_experiment(
                     {"params": params, "server": server_state, "clients": store.state_dict()},
                     {"wall_s": time.perf_counter() - t0, "bytes_up": bytes_up,
                      "bytes_down": bytes_down, "seed": cfg.seed, "distill_s": distill_s,
+                     "lr_scale": lr_scale, "rollbacks": rollbacks,
                      "rng": "derived per round from (seed, round)"},
                     keep=cfg.checkpoint.keep,
                 )
             bar.advance(t, record)
     return history
+
+
+def restore_or_init(
+    exp: Experiment, ckpt_dir: Path, store: ClientStore
+) -> tuple[Params, dict, ClientStore, dict]:
+    """Load the last complete checkpoint into ``store``, or reset everything to the initial
+    state when there is none yet -> (params, server state, store, checkpoint meta or {})."""
+    params = exp.initial_params()
+    server_state = exp.algorithm.server_init(params)
+    if not (ckpt_dir / "latest.json").is_file():
+        fresh = ClientStore(exp.data.num_clients, exp.algorithm.client_init(params), "cpu")
+        if not fresh.empty:
+            store.load_state_dict(fresh.state_dict())
+        return params, server_state, store, {}
+    tensors, meta = load_checkpoint(ckpt_dir, exp.device)
+    server = tensors.get("server", {})
+    server_state = {"opt": server.get("opt", {}), "parts": server.get("parts", {})}
+    if tensors.get("clients"):
+        store.load_state_dict(tensors["clients"])
+    return tensors["params"], server_state, store, meta
 
 
 def eval_params(algorithm: Algorithm, params: Params, server_state: dict) -> Params:

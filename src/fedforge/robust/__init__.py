@@ -1,0 +1,21 @@
+"""Reliability and security: robust aggregation, attack simulation, divergence handling."""
+
+from fedforge.robust.aggregators import (
+    AGGREGATORS,
+    Aggregator,
+    build_aggregator,
+    coordinate_median,
+    krum,
+    norm_clip,
+    trimmed_mean,
+    weighted_mean,
+)
+from fedforge.robust.attacks import ATTACKS, Attack, attacker_ids, flip_labels, poison_updates
+from fedforge.robust.divergence import POLICIES, DivergenceError, screen_cohort
+from fedforge.robust.hook import RobustRound
+
+__all__ = [
+    "AGGREGATORS", "ATTACKS", "POLICIES", "Aggregator", "Attack", "DivergenceError",
+    "RobustRound", "attacker_ids", "build_aggregator", "coordinate_median", "flip_labels",
+    "krum", "norm_clip", "poison_updates", "screen_cohort", "trimmed_mean", "weighted_mean",
+]

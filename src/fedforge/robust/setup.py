@@ -1,0 +1,22 @@
+"""Build a run's robust-aggregation step and poisoned data from its config."""
+
+from __future__ import annotations
+
+from fedforge.robust.aggregators import build_aggregator
+from fedforge.robust.attacks import Attack, attacker_ids, flip_labels
+from fedforge.robust.hook import RobustRound
+
+
+def build_robust(cfg, data) -> RobustRound | None:
+    """``RobustRound`` for ``cfg.server.aggregator`` / ``cfg.attack``; ``None`` when the run is
+    honest with the plain mean. A ``label_flip`` attack rewrites ``data.train_y`` in place."""
+    a = cfg.attack
+    attack = Attack(a.kind, a.fraction, a.scale, a.noise_std)
+    if cfg.server.aggregator == "mean" and not attack.active:
+        return None
+    attackers = attacker_ids(data.num_clients, attack.fraction, cfg.seed) if attack.active \
+        else attacker_ids(data.num_clients, 0.0, cfg.seed)
+    if attack.kind == "label_flip" and attackers.numel():
+        data.train_y = flip_labels(data.train_y, data.client_indices, attackers, data.num_classes)
+    aggregator = build_aggregator(cfg.server.aggregator, **cfg.server.aggregator_options)
+    return RobustRound(aggregator, attack, attackers, cfg.seed)
