@@ -3,6 +3,10 @@
 One stacked tensor per state leaf, ``[num_clients, ...]``, allocated on first use from the
 algorithm's one-client template. Gather and scatter by client ids are single indexing ops,
 and the whole store is checkpointed as flat tensors.
+
+The store may live in host memory (``storage="cpu"``) while the cohort trains on a GPU:
+only the sampled clients' rows travel to the device each round, so per-client state of
+thousands of clients (e.g. FAdamGC keeps two model copies each) does not occupy GPU memory.
 """
 
 from __future__ import annotations
@@ -13,15 +17,23 @@ from fedforge.core.tree import PyTree, flatten_dict, tree_leaves, tree_map, unfl
 
 
 class ClientStore:
-    def __init__(self, num_clients: int, template: dict, device: torch.device | str = "cpu"):
+    def __init__(self, num_clients: int, template: dict, device: torch.device | str = "cpu",
+                 storage: torch.device | str | None = None):
+        """``device``: where gathered cohort state is used; ``storage``: where all rows live
+        (default: ``device``)."""
         self.num_clients = num_clients
-        self.device = torch.device(device)
+        self.compute_device = torch.device(device)
+        self.device = torch.device(storage) if storage is not None else self.compute_device
+        pin = self.device.type == "cpu" and self.compute_device.type == "cuda"
         # template: one client's state, e.g. {"scaffold": {"c": {"w": tensor}}}
         self.state: dict = tree_map(
-            lambda t: torch.zeros((num_clients, *t.shape), dtype=t.dtype, device=self.device)
-            + t.to(self.device),
-            template,
+            lambda t: self._alloc(num_clients, t, pin), template,
         )
+
+    def _alloc(self, n: int, t: torch.Tensor, pin: bool) -> torch.Tensor:
+        out = torch.empty((n, *t.shape), dtype=t.dtype, device=self.device, pin_memory=pin)
+        out.copy_(t.to(self.device).expand_as(out))
+        return out
 
     @property
     def empty(self) -> bool:
@@ -29,7 +41,8 @@ class ClientStore:
 
     def gather(self, client_ids: torch.Tensor) -> PyTree:
         ids = client_ids.to(self.device)
-        return tree_map(lambda s: s[ids], self.state)  # [C, ...]
+        dev = self.compute_device
+        return tree_map(lambda s: s[ids].to(dev, non_blocking=True), self.state)  # [C, ...]
 
     def scatter(self, client_ids: torch.Tensor, values: PyTree) -> None:
         if self.empty:
@@ -40,6 +53,7 @@ class ClientStore:
             dst[ids] = flat_new[name].to(dst.dtype).to(self.device)
 
     def nbytes_per_client(self) -> int:
+        """Bytes of persistent state one client adds (benchmarks report it)."""
         return sum(t[0].numel() * t.element_size() for t in tree_leaves(self.state))
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -93,6 +93,7 @@ class EngineConfig(_Section):
     chunk_size: int | Literal["auto"] = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: Literal["fp32", "bf16", "tf32"] = "fp32"  # bf16 = autocast of the forward
+    client_state: Literal["device", "host"] = "device"  # host: per-client state in CPU RAM
 
     @field_validator("chunk_size")
     @classmethod

@@ -134,7 +134,8 @@ def run_experiment(
     loss_fn = classification_loss(exp.model, cfg.engine.precision)
     params = exp.initial_params()
     server_state = exp.algorithm.server_init(params)
-    store = ClientStore(exp.data.num_clients, exp.algorithm.client_init(params), exp.device)
+    store = ClientStore(exp.data.num_clients, exp.algorithm.client_init(params), exp.device,
+                        storage="cpu" if cfg.engine.client_state == "host" else None)
     start, wall_offset, bytes_up, bytes_down = 1, 0.0, 0, 0
     lr_scale, rollbacks = 1.0, 0  # divergence rollbacks so far and the local-lr factor
     distill_s = 0.0

@@ -1,4 +1,4 @@
-"""bf16 autocast is an engine option: it must not change what a run learns (beyond noise)."""
+"""Engine options: bf16 autocast must not change what a run learns; host-resident client state."""
 
 from pathlib import Path
 
@@ -39,3 +39,24 @@ def test_bf16_loss_is_fp32_and_close():
 def test_unknown_precision_names_the_field():
     with pytest.raises(ValueError, match="engine.precision"):
         classification_loss(torch.nn.Linear(2, 2), "fp8")
+
+
+def test_host_client_state_store_round_trips():
+    from fedforge.core.store import ClientStore
+
+    store = ClientStore(4, {"c": {"w": torch.ones(3)}}, device="cpu", storage="cpu")
+    assert store.nbytes_per_client() == 12
+    ids = torch.tensor([1, 3])
+    got = store.gather(ids)
+    assert got["c"]["w"].shape == (2, 3) and torch.equal(got["c"]["w"], torch.ones(2, 3))
+    store.scatter(ids, {"c": {"w": torch.full((2, 3), 5.0)}})
+    assert store.state["c"]["w"][:, 0].tolist() == [1.0, 5.0, 1.0, 5.0]
+
+
+def test_host_client_state_run_equals_device_run(tmp_path):
+    out = {}
+    for where in ("device", "host"):
+        cfg = load_config(QUICKSTART, ["rounds=3", "eval.every=3", "algorithm.name=scaffold",
+                                       f"engine.client_state={where}"])
+        out[where] = run_experiment(cfg, tmp_path / where, progress=False)[-1]
+    assert out["host"]["test_accuracy"] == out["device"]["test_accuracy"]
