@@ -6,6 +6,7 @@ round gather every client's minibatches with a single indexing op through ``inde
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -184,6 +185,14 @@ def build_federated_dataset(
             test_parts = _test_parts(np.asarray(splits.test_groups), group_ids)
     else:
         parts = run_partitioner(partition, labels, num_clients, rng, **partition_kw)
+    empty = [i for i, p in enumerate(parts) if len(p) == 0]
+    if empty:  # e.g. per-class Dirichlet at alpha 0.01: sampled, but no local work, weight 0
+        warnings.warn(
+            f"partition {partition!r}: {len(empty)} of {len(parts)} clients have no training "
+            f"samples (ids {empty[:10]}{' ...' if len(empty) > 10 else ''}); they take no local "
+            "steps and get aggregation weight 0",
+            stacklevel=2,
+        )
     return FederatedDataset(
         train_x=splits.train_x,
         train_y=splits.train_y,
