@@ -53,7 +53,8 @@ class Attack:
 def attacker_ids(num_clients: int, fraction: float, seed: int) -> torch.Tensor:
     """The fixed, sorted attacker ids: ``round(fraction * num_clients)`` drawn by ``seed``."""
     count = int(round(fraction * num_clients))
-    gen = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, 11]).generate_state(1)[0]))
+    state = np.random.SeedSequence([seed, 11]).generate_state(1)[0]  # not the round RNG
+    gen = torch.Generator().manual_seed(int(state))
     return torch.randperm(num_clients, generator=gen)[:count].sort().values
 
 
