@@ -12,7 +12,8 @@ If every ``Δ_i`` is zero (and ε = 0) the step size is 1.
 
 Server state ``parts["fedexp"]``: ``prev`` (``x^t``, the iterate before the last step),
 ``round`` (server steps done) and ``eta_g`` (the last step size, for logs). The evaluation
-point is :meth:`FedExPAlgorithm.eval_params`; the runner needs to call it (see the docs).
+point is :meth:`FedExPAlgorithm.eval_params`, which the runner evaluates
+(:func:`fedforge.experiment.runner.eval_params`); training continues from ``x^{t+1}``.
 """
 
 from __future__ import annotations
