@@ -118,6 +118,11 @@ def match_trajectory(
     for h in range(outer_steps):
         (g_x, g_lr), loss = grad_fn(x, lr, h)
         losses.append(float(loss))
+        if not (torch.isfinite(loss) and torch.isfinite(g_x).all() and torch.isfinite(g_lr)):
+            raise FloatingPointError(
+                f"trajectory matching diverged at outer step {h} (L_MTT = {float(loss)}); "
+                "lower algorithm.lr_img / algorithm.lr_lr or algorithm.inner_steps"
+            )
         buf_x = momentum * buf_x + g_x  # torch.optim.SGD momentum, no dampening
         buf_lr = momentum * buf_lr + g_lr
         x = (x - lr_img * buf_x).detach()

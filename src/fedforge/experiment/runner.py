@@ -142,8 +142,10 @@ def run_experiment(
     ckpt_dir = out / "checkpoints"
     if resume and (ckpt_dir / "latest.json").is_file():
         tensors, meta = load_checkpoint(ckpt_dir, exp.device)
-        params, server_state = tensors["params"], tensors.get("server", {})
-        server_state = {"opt": server_state.get("opt", {}), "parts": server_state.get("parts", {})}
+        params, loaded = tensors["params"], tensors.get("server", {})
+        # parts with an empty server state are not in the file: keep their fresh (empty) state
+        server_state = {"opt": loaded.get("opt", {}),
+                        "parts": {**server_state["parts"], **loaded.get("parts", {})}}
         if tensors.get("clients"):
             store.load_state_dict(tensors["clients"])
         start, wall_offset = meta["round"] + 1, meta["wall_s"]
