@@ -8,6 +8,7 @@ not the cohort. ``LoopEngine`` uses chunks of one client without vmap (the refer
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -16,6 +17,11 @@ import torch
 from fedforge.algorithms.base import Algorithm
 from fedforge.core.tree import Params, tree_index, tree_map, tree_map2
 from fedforge.engine.local import LocalResult, LossFn, make_local_update
+
+logger = logging.getLogger(__name__)
+# torch >= 2.5 has torch.OutOfMemoryError; torch.cuda.OutOfMemoryError is the older alias
+OOM_ERRORS = tuple({getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError),
+                    torch.cuda.OutOfMemoryError})
 
 
 class CohortInputs(NamedTuple):
@@ -50,6 +56,7 @@ class ChunkedEngine:
     def __init__(self, keep_deltas: bool = False) -> None:
         self.keep_deltas = keep_deltas
         self._fns: dict[tuple, Callable] = {}
+        self.max_chunk: int | None = None  # lowered after an out-of-memory error
 
     def local_update(self, algorithm: Algorithm, loss_fn: LossFn, masked: bool) -> Callable:
         key = (id(algorithm), id(loss_fn), masked)
@@ -72,8 +79,35 @@ class ChunkedEngine:
         y_all: torch.Tensor,
         inputs: CohortInputs,
     ) -> CohortOutput:
+        """Run the cohort; on an out-of-memory error halve the chunk and start the cohort
+        again (nothing is kept from the failed attempt), remembering the smaller chunk."""
         num_clients = inputs.sample_idx.shape[0]
         chunk = max(1, min(self.chunk_size(inputs, x_all), num_clients))
+        if self.max_chunk is not None:
+            chunk = min(chunk, self.max_chunk)
+        while True:
+            try:
+                return self._run_chunks(algorithm, loss_fn, x_all, y_all, inputs, chunk)
+            except OOM_ERRORS:
+                if chunk == 1:
+                    raise
+            # outside the except block, so the failed attempt's tensors are freed first
+            chunk = (chunk + 1) // 2
+            self.max_chunk = chunk
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            logger.warning("out of memory: retrying the cohort with chunks of %d", chunk)
+
+    def _run_chunks(
+        self,
+        algorithm: Algorithm,
+        loss_fn: LossFn,
+        x_all: torch.Tensor,
+        y_all: torch.Tensor,
+        inputs: CohortInputs,
+        chunk: int,
+    ) -> CohortOutput:
+        num_clients = inputs.sample_idx.shape[0]
         mean_delta = tree_map(torch.zeros_like, inputs.global_params)
         upload_sum: dict | None = None
         states, metrics, deltas = [], [], []
