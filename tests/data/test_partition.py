@@ -105,7 +105,7 @@ def test_natural_femnist_writers(shared_data):
 
 
 def test_dispatcher_errors():
-    assert set(PARTITIONERS) == {"iid", "dirichlet", "shards", "quantity_skew", "natural"}
+    assert {"iid", "dirichlet", "shards", "quantity_skew", "natural"} <= set(PARTITIONERS)
     with pytest.raises(ValueError, match="unknown partitioner"):
         partition("round_robin", LABELS, 5, _rng())
     with pytest.raises(ValueError, match="alpha"):
