@@ -7,6 +7,7 @@ was expected, and is raised as :class:`ConfigError` so the CLI prints one line, 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -163,9 +164,15 @@ def algorithm_kwargs(cfg: RunConfig) -> dict[str, Any]:
     return kwargs
 
 
+def _field_part(part: Any) -> str:
+    """A dotted-path component as written, quoted when it is not a plain name (``':'``)."""
+    text = str(part)
+    return text if re.fullmatch(r"[\w\-]+", text) else repr(text)
+
+
 def _format(err: ValidationError) -> str:
     first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "config"
+    loc = ".".join(_field_part(p) for p in first["loc"]) or "config"
     msg = first["msg"].removeprefix("Value error, ")
     value = first.get("input")
     shown = "" if isinstance(value, dict) else f" (got {value!r})"
@@ -249,6 +256,9 @@ def _check_registries(cfg: RunConfig) -> None:
                           f"{sorted(MODELS)}")
     if cfg.data.root is not None and not Path(cfg.data.root).expanduser().is_dir():
         raise ConfigError(f"data.root: directory {cfg.data.root!r} does not exist")
+    for key in cfg.algorithm.hparams:  # odd keys from a hostile file: name them quoted
+        if _field_part(key) != key:
+            raise ConfigError(f"algorithm.{_field_part(key)}: not a hyper-parameter name")
     try:
         build_algorithm(cfg.algorithm.name, **algorithm_kwargs(cfg))
     except ConfigError:
