@@ -157,3 +157,66 @@ def test_sst2_bad_rows(shared_data, tmp_path):
 
 def test_dataset_error_is_value_error():
     assert issubclass(DatasetError, ValueError)
+
+
+# --- issue 11: wrong shapes, out-of-range labels, pickled arrays, count mismatches ----------
+
+
+def _cifar_dir(tmp_path: Path, images: np.ndarray, labels: np.ndarray) -> Path:
+    import io
+    import lzma
+
+    d = tmp_path / "cifar10"
+    d.mkdir()
+    buf = io.BytesIO()
+    np.save(buf, images)
+    for split in ("train", "test"):
+        (d / f"{split}_images.npy.xz").write_bytes(lzma.compress(buf.getvalue()))
+        np.save(d / f"{split}_labels.npy", labels)
+    return d
+
+
+def test_cifar_wrong_image_shape(tmp_path):
+    d = _cifar_dir(tmp_path, np.zeros((2, 32, 32, 3), np.uint8), np.array([0, 1], np.uint8))
+    with _raises_naming(d / "train_images.npy.xz", "shape", r"\?x3x32x32"):
+        load_dataset("cifar10", tmp_path)
+
+
+def test_cifar_labels_out_of_range_and_count_mismatch(tmp_path):
+    d = _cifar_dir(tmp_path, np.zeros((2, 3, 32, 32), np.uint8), np.array([0, 10], np.uint8))
+    with _raises_naming(d / "train_labels.npy", "out of range", "0..9"):
+        load_dataset("cifar10", tmp_path)
+    np.save(d / "train_labels.npy", np.array([0, 1, 2], np.uint8))
+    with _raises_naming(d / "train_images.npy.xz", "2 samples", "3 labels"):
+        load_dataset("cifar10", tmp_path)
+
+
+def test_pickled_npy_is_refused(tmp_path):
+    d = _cifar_dir(tmp_path, np.zeros((2, 3, 32, 32), np.uint8), np.array([0, 1], np.uint8))
+    np.save(d / "train_labels.npy", np.array([{"evil": 1}, 2], dtype=object), allow_pickle=True)
+    with _raises_naming(d / "train_labels.npy", "unreadable"):
+        load_dataset("cifar10", tmp_path)
+
+
+def test_mnist_image_label_count_mismatch(tmp_path):
+    d = tmp_path / "mnist"
+    d.mkdir()
+    images = struct.pack(">IIII", 2051, 3, 28, 28) + bytes(3 * 784)
+    labels = struct.pack(">II", 2049, 2) + bytes([1, 2])
+    for split in ("train", "t10k"):
+        (d / f"{split}-images-idx3-ubyte.gz").write_bytes(gzip.compress(images))
+        (d / f"{split}-labels-idx1-ubyte.gz").write_bytes(gzip.compress(labels))
+    with _raises_naming(d / "train-images-idx3-ubyte.gz", "3 samples", "2 labels"):
+        load_dataset("mnist", tmp_path)
+
+
+def test_femnist_wrong_image_shape(tmp_path):
+    d = tmp_path / "femnist"
+    d.mkdir()
+    path = d / "femnist_leaf_subset.npz"
+    x = np.zeros((2, 32, 32), np.uint8)
+    w = np.zeros(2, np.int32)
+    np.savez(path, x_train=x, y_train=np.array([0, 1]), writer_train=w, x_test=x,
+             y_test=np.array([0, 1]), writer_test=w, writers=np.array(["a"]))
+    with _raises_naming(path, "shape"):
+        load_dataset("femnist", tmp_path)

@@ -1,0 +1,41 @@
+"""Nothing in the package unpickles: no ``pickle``/``torch.load``/``allow_pickle=True``, and
+every ``np.load`` passes ``allow_pickle=False`` explicitly. Checkpoints are safetensors + JSON."""
+
+import re
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "fedforge"
+FORBIDDEN = [
+    (re.compile(r"^\s*(import|from)\s+(pickle|cPickle|dill|joblib|shelve|marshal)\b"), "import"),
+    (re.compile(r"\bpickle\.(load|loads|Unpickler)\b"), "pickle.load"),
+    (re.compile(r"\btorch\.load\s*\("), "torch.load"),
+    (re.compile(r"allow_pickle\s*=\s*True"), "allow_pickle=True"),
+    (re.compile(r"\bpd\.read_pickle\b|\bread_pickle\s*\("), "read_pickle"),
+    (re.compile(r"yaml\.(load|unsafe_load|full_load)\s*\("), "unsafe yaml"),
+]
+
+
+def _code_lines():
+    for path in sorted(SRC.rglob("*.py")):
+        for no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            yield path, no, line.split("#", 1)[0]
+
+
+def test_no_pickle_or_torch_load_in_the_package():
+    hits = [f"{p.relative_to(SRC)}:{n}: {why}: {line.strip()}" for p, n, line in _code_lines()
+            for rx, why in FORBIDDEN if rx.search(line)]
+    assert not hits, "\n".join(hits)
+
+
+def test_every_np_load_refuses_pickles():
+    loads = [(p, n, line) for p, n, line in _code_lines() if re.search(r"\bnp\.load\s*\(", line)]
+    assert loads, "expected the dataset loaders' np.load calls"
+    bad = [f"{p.relative_to(SRC)}:{n}" for p, n, line in loads if "allow_pickle=False" not in line]
+    assert not bad, bad
+
+
+def test_the_check_catches_what_it_should():
+    sample = ["import pickle", "x = torch.load(f)", "np.load(p, allow_pickle=True)",
+              "yaml.load(text)", "from dill import loads"]
+    assert all(any(rx.search(s) for rx, _ in FORBIDDEN) for s in sample)
+    assert not any(rx.search("yaml.safe_load(text)") for rx, _ in FORBIDDEN)
