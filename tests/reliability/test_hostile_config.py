@@ -133,3 +133,9 @@ def test_cli_never_prints_a_traceback(tmp_path_factory, monkeypatch, ov):
     if result.exit_code == 2 and "error:" in result.output:
         line = result.output.split("error:", 1)[1].strip()
         assert FIELD.match(line), line
+
+
+def test_exponent_floats_parse_as_numbers():
+    """YAML 1.1 would read ``1e-3`` as a string; overrides read it as the number."""
+    out = apply_overrides({}, ["algorithm.local_lr=1e-3", "a=2E5", "b=1e", "c=x1e3"])
+    assert out == {"algorithm": {"local_lr": 0.001}, "a": 200000.0, "b": "1e", "c": "x1e3"}

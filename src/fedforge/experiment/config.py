@@ -182,9 +182,15 @@ def _format(err: ValidationError) -> str:
 def _parse_value(text: str) -> Any:
     """``'0.1' -> 0.1``, ``'true' -> True``, ``'[1,2]' -> [1, 2]``, anything else a string."""
     try:
-        return yaml.safe_load(text) if text.strip() else ""
+        value = yaml.safe_load(text) if text.strip() else ""
     except yaml.YAMLError:
         return text
+    if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
+        return float(value)  # YAML 1.1 reads '1e-3' (no dot) as a string
+    return value
+
+
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
