@@ -134,3 +134,14 @@ def test_config_wires_attack_and_aggregator(tmp_path):
     a = run_experiment(cfg, tmp_path / "a", progress=False)
     b = run_experiment(cfg, tmp_path / "b", progress=False)
     assert a[-1]["test_accuracy"] == b[-1]["test_accuracy"]  # deterministic
+
+
+def test_attackers_are_independent_of_round_sampling():
+    """Regression: the attacker draw once shared its seed with round 11's cohort draw."""
+    from fedforge.experiment.runner import round_generator
+
+    for seed in range(3):
+        att = attacker_ids(50, 0.2, seed)
+        for t in range(1, 200):
+            cohort = torch.randperm(50, generator=round_generator(seed, t))[:10].sort().values
+            assert not torch.equal(cohort, att), (seed, t)

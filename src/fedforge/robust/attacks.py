@@ -25,6 +25,7 @@ from fedforge.core.tree import Params
 
 ATTACKS = ("none", "sign_flip", "scale", "random", "label_flip")
 MODEL_ATTACKS = ("sign_flip", "scale", "random")
+ATTACKER_TAG = 0xA77AC  # separates the attacker draw from every round's sampling RNG
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,8 @@ class Attack:
 def attacker_ids(num_clients: int, fraction: float, seed: int) -> torch.Tensor:
     """The fixed, sorted attacker ids: ``round(fraction * num_clients)`` drawn by ``seed``."""
     count = int(round(fraction * num_clients))
-    state = np.random.SeedSequence([seed, 11]).generate_state(1)[0]  # not the round RNG
+    # a 3-word entropy: can never equal the round RNG's SeedSequence([seed, round])
+    state = np.random.SeedSequence([seed, 0, ATTACKER_TAG]).generate_state(1)[0]
     gen = torch.Generator().manual_seed(int(state))
     return torch.randperm(num_clients, generator=gen)[:count].sort().values
 

@@ -36,8 +36,8 @@ class DivergenceError(FloatingPointError):
 
     def __init__(self, round_: int, faults: list[tuple[int, str]], policy: str = "stop"):
         self.round, self.faults, self.policy = round_, faults, policy
-        shown = "; ".join(f"client {c}: {what}" for c, what in faults[:5])
-        more = f" (+{len(faults) - 5} more)" if len(faults) > 5 else ""
+        shown = "; ".join(f"client {c}: {what}" for c, what in faults[:3])
+        more = f" (+{len(faults) - 3} more clients)" if len(faults) > 3 else ""
         super().__init__(f"round {round_}: diverged (non-finite values), {shown}{more}")
 
 

@@ -16,12 +16,12 @@ import torch
 
 from fedforge.engine.base import CohortOutput
 from fedforge.robust.aggregators import Aggregator
-from fedforge.robust.attacks import Attack, poison_updates
+from fedforge.robust.attacks import ATTACKER_TAG, Attack, poison_updates
 
 
 def attack_generator(seed: int, round_: int) -> torch.Generator:
     """The attackers' noise for ``round_`` (independent of the round's sampling RNG)."""
-    state = np.random.SeedSequence([seed, round_, 11]).generate_state(1)[0]
+    state = np.random.SeedSequence([seed, round_, ATTACKER_TAG]).generate_state(1)[0]
     return torch.Generator().manual_seed(int(state))
 
 
