@@ -26,6 +26,19 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # e.g. platforms without directory handles
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def save_checkpoint(
     directory: Path, round_: int, tensors: dict, meta: dict, keep: int = 2
 ) -> Path:
@@ -39,6 +52,7 @@ def save_checkpoint(
     meta = {**meta, "round": round_, "tensors": f"{stem}.safetensors"}
     _atomic_write_text(directory / f"{stem}.json", json.dumps(meta, indent=1))
     _atomic_write_text(directory / "latest.json", json.dumps({"checkpoint": f"{stem}.json"}))
+    _fsync_dir(directory)  # the renames themselves survive a power cut, not only a kill
     old = sorted(directory.glob("round_*.json"))[:-keep]
     for j in old:
         (directory / json.loads(j.read_text())["tensors"]).unlink(missing_ok=True)
