@@ -1,0 +1,87 @@
+"""Engine cost of asynchronous multi-task runs: wall seconds per 1000 client updates.
+
+Compares, in one process and interleaved (so machine load hits both alike):
+
+* async: FedAST(D) on two MNIST-MLP tasks (``examples/fedast_cpu_2tasks.toml`` with task 1
+  switched to MNIST-MLP, no targets, no evaluation), 1000 updates after a 100-update warm-up;
+* sync: the single-task synchronous runner's round (``federated_round`` over the vmapped
+  engine) on MNIST-MLP (``examples/fedast_bench_sync.toml``: 25 clients x 40 rounds = 1000
+  updates after 4 warm-up rounds).
+
+Both use tau = 9 steps of batch 32 on the same model, so an update costs the same compute.
+``python -m fedforge.asyncfl.bench [--reps 3]`` prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from fedforge.engine import classification_loss
+from fedforge.experiment.async_runner import build_driver, build_tasks
+from fedforge.experiment.config import load_config
+from fedforge.experiment.multitask import load_multitask
+from fedforge.experiment.round import federated_round
+from fedforge.experiment.runner import Experiment, sample_round
+
+ASYNC_OVERRIDES = ["tasks.1.name=mnist-mlp-2", "tasks.1.data.dataset=mnist",
+                   "tasks.1.model.name=mlp", "tasks.1.step_time=0.148",
+                   "tasks.1.algorithm.local_lr=0.1", "tasks.target=null",
+                   "tasks.eval_every=1000000000"]
+
+
+def time_async(path: str, updates: int = 1000, warmup: int = 100) -> float:
+    cfg = load_multitask(path, ASYNC_OVERRIDES)
+    dev = torch.device("cpu")
+    driver = build_driver(cfg, build_tasks(cfg, dev), dev)
+    driver.start()
+    driver.run(lambda m, r: None, max_updates=warmup)
+    t0 = time.perf_counter()
+    driver.run(lambda m, r: None, max_updates=warmup + updates)
+    return (time.perf_counter() - t0) * 1000.0 / updates
+
+
+def time_sync(path: str, warmup_rounds: int = 4) -> float:
+    cfg = load_config(path)
+    exp = Experiment.from_config(cfg)
+    loss_fn = classification_loss(exp.model, cfg.engine.precision)
+    params = exp.initial_params()
+    state = exp.algorithm.server_init(params)
+    from fedforge.core.store import ClientStore
+
+    store = ClientStore(exp.data.num_clients, exp.algorithm.client_init(params), exp.device)
+    n = 0
+    t0 = 0.0
+    for t in range(1, warmup_rounds + cfg.rounds + 1):
+        if t == warmup_rounds + 1:
+            t0, n = time.perf_counter(), 0
+        ids, idx, w, agg, info = sample_round(exp, t)
+        params, state, _ = federated_round(
+            exp.algorithm, exp.engine, loss_fn, params, state, store, ids, exp.data.train_x,
+            exp.data.train_y, idx, w, agg_weights=agg, info=info, round_=t)
+        n += len(ids)
+    return (time.perf_counter() - t0) * 1000.0 / n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--async-config", default="examples/fedast_cpu_2tasks.toml")
+    ap.add_argument("--sync-config", default="examples/fedast_bench_sync.toml")
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+    a, s = [], []
+    for _ in range(args.reps):
+        a.append(time_async(args.async_config))
+        s.append(time_sync(args.sync_config))
+    out = {"async_s_per_1000": [round(x, 2) for x in a], "sync_s_per_1000": [round(x, 2) for x in s],
+           "median_ratio": round(statistics.median(a) / statistics.median(s), 3),
+           "threads": torch.get_num_threads()}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
