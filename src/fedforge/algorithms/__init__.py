@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from fedforge.algorithms import fadamgc, momentum
 from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
+from fedforge.algorithms.compressed import fetchsgd, marina, onebit_adam, safl, topk_ef
 from fedforge.algorithms.fedavg import fedavg, fedavgm, fedprox
 from fedforge.algorithms.feddc import feddc
 from fedforge.algorithms.feddyn import feddyn
@@ -34,6 +35,11 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
     "feddc": feddc,
     "fedptr": fedptr,
     "fedptr_s": fedptr_s,
+    "safl": safl,
+    "fetchsgd": fetchsgd,
+    "topk_ef": topk_ef,
+    "onebit_adam": onebit_adam,
+    "marina": marina,
 }
 
 

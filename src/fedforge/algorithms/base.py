@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 
 from fedforge.client.transforms import RoundContext, Transform
+from fedforge.comm.codec import Codec
 from fedforge.core.tree import Params, tree_add, tree_nbytes
 from fedforge.server.optimizers import ServerOptimizer
 
@@ -118,6 +119,7 @@ class Algorithm:
     parts: tuple[Part, ...] = ()
     description: str = ""
     hparams: dict = field(default_factory=dict)
+    codec: Codec | None = None  # uplink codec (fedforge.comm.codec): encode/average/decode
 
     @property
     def needs_grad_sum(self) -> bool:
@@ -126,6 +128,8 @@ class Algorithm:
     # --- client side -----------------------------------------------------------------
     def client_init(self, params: Params) -> dict:
         states = {p.name: p.client_init(params) for p in self.parts}
+        if self.codec is not None:  # EF residual / MARINA's last delta, in the client store
+            states["codec"] = self.codec.client_init(params)
         return {name: state for name, state in states.items() if state}
 
     def finalize(self, fin: FinalizeInputs) -> tuple[dict, dict]:
@@ -142,6 +146,8 @@ class Algorithm:
         info: dict = {}
         for p in self.parts:
             info.update(p.round_info(num_sampled, generator))
+        if self.codec is not None:
+            info.update(self.codec.round_info(num_sampled, generator))
         return info
 
     def bind_data(self, input_shape: tuple[int, ...], num_classes: int) -> None:
@@ -179,10 +185,23 @@ class Algorithm:
 
     # --- server side -----------------------------------------------------------------
     def server_init(self, params: Params) -> dict:
-        return {
+        state = {
             "opt": self.server_optimizer.init(params),
             "parts": {p.name: p.server_init(params) for p in self.parts},
         }
+        if self.codec is not None:
+            state["codec"] = self.codec.server_init(params)
+        return state
+
+    def decode_uplink(
+        self, mean_message: dict, server_state: dict, params: Params, round_: int
+    ) -> tuple[Params, dict]:
+        """The codec's server side: mean message -> mean delta (before the server step)."""
+        if self.codec is None:
+            return mean_message, server_state
+        delta, codec_state = self.codec.decode(
+            mean_message, server_state.get("codec", {}), params, round_)
+        return delta, {**server_state, "codec": codec_state}
 
     def broadcast(self, server_state: dict) -> dict:
         return {p.name: p.broadcast(server_state["parts"][p.name]) for p in self.parts}
@@ -208,12 +227,17 @@ class Algorithm:
         }
         for p in self.parts:
             new_params = p.adjust_params(new_params, parts[p.name])
-        return new_params, {"opt": opt_state, "parts": parts}
+        return new_params, {**server_state, "opt": opt_state, "parts": parts}
 
-    def message_nbytes(self, params: Params, server_state: dict) -> tuple[int, int]:
+    def message_nbytes(
+        self, params: Params, server_state: dict, round_: int | None = None
+    ) -> tuple[int, int]:
         """Bytes (down, up) per sampled client: model + broadcast down, delta + uploads up."""
         down = tree_nbytes(params) + tree_nbytes(self.broadcast(server_state))
-        up = tree_nbytes(params) * (1 + sum(getattr(p, "uplink_models", 0.0) for p in self.parts))
+        extra = sum(getattr(p, "uplink_models", 0.0) for p in self.parts)
+        if self.codec is not None:  # the delta's exact encoded size (values + indices + seeds)
+            return down, int(self.codec.nbytes(params, round_) + tree_nbytes(params) * extra)
+        up = tree_nbytes(params) * (1 + extra)
         return down, int(up)
 
 

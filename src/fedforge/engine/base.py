@@ -108,7 +108,7 @@ class ChunkedEngine:
         chunk: int,
     ) -> CohortOutput:
         num_clients = inputs.sample_idx.shape[0]
-        mean_delta = tree_map(torch.zeros_like, inputs.global_params)
+        mean_delta = None  # shaped like the first chunk's deltas (or codec messages)
         upload_sum: dict | None = None
         states, metrics, deltas = [], [], []
         for start in range(0, num_clients, chunk):
@@ -127,10 +127,10 @@ class ChunkedEngine:
                 ws,
             )
             w = inputs.agg_weights[sl]  # [c]
-            mean_delta = tree_map2(
-                lambda acc, d, w=w: acc + torch.tensordot(w.to(d.dtype), d, dims=1),
-                mean_delta, out.delta,
-            )
+            chunk_mean = tree_map(
+                lambda d, w=w: torch.tensordot(w.to(d.dtype), d, dims=1), out.delta)
+            mean_delta = (chunk_mean if mean_delta is None
+                          else tree_map2(torch.add, mean_delta, chunk_mean))
             chunk_uploads = tree_map(lambda u: u.sum(0), out.uploads)
             if upload_sum is None:
                 upload_sum = chunk_uploads
@@ -140,6 +140,8 @@ class ChunkedEngine:
             metrics.append(out.metrics)
             if self.keep_deltas:
                 deltas.append(out.delta)
+        if mean_delta is None:  # empty cohort
+            mean_delta = tree_map(torch.zeros_like, inputs.global_params)
         mean_uploads = tree_map(lambda u: u / num_clients, upload_sum or {})
         return CohortOutput(
             mean_delta,

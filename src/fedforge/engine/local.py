@@ -23,7 +23,7 @@ LossFn = Callable[[Params, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tens
 
 
 class LocalResult(NamedTuple):
-    delta: Params  # x^t - x_i (server minus client)
+    delta: Params  # x^t - x_i (server minus client); the codec's message when one is set
     client_state: dict  # new persistent state of this client
     uploads: dict  # extra tensors averaged over the cohort (by part name)
     metrics: dict  # {"loss": mean local loss, "steps": steps taken}
@@ -97,6 +97,11 @@ def make_local_update(algorithm: Algorithm, loss_fn: LossFn, *, masked: bool) ->
         delta = tree_sub(global_params, params)
         fin = FinalizeInputs(ctx, delta, params, state, grad_sum, steps)
         new_client_state, uploads = algorithm.finalize(fin)
+        if algorithm.codec is not None:  # uplink codec: the engine averages the message
+            delta, codec_state = algorithm.codec.encode(
+                delta, client_state.get("codec", {}), ctx)
+            if codec_state:
+                new_client_state = {**new_client_state, "codec": codec_state}
         metrics = {"loss": loss_sum / steps.clamp_min(1.0), "steps": steps}
         return LocalResult(delta, new_client_state, uploads, metrics)
 

@@ -23,9 +23,11 @@ def load_runs(run_dirs: list[Path]) -> dict[str, list[dict]]:
 
 def plot_metric(
     runs: dict[str, list[dict]], out: Path, y: str = "test_accuracy", x: str = "round",
-    title: str | None = None,
+    title: str | None = None, logx: bool = False,
 ) -> Path:
-    """One curve per run of ``y`` against ``x``; writes a PNG and returns its path."""
+    """One curve per run of ``y`` against ``x``; writes a PNG and returns its path.
+
+    ``x="bytes_up", logx=True``: accuracy against cumulative uplink bytes (issue 6)."""
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     if x == "round" and any("task" in r for recs in runs.values() for r in recs):
         x = "sim_time_s"  # multi-task runs: rounds differ per task, the clock is shared
@@ -34,6 +36,8 @@ def plot_metric(
         if pts:
             xs, ys = zip(*pts)
             ax.plot(xs, ys, label=label)
+    if logx:
+        ax.set_xscale("log")
     ax.set_xlabel(x)
     ax.set_ylabel(y)
     ax.grid(alpha=0.3)

@@ -90,6 +90,10 @@ def federated_round(
         cohort = robust(cohort, client_ids, inputs.agg_weights, round_)
     cohort.metrics.update(prep_metrics)  # e.g. distill_s [C], server_distill_s (0-d)
     store.scatter(client_ids, cohort.client_states)
+    if algorithm.codec is not None:  # decode the averaged uplink message once (issue 6)
+        mean_delta, server_state = algorithm.decode_uplink(
+            cohort.mean_delta, server_state, params, round_)
+        cohort = cohort._replace(mean_delta=mean_delta)
     new_params, new_server_state = algorithm.server_step(
         params, server_state, cohort.mean_delta, cohort.mean_uploads, num_sampled, store.num_clients
     )

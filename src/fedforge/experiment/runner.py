@@ -189,6 +189,9 @@ def run_experiment(
             if "skipped_clients" in cohort.metrics:
                 log_event(out, {"round": t, "policy": "skip_client",
                                 "skipped": cohort.metrics["skipped_clients"].tolist()})
+            if exp.algorithm.codec is not None:  # encoded size may vary by round (MARINA)
+                down_per_client, up_per_client = exp.algorithm.message_nbytes(
+                    params, server_state, round_=t)
             bytes_down += down_per_client * len(client_ids)
             bytes_up += up_per_client * len(client_ids)
             trained = cohort.metrics["steps"] > 0  # empty clients report no loss
@@ -207,6 +210,8 @@ def run_experiment(
                     exp.data.client_test_indices if cfg.eval.per_client else None,
                 ))
                 record.update({"bytes_up": bytes_up, "bytes_down": bytes_down,
+                               "bytes_up_round": up_per_client * len(client_ids),
+                               "bytes_down_round": down_per_client * len(client_ids),
                                "wall_s": round(time.perf_counter() - t0, 3)})
                 if exp.algorithm.prepares:  # FedPTR's MTT: server + all clients, wall seconds
                     record["distill_s"] = round(distill_s, 3)

@@ -1,0 +1,126 @@
+"""Communication-compressed algorithms built on the uplink codec hook (issue 6).
+
+* ``safl`` — SAFL (Chen, Li & Banerjee, "Sketched Adaptive Federated Deep Learning"),
+  Alg. 1 + 2: K local SGD steps, uplink ``sk_t(x - x_i)`` with a fresh shared sketch per
+  round, the server averages sketches, desketches once and applies AMSGrad (no bias
+  correction; ``optimizer="adam"`` drops the max) with a cosine lr down to ``min_lr``.
+* ``fetchsgd`` — count sketch with momentum and error accumulation in sketch space, top-k
+  unsketch (Rothchild et al. 2020).
+* ``topk_ef`` — top-k (or random-k / QSGD / sign) with client error feedback, server Adam.
+* ``onebit_adam`` — 1-bit-Adam-style scaled-sign uplink with error feedback, server Adam.
+* ``marina`` — compressed delta differences with occasional full synchronisation.
+
+Uncompressed FedAdam is ``fedadam`` (or ``safl`` with ``sketch="identity"``). See docs/safl.md.
+"""
+
+from __future__ import annotations
+
+from fedforge.algorithms.base import Algorithm
+from fedforge.client.optimizers import local_optimizer
+from fedforge.comm.codec import (
+    Codec,
+    CompressCodec,
+    FetchSGDCodec,
+    MarinaCodec,
+    SketchCodec,
+)
+from fedforge.core.schedules import ScheduleLike
+from fedforge.server.optimizers import ServerOptimizer, server_adam, server_sgd
+
+SERVER_OPTS = ("amsgrad", "adam", "sgd")
+
+
+def _server(name: str, lr: ScheduleLike, b1: float, b2: float, eps: float) -> ServerOptimizer:
+    if name not in SERVER_OPTS:
+        raise ValueError(f"algorithm.optimizer: expected one of {SERVER_OPTS}, got {name!r}")
+    if name == "sgd":
+        return server_sgd(lr)
+    return server_adam(lr, b1, b2, eps, amsgrad=name == "amsgrad")
+
+
+def _cosine(lr: ScheduleLike, rounds: int | None, min_lr: float) -> ScheduleLike:
+    """A number plus a horizon -> the paper's cosine decay from ``lr`` to ``min_lr``."""
+    if rounds is None or not isinstance(lr, (int, float)):
+        return lr
+    if int(rounds) < 1:
+        raise ValueError(f"algorithm.rounds: expected an int >= 1, got {rounds!r}")
+    return {"kind": "cosine", "init": float(lr), "rounds": int(rounds), "final": float(min_lr)}
+
+
+def _algorithm(name: str, local_lr, client_optimizer, weight_decay, server, codec: Codec,
+               description: str) -> Algorithm:
+    return Algorithm(name, local_optimizer(client_optimizer, local_lr, weight_decay=weight_decay),
+                     server, description=description, codec=codec)
+
+
+def safl(
+    local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1e-2, rounds: int | None = None,
+    min_lr: float = 1e-5, b1: float = 0.9, b2: float = 0.99, eps: float = 1e-8,
+    optimizer: str = "amsgrad", sketch: str = "srht", sketch_size: int | None = None,
+    compression: float | None = 100.0, sketch_rows: int = 1, sketch_seed: int = 0,
+    client_optimizer: str = "sgd", weight_decay: ScheduleLike = 0.0,
+) -> Algorithm:
+    """SAFL. ``sketch_size`` (b) overrides ``compression`` (d/b); ``rounds`` turns a numeric
+    ``server_lr`` into cosine decay to ``min_lr`` over that many rounds."""
+    codec = SketchCodec(sketch, sketch_size, None if sketch_size is not None else compression,
+                        sketch_seed, sketch_rows)
+    return _algorithm(
+        "safl", local_lr, client_optimizer, weight_decay,
+        _server(optimizer, _cosine(server_lr, rounds, min_lr), b1, b2, eps), codec,
+        "SAFL (Chen et al.): sketched deltas, one desketch, server AMSGrad/Adam")
+
+
+def fetchsgd(
+    local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1.0, momentum: float = 0.9,
+    sketch_size: int | None = None, compression: float | None = 100.0, sketch_rows: int = 5,
+    k: int | None = None, topk_compression: float | None = None, sketch_seed: int = 0,
+    client_optimizer: str = "sgd", weight_decay: ScheduleLike = 0.0,
+) -> Algorithm:
+    """FetchSGD; top-k size ``k`` or ``d / topk_compression`` (default: ``compression``)."""
+    codec = FetchSGDCodec(sketch_size, None if sketch_size is not None else compression,
+                          sketch_rows, k, topk_compression or compression, momentum,
+                          server_lr, sketch_seed)
+    return _algorithm("fetchsgd", local_lr, client_optimizer, weight_decay, server_sgd(1.0),
+                      codec, "FetchSGD (Rothchild et al. 2020): count sketch, sketched "
+                      "momentum + error, top-k unsketch")
+
+
+def topk_ef(
+    local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1e-2, b1: float = 0.9,
+    b2: float = 0.99, eps: float = 1e-8, optimizer: str = "adam", method: str = "topk",
+    k: int | None = None, compression: float | None = 100.0, levels: int = 16,
+    error_feedback: bool = True, seed: int = 0, client_optimizer: str = "sgd",
+    weight_decay: ScheduleLike = 0.0,
+) -> Algorithm:
+    """Compressed uplink (``method``: topk | randk | qsgd | sign) + optional EF, server Adam."""
+    codec = CompressCodec(method, k, None if k is not None else compression, levels,
+                          error_feedback, seed)
+    return _algorithm("topk_ef", local_lr, client_optimizer, weight_decay,
+                      _server(optimizer, server_lr, b1, b2, eps), codec,
+                      "top-k (or randk/qsgd/sign) uplink with error feedback, server Adam")
+
+
+def onebit_adam(
+    local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1e-2, b1: float = 0.9,
+    b2: float = 0.99, eps: float = 1e-8, error_feedback: bool = True,
+    client_optimizer: str = "sgd", weight_decay: ScheduleLike = 0.0,
+) -> Algorithm:
+    """1-bit-Adam style: scaled-sign uplink with error feedback, server Adam (no warm-up
+    phase or frozen variance; see docs/safl.md)."""
+    codec = CompressCodec("sign", error_feedback=error_feedback)
+    return _algorithm("onebit_adam", local_lr, client_optimizer, weight_decay,
+                      _server("adam", server_lr, b1, b2, eps), codec,
+                      "1-bit-Adam-style: scaled sign + EF uplink, server Adam")
+
+
+def marina(
+    local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1.0, optimizer: str = "sgd",
+    b1: float = 0.9, b2: float = 0.99, eps: float = 1e-8, k: int | None = None,
+    compression: float | None = 100.0, sync_prob: float = 0.1, seed: int = 0,
+    client_optimizer: str = "sgd", weight_decay: ScheduleLike = 0.0,
+) -> Algorithm:
+    """MARINA on deltas: unbiased random-k of delta differences, full sync w.p. ``sync_prob``."""
+    codec = MarinaCodec(k, None if k is not None else compression, sync_prob, seed)
+    return _algorithm("marina", local_lr, client_optimizer, weight_decay,
+                      _server(optimizer, server_lr, b1, b2, eps), codec,
+                      "MARINA (Gorbunov et al. 2021): compressed differences, random full sync")

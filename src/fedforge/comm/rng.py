@@ -1,0 +1,69 @@
+"""Counter-based randomness: pure tensor hashes of (seed, round, index).
+
+Sketch matrices, signs and dithers are functions of integer counters, not draws from a
+stateful generator. So every client and the server rebuild the same ``R_t`` from
+``(seed, round)`` alone (only the seed would travel), any block of ``R_t`` can be generated
+on its own (a Gaussian sketch is never materialised as a dense ``b×d``), and the ops work
+unchanged under ``torch.func.vmap`` and on CUDA (vmap refuses stateful random ops).
+
+The mixer is the 32-bit MurmurHash3 finaliser on int64 tensors holding values in
+``[0, 2^32)``; products of two such values wrap mod 2^64 in torch and the low 32 bits are
+exact, so masking keeps the arithmetic exact.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+_M32 = 0xFFFFFFFF
+
+
+def mix32(h: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3 fmix32 of an int64 tensor with values in [0, 2^32)."""
+    h = h & _M32
+    h = h ^ (h >> 16)
+    h = (h * 0x85EBCA6B) & _M32
+    h = h ^ (h >> 13)
+    h = (h * 0xC2B2AE35) & _M32
+    return h ^ (h >> 16)
+
+
+def stream_key(*parts: int | torch.Tensor) -> torch.Tensor:
+    """Fold integers (seed, round, stream id, ...) into one 32-bit key (int64 0-d tensor)."""
+    key = torch.zeros((), dtype=torch.int64)
+    for p in parts:
+        p = torch.as_tensor(p).to(torch.int64)
+        key = key.to(p.device)
+        key = mix32(key * 0x9E3779B1 + mix32(p & _M32) + 0x7F4A7C15)
+    return key
+
+
+def hash_u32(key: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """32-bit hash of every index under ``key`` (int64 tensors, broadcasting)."""
+    return mix32(mix32(idx & _M32) ^ key.to(idx.device)) ^ mix32(
+        ((idx >> 32) + key.to(idx.device) * 0x27D4EB2F) & _M32)
+
+
+def uniform(key: torch.Tensor, idx: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """U(0, 1) open interval, one value per index."""
+    return ((hash_u32(key, idx).to(torch.float64) + 0.5) / 2.0**32).to(dtype)
+
+
+def signs(key: torch.Tensor, idx: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """Rademacher ±1 per index."""
+    return ((hash_u32(key, idx) & 1) * 2 - 1).to(dtype)
+
+
+def randint(key: torch.Tensor, idx: torch.Tensor, high: int) -> torch.Tensor:
+    """Uniform integers in [0, high) per index (float64 scaling; bias below high / 2^32)."""
+    u = (hash_u32(key, idx).to(torch.float64)) / 2.0**32
+    return (u * high).floor().to(torch.int64).clamp_max(high - 1)
+
+
+def normal(key: torch.Tensor, idx: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """N(0, 1) per index (Box–Muller on two independent hash streams)."""
+    u1 = uniform(key, idx, torch.float64)
+    u2 = uniform(mix32(key + 0x51ED27), idx, torch.float64)
+    return (torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2 * math.pi * u2)).to(dtype)
