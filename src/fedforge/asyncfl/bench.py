@@ -77,7 +77,8 @@ def main() -> None:
     for _ in range(args.reps):
         a.append(time_async(args.async_config))
         s.append(time_sync(args.sync_config))
-    out = {"async_s_per_1000": [round(x, 2) for x in a], "sync_s_per_1000": [round(x, 2) for x in s],
+    out = {"async_s_per_1000": [round(x, 2) for x in a],
+           "sync_s_per_1000": [round(x, 2) for x in s],
            "median_ratio": round(statistics.median(a) / statistics.median(s), 3),
            "threads": torch.get_num_threads()}
     print(json.dumps(out))
