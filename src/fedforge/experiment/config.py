@@ -118,6 +118,31 @@ class AttackConfig(_Section):
     noise_std: float = Field(default=1.0, ge=0.0)
 
 
+class SimConfig(_Section):
+    """Simulated run time (fedforge.sim.cost): per-step compute and link speeds.
+
+    ``step_time_s`` when set; else the model's training FLOPs x batch / ``device`` preset
+    throughput (``device_flops`` overrides the preset). Links default to the 100 Mbps of the
+    FAdamGC paper.
+    """
+
+    step_time_s: float | None = Field(default=None, ge=0.0)
+    device: str = "a100"
+    device_flops: float | None = Field(default=None, gt=0.0)
+    bandwidth_up_mbps: float = Field(default=100.0, gt=0.0)
+    bandwidth_down_mbps: float = Field(default=100.0, gt=0.0)
+    latency_s: float = Field(default=0.0, ge=0.0)
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, v: str) -> str:
+        from fedforge.sim.cost import DEVICE_FLOPS  # noqa: PLC0415
+
+        if v not in DEVICE_FLOPS:
+            raise ValueError(f"unknown device; known: {', '.join(sorted(DEVICE_FLOPS))}")
+        return v
+
+
 class RunConfig(_Section):
     name: str = "run"
     seed: int = 0
@@ -131,6 +156,10 @@ class RunConfig(_Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     attack: AttackConfig = Field(default_factory=AttackConfig)
+    sim: SimConfig = Field(default_factory=SimConfig)
+    # ``fedforge compare`` only: per-algorithm config tables merged in when that algorithm runs
+    # (e.g. ``[compare.fedadam.algorithm] server_lr = 1e-3``); ``fedforge run`` ignores it.
+    compare: dict[str, dict[str, Any]] = Field(default_factory=dict)
     # NaN/Inf in a loss or update (fedforge.robust.divergence): stop | skip_client | rollback
     divergence: Literal["stop", "skip_client", "rollback"] = "stop"
     rollback_lr_factor: float = Field(default=0.5, gt=0.0, lt=1.0)

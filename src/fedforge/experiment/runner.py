@@ -32,6 +32,7 @@ from fedforge.models import build_model
 from fedforge.robust.divergence import DivergenceError, log_event, scale_lr
 from fedforge.robust.hook import RobustRound
 from fedforge.robust.setup import build_robust
+from fedforge.sim.cost import build_cost_model
 
 
 def resolve_device(name: str) -> torch.device:
@@ -137,6 +138,7 @@ def run_experiment(
     store = ClientStore(exp.data.num_clients, exp.algorithm.client_init(params), exp.device,
                         storage="cpu" if cfg.engine.client_state == "host" else None)
     start, wall_offset, bytes_up, bytes_down = 1, 0.0, 0, 0
+    sim_time_s = 0.0  # simulated seconds (fedforge.sim.cost), cumulative
     lr_scale, rollbacks = 1.0, 0  # divergence rollbacks so far and the local-lr factor
     distill_s = 0.0
     ckpt_dir = out / "checkpoints"
@@ -150,12 +152,14 @@ def run_experiment(
             store.load_state_dict(tensors["clients"])
         start, wall_offset = meta["round"] + 1, meta["wall_s"]
         bytes_up, bytes_down = meta["bytes_up"], meta["bytes_down"]
+        sim_time_s = meta.get("sim_time_s", 0.0)
         distill_s = meta.get("distill_s", 0.0)
         lr_scale, rollbacks = meta.get("lr_scale", 1.0), meta.get("rollbacks", 0)
         exp.scale_local_lr(lr_scale)
     metrics = MetricsWriter(out / "metrics.jsonl", truncate_after=start - 1)
     t0 = time.perf_counter() - wall_offset
     down_per_client, up_per_client = exp.algorithm.message_nbytes(params, server_state)
+    cost = build_cost_model(cfg.sim, exp.model, exp.data.input_shape, cfg.client.batch_size)
     history = metrics.records
     with RoundProgress(cfg.rounds, start, enabled=progress) as bar:
         t = start - 1
@@ -180,6 +184,7 @@ def run_experiment(
                 params, server_state, store, meta = restore_or_init(exp, ckpt_dir, store)
                 t = meta.get("round", 0)
                 bytes_up, bytes_down = meta.get("bytes_up", 0), meta.get("bytes_down", 0)
+                sim_time_s = meta.get("sim_time_s", 0.0)
                 distill_s = meta.get("distill_s", 0.0)
                 metrics = MetricsWriter(out / "metrics.jsonl", truncate_after=t)
                 history = metrics.records
@@ -194,6 +199,8 @@ def run_experiment(
                     params, server_state, round_=t)
             bytes_down += down_per_client * len(client_ids)
             bytes_up += up_per_client * len(client_ids)
+            sim_time_s += cost.round_seconds(cohort.metrics["steps"].cpu().numpy(),
+                                             down_per_client, up_per_client)
             trained = cohort.metrics["steps"] > 0  # empty clients report no loss
             train_loss = (cohort.metrics["loss"][trained].mean().item() if bool(trained.any())
                           else 0.0)
@@ -212,6 +219,7 @@ def run_experiment(
                 record.update({"bytes_up": bytes_up, "bytes_down": bytes_down,
                                "bytes_up_round": up_per_client * len(client_ids),
                                "bytes_down_round": down_per_client * len(client_ids),
+                               "sim_time_s": round(sim_time_s, 3),
                                "wall_s": round(time.perf_counter() - t0, 3)})
                 if exp.algorithm.prepares:  # FedPTR's MTT: server + all clients, wall seconds
                     record["distill_s"] = round(distill_s, 3)
@@ -222,6 +230,7 @@ def run_experiment(
                     {"params": params, "server": server_state, "clients": store.state_dict()},
                     {"wall_s": time.perf_counter() - t0, "bytes_up": bytes_up,
                      "bytes_down": bytes_down, "seed": cfg.seed, "distill_s": distill_s,
+                     "sim_time_s": sim_time_s,
                      "lr_scale": lr_scale, "rollbacks": rollbacks,
                      "rng": "derived per round from (seed, round)"},
                     keep=cfg.checkpoint.keep,
