@@ -27,3 +27,19 @@ def test_resume_state_and_no_mitigation():
     assert ta == tb and ka.tolist() == kb.tolist() == list(range(5))
     with pytest.raises(ValueError, match="sim.straggler_k"):
         SyncRoundClock(pop, k=0)
+
+
+def test_round_from_base_and_keep_clients():
+    import torch
+
+    from fedforge.sim.rounds import keep_clients
+
+    pop = Population(np.array([1.0, 2.0, 0.5]))
+    rc = SyncRoundClock(pop, ConstantDelay(), k=2)
+    keep, dt = rc.round_from_base(1, [0, 1, 2], [4.0, 1.0, 2.0])  # finishes 4, 2, 1
+    assert keep.tolist() == [1, 2] and dt == pytest.approx(2.0)
+    ids, idx, w, agg, info = keep_clients(
+        keep, torch.tensor([5, 6, 7]), torch.arange(6).view(3, 2), torch.ones(3, 2),
+        torch.tensor([0.5, 0.25, 0.25]), {"track": torch.tensor([True, False, True])})
+    assert ids.tolist() == [6, 7] and idx.tolist() == [[2, 3], [4, 5]]
+    assert agg.tolist() == [0.5, 0.5] and info["track"].tolist() == [False, True]

@@ -41,6 +41,19 @@ class SyncRoundClock:
         self.clock.advance_to(end)
         return keep, end - start
 
+    def round_from_base(self, round_: int, client_ids, base_seconds) -> tuple[np.ndarray, float]:
+        """Like :meth:`round`, with each client's nominal seconds given (e.g. the cost model's
+        download + steps x step time + upload): duration = law(tau=1, e=base_i, speed_i)."""
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, 31, round_]))
+        ids = np.asarray(client_ids, dtype=np.int64)
+        base = np.broadcast_to(np.asarray(base_seconds, dtype=np.float64), ids.shape)
+        durs = np.array([self.delay.sample(rng, int(c), float(self.pop.speed[c]), 1, float(b))
+                         for c, b in zip(ids, base)])
+        start = self.clock.now
+        keep, end = kth_arrival_round(self.clock, ids, durs, self.k, 0, round_)
+        self.clock.advance_to(end)
+        return keep, end - start
+
     @property
     def now(self) -> float:
         return self.clock.now
@@ -51,3 +64,15 @@ class SyncRoundClock:
     def load_state_dict(self, state: dict) -> None:
         self.clock.now = float(state["now"])
         self.clock.busy_until = np.asarray(state["busy_until"], dtype=np.float64)
+
+
+def keep_clients(keep: np.ndarray, client_ids, sample_idx, weights, agg_weights, info: dict):
+    """The round's inputs restricted to the kept clients; aggregation weights renormalised."""
+    import torch
+
+    k = torch.as_tensor(keep, dtype=torch.long)
+    agg = agg_weights[k.to(agg_weights.device)]
+    agg = agg / agg.sum().clamp_min(1e-30)
+    kd = k.to(sample_idx.device)
+    info = {name: v[k.to(v.device)] for name, v in info.items()}
+    return client_ids[k.to(client_ids.device)], sample_idx[kd], weights[kd], agg, info
