@@ -214,3 +214,24 @@ def test_resume_matches_uninterrupted_run(tmp_path, name):
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=k)
+
+
+@pytest.mark.parametrize("name", ["fedptr", "fedptr_s"])
+def test_mtt_work_is_added_to_the_simulated_clock(tmp_path, name):
+    """1 s per local step, (almost) free links. Rounds 3-4 run MTT on n = ipc x 10 classes = 10
+    images: 3·H·R·n + K·n = 3·2·2·10 + 2·10 = 140 per-sample gradients = 17.5 steps of batch 8
+    each round. FedPTR-S: the server's, serially (+35 s over 2 rounds). FedPTR: every client's,
+    in parallel (the round's slowest client), also +17.5 s per round."""
+    sim = ["sim.step_time_s=1.0", "sim.bandwidth_up_mbps=1e12", "sim.bandwidth_down_mbps=1e12"]
+
+    def run(algo, out):
+        over = [f"algorithm.name={algo}", *sim]
+        if algo == "fedavg":  # same local optimizer, no FedPTR hparams
+            base = {**BASE, "algorithm": {"name": "fedavg", "local_lr": 0.05}}
+        else:
+            base = BASE
+        return run_experiment(validate(apply_overrides(base, over)), tmp_path / out, progress=False)
+
+    ptr, avg = run(name, "p"), run("fedavg", "a")
+    assert avg[-1]["sim_time_s"] == pytest.approx(4 * 2.0, abs=1e-3)  # 2 steps per round
+    assert ptr[-1]["sim_time_s"] - avg[-1]["sim_time_s"] == pytest.approx(35.0, abs=1e-3)

@@ -136,16 +136,19 @@ class _Projector(Part):
 
     def _advance(
         self, state: dict, params: Params, loss_fn: Callable, seed: int
-    ) -> tuple[dict, Params, bool, float]:
+    ) -> tuple[dict, Params, bool, float, float]:
         """Push x^t; if t > m, refit D̃ by MTT (every ``mtt_every``) and project K steps.
 
-        -> (new state, anchor w̃^{t+1}, active (λ̃ = λ), seconds spent on MTT + projection).
+        -> (new state, anchor w̃^{t+1}, active (λ̃ = λ), seconds spent on MTT + projection,
+        work in per-sample training-gradient units for the simulated clock: each of the H·R
+        unrolled student steps on n images costs ~3 n (its forward/backward, then twice that
+        again in the meta-backward), each of the K projection steps n).
         """
         cfg = self.cfg
         state = {**state, "window": push(state["window"], params), "seen": state["seen"] + 1}
         seen = int(state["seen"])  # = t + 1 under full participation (t 0-based)
         if seen < cfg.window + 2:  # t <= m: warm-up
-            return state, params, False, 0.0
+            return state, params, False, 0.0, 0.0
         if "syn_x" not in state:
             raise ValueError(
                 f"{self.name}: the synthetic set's shape is unknown; call "
@@ -154,7 +157,10 @@ class _Projector(Part):
         t0 = time.perf_counter()
         syn_y = self._labels(state["syn_x"].device)
         syn_x, syn_lr = state["syn_x"], state["syn_lr"]
+        n = syn_x.shape[0]
+        work = float(cfg.proj_steps * n)
         if (seen - cfg.window - 2) % cfg.mtt_every == 0:
+            work += 3.0 * cfg.outer_steps * cfg.inner_steps * n
             start = {k: v[0] for k, v in state["window"].items()}  # w^{t-m} (oldest seen)
             aug = flip_shift(seed) if cfg.augment else None
             res = match_trajectory(
@@ -181,7 +187,7 @@ class _Projector(Part):
                 cfg.proj_steps,
             )
         state = {**state, "syn_x": syn_x, "syn_lr": syn_lr}
-        return state, anchor, True, time.perf_counter() - t0
+        return state, anchor, True, time.perf_counter() - t0, work
 
 
 class ClientProjection(_Projector):
@@ -203,7 +209,7 @@ class ClientProjection(_Projector):
         stacked = prep.client_states[self.name]
         num = prep.sample_idx.shape[0]
         seeds = prep.info.get("fedptr_seed")
-        states, anchors, lams, secs = [], [], [], []
+        states, anchors, lams, secs, works = [], [], [], [], []
         for c in range(num):
             seed = int(seeds[c]) if seeds is not None else c
             state = tree_index(stacked, c)
@@ -218,9 +224,10 @@ class ClientProjection(_Projector):
                     gen,
                     self.input_shape,
                 ).to(state["syn_x"].dtype)
-            state, anchor, active, sec = self._advance(
+            state, anchor, active, sec, work = self._advance(
                 state, prep.global_params, prep.loss_fn, seed
             )
+            works.append(work)
             states.append(state)
             anchors.append(anchor)
             lams.append(self.lam if active else 0.0)
@@ -231,7 +238,8 @@ class ClientProjection(_Projector):
             "fedptr_anchor": tree_stack(anchors),  # [C, ...]
             "fedptr_lam": torch.tensor(lams, dtype=dtype, device=dev),
         }  # [C]
-        return tree_stack(states), info, {"distill_s": torch.tensor(secs)}
+        metrics = {"distill_s": torch.tensor(secs), "distill_samples": torch.tensor(works)}
+        return tree_stack(states), info, metrics
 
 
 class ServerProjection(_Projector):
@@ -251,9 +259,12 @@ class ServerProjection(_Projector):
 
     def server_prepare(self, server_state, params, loss_fn) -> tuple[dict, dict]:
         seed = int(server_state["seen"])
-        state, anchor, _active, sec = self._advance(server_state, params, loss_fn, seed)
+        state, anchor, _active, sec, work = self._advance(server_state, params, loss_fn, seed)
         state["anchor"] = {k: v.detach() for k, v in anchor.items()}
-        return state, {"server_distill_s": torch.tensor(sec)}
+        return state, {
+            "server_distill_s": torch.tensor(sec),
+            "server_distill_samples": torch.tensor(work),
+        }
 
 
 def _client_anchor(lam: float) -> AnchorFn:

@@ -199,8 +199,10 @@ def run_experiment(
                     params, server_state, round_=t)
             bytes_down += down_per_client * len(client_ids)
             bytes_up += up_per_client * len(client_ids)
-            sim_time_s += cost.round_seconds(cohort.metrics["steps"].cpu().numpy(),
+            client_steps, server_steps = distill_steps(cohort.metrics, cfg.client.batch_size)
+            sim_time_s += cost.round_seconds(cohort.metrics["steps"].cpu().numpy() + client_steps,
                                              down_per_client, up_per_client)
+            sim_time_s += server_steps * cost.step_time_s  # FedPTR-S: server MTT before broadcast
             trained = cohort.metrics["steps"] > 0  # empty clients report no loss
             train_loss = (cohort.metrics["loss"][trained].mean().item() if bool(trained.any())
                           else 0.0)
@@ -269,6 +271,15 @@ def eval_params(algorithm: Algorithm, params: Params, server_state: dict) -> Par
 def distill_seconds(metrics: dict) -> float:
     """Wall seconds a round spent on trajectory matching (FedPTR: clients; FedPTR-S: server)."""
     return sum(float(metrics[k].sum()) for k in ("distill_s", "server_distill_s") if k in metrics)
+
+
+def distill_steps(metrics: dict, batch_size: int) -> tuple[np.ndarray | float, float]:
+    """Trajectory-matching work in local-step equivalents (per-sample gradients / batch size)
+    for the simulated clock: ``([C] per client, or 0.0; server)``."""
+    client = metrics.get("distill_samples")
+    server = metrics.get("server_distill_samples")
+    return (0.0 if client is None else client.cpu().numpy() / batch_size,
+            0.0 if server is None else float(server) / batch_size)
 
 
 def model_nbytes(params: Params) -> int:
