@@ -132,6 +132,13 @@ class SimConfig(_Section):
     bandwidth_up_mbps: float = Field(default=100.0, gt=0.0)
     bandwidth_down_mbps: float = Field(default=100.0, gt=0.0)
     latency_s: float = Field(default=0.0, ge=0.0)
+    # straggler-aware rounds (fedforge.sim.rounds, issue 5): client time x speed class x delay
+    # law; the round ends at the k-th arrival, later clients are dropped and stay busy
+    stragglers: bool = False
+    straggler_k: int | None = Field(default=None, ge=1)  # None: wait for every client
+    delay: Literal["shifted_exp", "constant"] = "shifted_exp"
+    speed_classes: list[tuple[float, float]] = [(0.25, 1.3), (0.5, 1.0), (0.25, 0.7)]
+    speed_seed: int = 64
 
     @field_validator("device")
     @classmethod

@@ -33,6 +33,7 @@ from fedforge.robust.divergence import DivergenceError, log_event, scale_lr
 from fedforge.robust.hook import RobustRound
 from fedforge.robust.setup import build_robust
 from fedforge.sim.cost import build_cost_model
+from fedforge.sim.rounds import keep_clients, straggler_clock, straggler_round
 
 
 def resolve_device(name: str) -> torch.device:
@@ -160,12 +161,19 @@ def run_experiment(
     t0 = time.perf_counter() - wall_offset
     down_per_client, up_per_client = exp.algorithm.message_nbytes(params, server_state)
     cost = build_cost_model(cfg.sim, exp.model, exp.data.input_shape, cfg.client.batch_size)
+    stragglers = straggler_clock(cfg.sim, exp.data.num_clients, cfg.seed,
+                                 ckpt_dir if resume else None)
     history = metrics.records
     with RoundProgress(cfg.rounds, start, enabled=progress) as bar:
         t = start - 1
         while t < cfg.rounds:  # a while loop: a divergence rollback moves t back
             t += 1
             client_ids, sample_idx, weights, agg, info = sample_round(exp, t)
+            if stragglers is not None:  # sim.stragglers: only the first k arrivals train
+                keep, round_s = straggler_round(stragglers, t, client_ids, weights, cost,
+                                                down_per_client, up_per_client)
+                client_ids, sample_idx, weights, agg, info = keep_clients(
+                    keep, client_ids, sample_idx, weights, agg, info)
             try:
                 params, server_state, cohort = federated_round(
                     exp.algorithm, exp.engine, loss_fn, params, server_state, store, client_ids,
@@ -200,8 +208,9 @@ def run_experiment(
             bytes_down += down_per_client * len(client_ids)
             bytes_up += up_per_client * len(client_ids)
             client_steps, server_steps = distill_steps(cohort.metrics, cfg.client.batch_size)
-            sim_time_s += cost.round_seconds(cohort.metrics["steps"].cpu().numpy() + client_steps,
-                                             down_per_client, up_per_client)
+            sim_time_s += round_s if stragglers is not None else cost.round_seconds(
+                cohort.metrics["steps"].cpu().numpy() + client_steps, down_per_client,
+                up_per_client)
             sim_time_s += server_steps * cost.step_time_s  # FedPTR-S: server MTT before broadcast
             trained = cohort.metrics["steps"] > 0  # empty clients report no loss
             train_loss = (cohort.metrics["loss"][trained].mean().item() if bool(trained.any())
@@ -233,6 +242,7 @@ def run_experiment(
                     {"wall_s": time.perf_counter() - t0, "bytes_up": bytes_up,
                      "bytes_down": bytes_down, "seed": cfg.seed, "distill_s": distill_s,
                      "sim_time_s": sim_time_s,
+                     "sim_clock": stragglers.state_dict() if stragglers is not None else None,
                      "lr_scale": lr_scale, "rollbacks": rollbacks,
                      "rng": "derived per round from (seed, round)"},
                     keep=cfg.checkpoint.keep,

@@ -76,3 +76,33 @@ def keep_clients(keep: np.ndarray, client_ids, sample_idx, weights, agg_weights,
     kd = k.to(sample_idx.device)
     info = {name: v[k.to(v.device)] for name, v in info.items()}
     return client_ids[k.to(client_ids.device)], sample_idx[kd], weights[kd], agg, info
+
+
+def straggler_clock(sim, num_clients: int, seed: int, ckpt_dir=None) -> SyncRoundClock | None:
+    """The runner's straggler clock from the ``sim`` config section (None unless
+    ``sim.stragglers``); with ``ckpt_dir``, the queue tails saved in its latest checkpoint."""
+    if not getattr(sim, "stragglers", False):
+        return None
+    import json
+    from pathlib import Path
+
+    from fedforge.sim.delays import build_delay
+
+    pop = Population.build(num_clients, [tuple(c) for c in sim.speed_classes], sim.speed_seed)
+    clock = SyncRoundClock(pop, build_delay(sim.delay), sim.straggler_k, seed=seed)
+    latest = Path(ckpt_dir) / "latest.json" if ckpt_dir is not None else None
+    if latest is not None and latest.is_file():
+        meta = json.loads((latest.parent / json.loads(latest.read_text())["checkpoint"])
+                          .read_text())
+        if meta.get("sim_clock"):
+            clock.load_state_dict(meta["sim_clock"])
+    return clock
+
+
+def straggler_round(clock: SyncRoundClock, round_: int, client_ids, weights, cost,
+                    down_bytes: float, up_bytes: float) -> tuple[np.ndarray, float]:
+    """-> (kept positions, round seconds): nominal client time from the cost model (download
+    + steps x step time + upload), scaled by the client's speed class and the delay law."""
+    steps = (weights.sum(-1) > 0).sum(-1).cpu().numpy()  # [C] steps each client really takes
+    base = [cost.client_seconds(float(s), down_bytes, up_bytes) for s in steps]
+    return clock.round_from_base(round_, client_ids.cpu().numpy(), base)
