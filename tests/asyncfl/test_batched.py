@@ -45,3 +45,14 @@ def test_first_fedast_step_by_hand():
     expected = x0 - (0.1 * (x0 - cs)).mean(0)
     assert task.server.round == 1
     assert torch.allclose(task.server.params["w"], expected, atol=1e-12)
+
+
+def test_fedbuff_single_task_uses_idle_clients_only():
+    """FedBuff (one task) never queues: every request starts when it is sent."""
+    task = quadratic_task(0, CENTERS[0] * 2, server_lr=0.5)
+    opts = AsyncOptions("fedbuff", requests=(4,), buffer_size=2)
+    d = AsyncDriver([task], Population.build(8), ShiftedExponential(), opts, seed=1)
+    d.start()
+    d.run(lambda m, r: None, max_updates=60)
+    assert d.c == 60 and task.server.round == 30
+    assert all(row[4] == row[5] for row in d.clock.log)  # send == start

@@ -43,3 +43,19 @@ def test_dirichlet_fixed_size():
     assert all(abs(s - 30) <= 5 for s in sizes)
     few = np.mean([len(np.unique(labels[p])) for p in parts])
     assert few < 4  # alpha 0.1: few classes per client
+
+
+def test_sequential_and_ucb_counts():
+    pop = Population.build(10)
+    tasks = [quadratic_task(0, [[0, 0]] * 10, target=0.99), quadratic_task(1, [[0, 0]] * 10)]
+    seq = SyncDriver(tasks, pop, ConstantDelay(), SyncOptions("sequential", 6, k=2), 0,
+                     LoopEngine())
+    assert seq.counts() == [6, 0]  # one task at a time
+    tasks[0].done = True
+    assert seq.counts() == [0, 6]
+    tasks = [quadratic_task(0, [[0, 0]] * 10), quadratic_task(1, [[0, 0]] * 10)]
+    ucb = SyncDriver(tasks, pop, ConstantDelay(), SyncOptions("sync_ucb_st", 6, k=2), 0,
+                     LoopEngine())
+    ucb.first_loss, ucb.last_loss, ucb.assigned = [1.0, 1.0], [0.1, 0.9], [30, 30]
+    c = ucb.counts()
+    assert sum(c) == 6 and c[1] > c[0]  # the task whose loss fell less gets more clients
