@@ -236,8 +236,8 @@ class ClientProjection(_Projector):
         dev = prep.sample_idx.device
         info = {
             "fedptr_anchor": tree_stack(anchors),  # [C, ...]
-            "fedptr_lam": torch.tensor(lams, dtype=dtype, device=dev),
-        }  # [C]
+            "fedptr_lam": torch.tensor(lams, dtype=dtype, device=dev),  # [C]
+        }
         metrics = {"distill_s": torch.tensor(secs), "distill_samples": torch.tensor(works)}
         return tree_stack(states), info, metrics
 
@@ -267,8 +267,8 @@ class ServerProjection(_Projector):
         }
 
 
-def _client_anchor(lam: float) -> AnchorFn:
-    return lambda ctx: (ctx.info["fedptr_anchor"], ctx.info["fedptr_lam"])
+def _client_anchor(ctx: RoundContext) -> tuple[Params, torch.Tensor]:
+    return ctx.info["fedptr_anchor"], ctx.info["fedptr_lam"]  # set by ClientProjection
 
 
 def _server_anchor(lam: float) -> AnchorFn:
@@ -295,7 +295,7 @@ def _build(
         raise ValueError(f"algorithm.lam: expected lam >= 0, got {lam}")
     cfg = ProjectionConfig(**mtt)
     part = ServerProjection(cfg) if server_side else ClientProjection(cfg, lam)
-    anchor = _server_anchor(lam) if server_side else _client_anchor(lam)
+    anchor = _server_anchor(lam) if server_side else _client_anchor
     opt = local_optimizer(
         client_optimizer, local_lr, momentum=local_momentum, weight_decay=weight_decay
     )
