@@ -50,7 +50,7 @@ class TaskExecutor:
         self.waiting: dict[int, Job] = {}  # dispatched, not yet computed
         self.results: dict[int, tuple[Params, float, Params]] = {}  # id -> (delta, loss, sent)
         self._fns: dict[bool, object] = {}
-        self._loss_fn = loss_fn
+        self.loss_fn = loss_fn
         self.batches_run = 0
 
     # --- bookkeeping --------------------------------------------------------------------
@@ -100,7 +100,7 @@ class TaskExecutor:
 
     def _fn(self, masked: bool):
         if masked not in self._fns:
-            fn = make_local_update(self.algorithm, self._loss_fn, masked=masked)
+            fn = make_local_update(self.algorithm, self.loss_fn, masked=masked)
             # one model version per job: every argument has a leading job axis
             self._fns[masked] = torch.func.vmap(fn, in_dims=(0, 0, 0, 0, 0, 0, 0))
         return self._fns[masked]

@@ -30,7 +30,7 @@ from fedforge.asyncfl.task import Task
 from fedforge.core.store import ClientStore
 from fedforge.engine.base import ChunkedEngine
 from fedforge.experiment.round import federated_round
-from fedforge.sim.clock import EventClock, kth_arrival_round
+from fedforge.sim.clock import EventClock, Job, kth_arrival_round
 from fedforge.sim.delays import DelayLaw
 from fedforge.sim.population import Population
 
@@ -117,8 +117,6 @@ class SyncDriver:
             self._train(m, jobs, on_eval)
 
     def _train(self, m: int, jobs: list[tuple[int, int]], on_eval) -> None:
-        from fedforge.sim.clock import Job
-
         task = self.tasks[m]
         ex = task.executor
         fake = [Job(jid, m, c, task.server.round, 0.0, 0.0, 0.0) for jid, c in jobs]
@@ -126,7 +124,7 @@ class SyncDriver:
         nd = ex.index_table.shape[0]
         ids = torch.tensor([c % nd for _, c in jobs])
         params, state, cohort = federated_round(
-            task.algorithm, self.engine, ex._loss_fn, task.server.params,
+            task.algorithm, self.engine, ex.loss_fn, task.server.params,
             task.server.server_state, self.stores[m], ids, ex.x_all, ex.y_all, sample_idx,
             mask, round_=task.server.round + 1)
         task.server.params, task.server.server_state = params, state

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
+
 from fedforge.algorithms.base import Algorithm
 from fedforge.asyncfl.executor import TaskExecutor
 from fedforge.asyncfl.server import BufferedServer
@@ -39,8 +41,6 @@ class Task:
 
     def broadcast(self) -> dict:
         """What a request carries besides the model (parts' broadcast, the round for schedules)."""
-        import torch
-
         dev = next(iter(self.server.params.values())).device
         return {**self.algorithm.broadcast(self.server.server_state),
                 "round": torch.tensor(float(self.server.round + 1), device=dev)}
