@@ -91,9 +91,16 @@ def compare(
     overrides: Overrides = None,
     out: Annotated[Path, typer.Option("--out", "-o")] = Path("runs/compare"),
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    target: Annotated[float | None, typer.Option(
+        "--target", help="test accuracy: table gives rounds and simulated minutes to it")] = None,
+    seeds: Annotated[str | None, typer.Option(
+        "--seeds", help="comma-separated seeds (default: the config's); mean ± std")] = None,
 ) -> None:
-    """Run several algorithms on identical data, partition and seed; table + PNG plot."""
-    from fedforge.experiment.compare import run_comparison
+    """Run several algorithms on identical data, partition and seed; table + PNG plot.
+
+    A ``[compare.<algorithm>]`` table in the config is merged in for that algorithm only
+    (e.g. its learning rates)."""
+    from fedforge.experiment.compare import comparison_configs, run_comparison
 
     names = [a.strip() for a in algorithms.split(",") if a.strip()]
     if not names:
@@ -112,9 +119,18 @@ def compare(
         _print_rows(table_rows, out)
         console.print(f"plot: {plot}")
         return
-    cfgs = {name: _load(config, [*(overrides or []), f"algorithm.name={name}"]) for name in names}
+    from fedforge.experiment.config import ConfigError
+
     try:
-        table_rows, plot = run_comparison(cfgs, out, progress=not quiet)
+        seed_list = None if seeds is None else [int(s) for s in seeds.split(",") if s.strip()]
+    except ValueError:
+        _fail(f"--seeds: expected comma-separated integers, got {seeds!r}")
+    try:
+        cfgs = comparison_configs(config, names, overrides, seed_list)
+    except ConfigError as exc:
+        _fail(str(exc))
+    try:
+        table_rows, plot = run_comparison(cfgs, out, target=target, progress=not quiet)
     except (ValueError, FileNotFoundError, FloatingPointError) as exc:
         _fail(str(exc))
     _print_rows(table_rows, out)

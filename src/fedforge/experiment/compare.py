@@ -2,39 +2,127 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from fedforge.experiment.config import RunConfig
+import numpy as np
+
+from fedforge.experiment.config import (
+    ConfigError,
+    RunConfig,
+    apply_overrides,
+    load_raw,
+    validate,
+)
 from fedforge.experiment.plots import plot_metric
 from fedforge.experiment.runner import run_experiment
 
 
 def rounds_to_target(history: list[dict], target: float, key: str = "test_accuracy") -> int | None:
     """First evaluated round whose ``key`` reaches ``target`` (None if never)."""
+    rec = _first_at_target(history, target, key)
+    return None if rec is None else rec["round"]
+
+
+def sim_time_to_target(history: list[dict], target: float,
+                       key: str = "test_accuracy") -> float | None:
+    """Simulated seconds (``sim_time_s``, fedforge.sim.cost) when ``key`` first reaches
+    ``target`` (None if never, or if the run has no simulated time)."""
+    rec = _first_at_target(history, target, key)
+    return None if rec is None else rec.get("sim_time_s")
+
+
+def _first_at_target(history: list[dict], target: float, key: str) -> dict | None:
     for rec in history:
         if rec.get(key, float("-inf")) >= target:
-            return rec["round"]
+            return rec
     return None
 
 
+def comparison_configs(
+    path: str | Path, names: list[str], overrides: list[str] | None = None,
+    seeds: list[int] | None = None,
+) -> dict[str, list[RunConfig]]:
+    """One config per (algorithm, seed): the file, then its ``[compare.<name>]`` table merged
+    in (per-algorithm hyper-parameters, e.g. the paper's learning rates), then
+    ``algorithm.name``, the command-line ``overrides`` and ``seed`` (default: the file's)."""
+    raw = load_raw(path)
+    tables = raw.pop("compare", {}) or {}
+    if not isinstance(tables, dict):
+        raise ConfigError("compare: expected a table of per-algorithm tables")
+    out: dict[str, list[RunConfig]] = {}
+    for name in names:
+        table = tables.get(name, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"compare.{name}: expected a table of config sections")
+        merged = apply_overrides(_merge(raw, table), [f"algorithm.name={name}",
+                                                      *(overrides or [])])
+        base = validate(merged)
+        out[name] = [base] if seeds is None else [
+            base.model_copy(update={"seed": s}) for s in seeds]
+    return out
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    """Recursive dict merge (``extra`` wins); neither input is modified."""
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
 def run_comparison(
-    configs: dict[str, RunConfig], out: Path, *, target: float | None = None, progress: bool = True
+    configs: dict[str, RunConfig | list[RunConfig]], out: Path, *, target: float | None = None,
+    progress: bool = True,
 ) -> tuple[list[dict], Path]:
-    """Run each config into ``out/<name>``; -> (table rows, accuracy-vs-round PNG)."""
+    """Run each config (or each seed's config) into ``out/<name>`` (``out/<name>/seed<s>`` for
+    several seeds); -> (table rows, accuracy-vs-round PNG). With ``target`` the table gives
+    rounds and simulated minutes to reach it: mean ± std over the seeds that reached it, with
+    ``(k/m)`` when only k of m seeds did."""
     runs, rows = {}, []
-    for name, cfg in configs.items():
-        history = run_experiment(cfg, out / name, progress=progress)
-        runs[name] = history
-        last = history[-1]
-        best = max(r["test_accuracy"] for r in history)
-        row = {"algorithm": name, "final_acc": f"{last['test_accuracy']:.4f}",
-               "best_acc": f"{best:.4f}", "final_loss": f"{last['test_loss']:.4f}",
-               "wall_s": f"{last['wall_s']:.1f}"}
+    for name, cfgs in configs.items():
+        cfgs = [cfgs] if isinstance(cfgs, RunConfig) else list(cfgs)
+        hists = [run_experiment(c, out / name if len(cfgs) == 1 else out / name / f"seed{c.seed}",
+                                progress=progress) for c in cfgs]
+        runs[name] = hists[0]
+        row = {"algorithm": name, "seeds": len(hists),
+               "final_acc": _mean_std([h[-1]["test_accuracy"] for h in hists], "{:.4f}"),
+               "best_acc": _mean_std([max(r["test_accuracy"] for r in h) for h in hists],
+                                     "{:.4f}"),
+               "final_loss": _mean_std([h[-1]["test_loss"] for h in hists], "{:.4f}")}
+        sims = [h[-1]["sim_time_s"] / h[-1]["round"] for h in hists if "sim_time_s" in h[-1]]
+        if sims:
+            row["sim_s_per_round"] = f"{np.mean(sims):.3g}"
         if target is not None:
-            row[f"rounds_to_{target:g}"] = rounds_to_target(history, target)
+            n = len(hists)
+            reached = [rounds_to_target(h, target) for h in hists]
+            row[f"rounds_to_{target:g}"] = _reached([r for r in reached if r is not None], n,
+                                                    "{:.1f}")
+            mins = [t / 60 for h in hists if (t := sim_time_to_target(h, target)) is not None]
+            row[f"sim_min_to_{target:g}"] = _reached(mins, n, "{:.3g}")
+        row["wall_s"] = f"{sum(h[-1]['wall_s'] for h in hists):.1f}"
         rows.append(row)
+    if len(rows) and out.is_dir():
+        (out / "table.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    if any("sim_time_s" in r for h in runs.values() for r in h):
+        plot_metric(runs, out / "accuracy_vs_sim_time.png", x="sim_time_s",
+                    title="test accuracy vs simulated time (s)")
     plot = plot_metric(runs, out / "accuracy.png", title="test accuracy vs round")
     return rows, plot
+
+
+def _mean_std(values: list[float], fmt: str) -> str:
+    if len(values) == 1:
+        return fmt.format(values[0])
+    return f"{fmt.format(np.mean(values))}±{fmt.format(np.std(values, ddof=1))}"
+
+
+def _reached(values: list[float], n: int, fmt: str) -> str:
+    """``mean±std`` over the seeds that reached the target, ``(k/n)`` if not all did."""
+    if not values:
+        return "not reached"
+    text = _mean_std(values, fmt)
+    return text if len(values) == n else f"{text} ({len(values)}/{n})"
 
 
 def run_multitask_comparison(
