@@ -68,4 +68,8 @@ def load_checkpoint(directory: Path, device: torch.device | str = "cpu") -> tupl
     meta_path = directory / json.loads(latest.read_text())["checkpoint"]
     meta = json.loads(meta_path.read_text())
     flat = load_file(str(directory / meta["tensors"]), device=str(device))
+    # fresh allocator-aligned storage (safetensors' buffers are only 8-byte aligned): BLAS
+    # kernels may round differently on differently aligned inputs, and a resumed run must
+    # compute exactly what an uninterrupted one does
+    flat = {k: v.clone() for k, v in flat.items()}
     return unflatten_dict(flat), meta
