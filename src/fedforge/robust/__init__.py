@@ -13,9 +13,11 @@ from fedforge.robust.aggregators import (
 from fedforge.robust.attacks import ATTACKS, Attack, attacker_ids, flip_labels, poison_updates
 from fedforge.robust.divergence import POLICIES, DivergenceError, screen_cohort
 from fedforge.robust.hook import RobustRound
+from fedforge.robust.setup import build_robust
 
 __all__ = [
     "AGGREGATORS", "ATTACKS", "POLICIES", "Aggregator", "Attack", "DivergenceError",
-    "RobustRound", "attacker_ids", "build_aggregator", "coordinate_median", "flip_labels",
-    "krum", "norm_clip", "poison_updates", "screen_cohort", "trimmed_mean", "weighted_mean",
+    "RobustRound", "attacker_ids", "build_aggregator", "build_robust", "coordinate_median",
+    "flip_labels", "krum", "norm_clip", "poison_updates", "screen_cohort", "trimmed_mean",
+    "weighted_mean",
 ]

@@ -14,8 +14,8 @@ def build_robust(cfg, data) -> RobustRound | None:
     attack = Attack(a.kind, a.fraction, a.scale, a.noise_std)
     if cfg.server.aggregator == "mean" and not attack.active:
         return None
-    attackers = attacker_ids(data.num_clients, attack.fraction, cfg.seed) if attack.active \
-        else attacker_ids(data.num_clients, 0.0, cfg.seed)
+    fraction = attack.fraction if attack.active else 0.0
+    attackers = attacker_ids(data.num_clients, fraction, cfg.seed)  # [num_attackers]
     if attack.kind == "label_flip" and attackers.numel():
         data.train_y = flip_labels(data.train_y, data.client_indices, attackers, data.num_classes)
     aggregator = build_aggregator(cfg.server.aggregator, **cfg.server.aggregator_options)
