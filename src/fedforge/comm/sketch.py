@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from fedforge.comm.rng import normal, randint, signs, stream_key
+from fedforge.comm.rng import hash_u32, normal, randint, sign_vector, stream_key
 
 RoundLike = int | torch.Tensor
 
@@ -120,7 +120,7 @@ class SRHT(Sketch):
         self.scale = math.sqrt(self.p / self.b)
 
     def _signs_rows(self, round_, device):
-        d_signs = signs(self.key(round_, 1), torch.arange(self.p, device=device))
+        d_signs = sign_vector(self.key(round_, 1), self.p, device)
         rows = randint(self.key(round_, 2), torch.arange(self.b, device=device), self.p)
         return d_signs, rows
 
@@ -186,9 +186,11 @@ class CountSketch(Sketch):
         return (self.rows, self.cols)
 
     def _hash(self, round_, r: int, device):
-        j = torch.arange(self.d, device=device)
-        return (randint(self.key(round_, 10 + 2 * r), j, self.cols),
-                signs(self.key(round_, 11 + 2 * r), j))
+        """Bucket and sign of every coordinate for row r, from one 32-bit hash each: the sign
+        from bit 0, the bucket from the upper 31 bits (float64 scaling)."""
+        h = hash_u32(self.key(round_, 10 + r), torch.arange(self.d, device=device))
+        bucket = ((h >> 1).to(torch.float64) * (self.cols / 2.0**31)).to(torch.int64)
+        return bucket.clamp_max(self.cols - 1), ((h & 1) * 2 - 1).to(torch.float32)
 
     def sketch(self, v, round_):
         self._check(v)
