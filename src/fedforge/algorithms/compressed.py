@@ -55,7 +55,7 @@ def _algorithm(name: str, local_lr, client_optimizer, weight_decay, server, code
 
 def safl(
     local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1e-2, rounds: int | None = None,
-    min_lr: float = 1e-5, b1: float = 0.9, b2: float = 0.99, eps: float = 1e-8,
+    min_lr: float = 1e-5, b1: float = 0.9, b2: float = 0.99, eps: float = 1e-3,
     optimizer: str = "amsgrad", sketch: str = "srht", sketch_size: int | None = None,
     compression: float | None = 100.0, sketch_rows: int = 1, sketch_seed: int = 0,
     client_optimizer: str = "sgd", weight_decay: ScheduleLike = 0.0,
@@ -87,7 +87,7 @@ def fetchsgd(
 
 def topk_ef(
     local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1e-2, b1: float = 0.9,
-    b2: float = 0.99, eps: float = 1e-8, optimizer: str = "adam", method: str = "topk",
+    b2: float = 0.99, eps: float = 1e-3, optimizer: str = "adam", method: str = "topk",
     k: int | None = None, compression: float | None = 100.0, levels: int = 16,
     error_feedback: bool = True, seed: int = 0, client_optimizer: str = "sgd",
     weight_decay: ScheduleLike = 0.0,
@@ -102,7 +102,7 @@ def topk_ef(
 
 def onebit_adam(
     local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1e-2, b1: float = 0.9,
-    b2: float = 0.99, eps: float = 1e-8, error_feedback: bool = True,
+    b2: float = 0.99, eps: float = 1e-3, error_feedback: bool = True,
     client_optimizer: str = "sgd", weight_decay: ScheduleLike = 0.0,
 ) -> Algorithm:
     """1-bit-Adam style: scaled-sign uplink with error feedback, server Adam (no warm-up
@@ -115,7 +115,7 @@ def onebit_adam(
 
 def marina(
     local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1.0, optimizer: str = "sgd",
-    b1: float = 0.9, b2: float = 0.99, eps: float = 1e-8, k: int | None = None,
+    b1: float = 0.9, b2: float = 0.99, eps: float = 1e-3, k: int | None = None,
     compression: float | None = 100.0, sync_prob: float = 0.1, seed: int = 0,
     client_optimizer: str = "sgd", weight_decay: ScheduleLike = 0.0,
 ) -> Algorithm:
