@@ -76,9 +76,10 @@ def fetchsgd(
     k: int | None = None, topk_compression: float | None = None, sketch_seed: int = 0,
     client_optimizer: str = "sgd", weight_decay: ScheduleLike = 0.0,
 ) -> Algorithm:
-    """FetchSGD; top-k size ``k`` or ``d / topk_compression`` (default: ``compression``)."""
+    """FetchSGD; top-k size ``k`` or ``d / topk_compression``; default ``cols // 10``
+    (heavy hitters are recoverable only for k well below the sketch's column count)."""
     codec = FetchSGDCodec(sketch_size, None if sketch_size is not None else compression,
-                          sketch_rows, k, topk_compression or compression, momentum,
+                          sketch_rows, k, topk_compression, momentum,
                           server_lr, sketch_seed)
     return _algorithm("fetchsgd", local_lr, client_optimizer, weight_decay, server_sgd(1.0),
                       codec, "FetchSGD (Rothchild et al. 2020): count sketch, sketched "

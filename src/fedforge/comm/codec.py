@@ -243,7 +243,10 @@ class FetchSGDCodec(Codec):
         u = self.rho * state["u"].to(y.device) + y
         e = state["e"].to(y.device) + lr * u
         est = op.desketch(e, 0, mode="median")
-        k = C.count_k(d, self.k, self.k_ratio if self.k is None else None)
+        if self.k is None and self.k_ratio is None:  # default: a tenth of the columns
+            k = max(1, min(d, op.cols // 10))
+        else:
+            k = C.count_k(d, self.k, self.k_ratio if self.k is None else None)
         delta = C.topk(est, k)
         e = e - op.sketch(delta, 0)
         hit = op.sketch((delta != 0).to(y.dtype), 0) != 0  # buckets touched by Δ's support
