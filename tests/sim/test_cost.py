@@ -133,3 +133,12 @@ def test_runner_writes_cumulative_sim_time_and_resumes_it(tmp_path):
     run_experiment(cfg, tmp_path / "b", resume=True, progress=False)
     assert [r["sim_time_s"] for r in read_metrics(tmp_path / "b")] == pytest.approx(
         [r["sim_time_s"] for r in hist])
+
+
+def test_flop_count_accepts_token_models():
+    """Token-id models (Embedding first) are counted from integer ids, not float zeros."""
+    from fedforge.models import build_model
+    from fedforge.sim.cost import model_train_flops
+
+    model = build_model("text_classifier", (16,), 2, vocab_size=50)
+    assert model_train_flops(model, (16,)) > 0

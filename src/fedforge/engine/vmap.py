@@ -27,7 +27,9 @@ class VmapEngine(ChunkedEngine):
     The estimate per client is the stacked model-sized tensors a local round keeps live
     (params, grads, optimizer moments, deltas and the select copies: ``state_factor`` copies
     of the model) plus the gathered mini-batches and an activation allowance. On CPU the
-    chunk is also capped (``cpu_max_chunk``) because very wide vmaps stop paying off there.
+    chunk is also capped (``cpu_max_chunk``): a CPU is already saturated by one client's
+    batch, and wide vmaps only add memory traffic (W1 on 2 cores: 5.0 updates/s at chunks
+    1-8, 2.7 at 64; see benchmarks/RESULTS.md).
     """
 
     name = "vmap"
@@ -38,7 +40,7 @@ class VmapEngine(ChunkedEngine):
         *,
         memory_fraction: float = 0.5,
         state_factor: int = 10,
-        cpu_max_chunk: int = 64,
+        cpu_max_chunk: int = 8,
         keep_deltas: bool = False,
     ) -> None:
         super().__init__(keep_deltas=keep_deltas)

@@ -64,7 +64,9 @@ def step_seconds(train_flops_per_sample: float, batch_size: int, flops_per_secon
 def model_train_flops(model: torch.nn.Module, input_shape: Sequence[int]) -> float:
     """Training FLOPs per sample: 3 x the forward multiply-adds (x2) of the model's linear and
     convolution layers, counted with forward hooks on one zero sample. Norms, activations and
-    pooling are ignored (they are a few percent of a CNN's FLOPs)."""
+    pooling are ignored (they are a few percent of a CNN's FLOPs); so are an LSTM's gates and
+    attention's fused in-projection, so the count is a lower bound for recurrent and
+    transformer models — set ``sim.step_time_s`` for those when it matters."""
     total = [0.0]
 
     def hook(mod: torch.nn.Module, _inp, out: torch.Tensor) -> None:
@@ -77,7 +79,10 @@ def model_train_flops(model: torch.nn.Module, input_shape: Sequence[int]) -> flo
     kinds = (torch.nn.Linear, torch.nn.modules.conv._ConvNd)
     handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, kinds)]
     param = next(iter(model.parameters()), None)
-    x = torch.zeros(1, *input_shape, device=param.device if param is not None else "cpu")
+    # token models (an Embedding anywhere) take integer ids, everything else floats
+    tokens = any(isinstance(m, torch.nn.Embedding) for m in model.modules())
+    x = torch.zeros(1, *input_shape, dtype=torch.long if tokens else torch.float32,
+                    device=param.device if param is not None else "cpu")
     try:
         with torch.no_grad():
             model(x)
