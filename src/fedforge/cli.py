@@ -178,6 +178,7 @@ def bench(
     out: Annotated[Path, typer.Option(help="w3: run directory")] = Path("runs/bench_w3"),
     results: Annotated[Path, typer.Option(help="markdown file to append to")] = Path(
         "benchmarks/RESULTS.md"),
+    plot: Annotated[Path | None, typer.Option(help="w1/w2: write a scaling PNG here")] = None,
 ) -> None:
     """Run a benchmark workload, print a table and append it to benchmarks/RESULTS.md."""
     import torch
@@ -197,6 +198,10 @@ def bench(
         header = ["engine", "cohort", "client updates/s", "peak GPU GiB", "vs plain"]
         title = (f"{work.name} ({work.model}, {work.steps} steps x batch {work.batch}, "
                  "FedAvg)")
+        if plot is not None:
+            from fedforge.bench.report import plot_scaling
+
+            plot_scaling(rows, plot, f"{title}, {dev.type}")
     elif workload == "w3":
         from fedforge.bench.time_to_accuracy import run_w3
 

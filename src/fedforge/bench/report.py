@@ -47,3 +47,26 @@ def _fmt(v: object) -> str:
     if isinstance(v, float):
         return f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
     return "" if v is None else str(v)
+
+
+def plot_scaling(rows: list[list[object]], path: str | Path, title: str) -> None:
+    """Client updates/s vs cohort size, one line per engine (rows from ``run_w1``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for engine in dict.fromkeys(r[0] for r in rows):
+        pts = sorted((r[1], r[2]) for r in rows if r[0] == engine)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=engine)
+    ax.set_xscale("log")
+    ax.set_xlabel("cohort size (clients per round)")
+    ax.set_ylabel("client updates / s")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
