@@ -1,11 +1,12 @@
 """Engines run a cohort's local rounds; they never name an algorithm."""
 
 from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput
+from fedforge.engine.distributed import DistributedEngine
 from fedforge.engine.local import LocalResult, classification_loss, make_local_update
 from fedforge.engine.loop import LoopEngine
 from fedforge.engine.vmap import VmapEngine
 
-ENGINES = {"vmap": VmapEngine, "loop": LoopEngine}
+ENGINES = {"vmap": VmapEngine, "loop": LoopEngine, "distributed": DistributedEngine}
 
 
 def build_engine(name: str = "vmap", **kwargs) -> ChunkedEngine:
@@ -16,6 +17,6 @@ def build_engine(name: str = "vmap", **kwargs) -> ChunkedEngine:
 
 
 __all__ = [
-    "ENGINES", "ChunkedEngine", "CohortInputs", "CohortOutput", "LocalResult", "LoopEngine",
+    "ENGINES", "ChunkedEngine", "CohortInputs", "CohortOutput", "DistributedEngine", "LocalResult", "LoopEngine",
     "VmapEngine", "build_engine", "classification_loss", "make_local_update",
 ]

@@ -1,0 +1,58 @@
+"""A 2-process gloo run of DistributedEngine equals the one-process VmapEngine run."""
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from fedforge.algorithms import ALGORITHMS, build_algorithm
+from fedforge.engine import VmapEngine
+from fedforge.engine.distributed import DistributedEngine, shard_bounds
+from fedforge.models import build_model
+from tests.engine.test_parity import MODELS, _data, _hparams, _run
+
+ALGOS = ["fedavg", "scaffold", "fadamgc", "safl"]
+
+
+def _setup(name):
+    torch.manual_seed(0)
+    shape, kw, kind = MODELS["mlp"]
+    model = build_model("mlp", shape, 5, **kw)
+    return build_algorithm(name, **_hparams(name)), model, _data(kind, shape)
+
+
+def _worker(rank, port, name, path):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        algo, model, (x, y, idx, w) = _setup(name)
+        params, _state, store = _run(algo, DistributedEngine(chunk_size=3), model, x, y, idx, w)
+        if rank == 0:
+            torch.save({"params": params}, path)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_shard_bounds_cover_cohort():
+    assert [shard_bounds(5, r, 2) for r in range(2)] == [(0, 3), (3, 5)]
+    assert [shard_bounds(1, r, 2) for r in range(2)] == [(0, 1), (1, 1)]
+
+
+@pytest.mark.parametrize("name", ALGOS)
+def test_two_gloo_ranks_equal_one_process(name, tmp_path):
+    if name not in ALGORITHMS:
+        pytest.skip(f"{name} is not registered in this checkout")
+    algo, model, (x, y, idx, w) = _setup(name)
+    ref, _s, ref_store = _run(algo, VmapEngine(chunk_size=3), model, x, y, idx, w)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = tmp_path / "out.pt"
+    mp.start_processes(_worker, args=(port, name, str(path)), nprocs=2, start_method="spawn",
+                       join=True)
+    got = torch.load(path)
+    for k in ref:
+        torch.testing.assert_close(got["params"][k], ref[k], rtol=1e-5, atol=1e-6)
