@@ -90,7 +90,7 @@ class EvalConfig(_Section):
 
 
 class EngineConfig(_Section):
-    name: Literal["vmap", "loop"] = "vmap"
+    name: Literal["vmap", "loop", "distributed"] = "vmap"
     chunk_size: int | Literal["auto"] = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: Literal["fp32", "bf16", "tf32"] = "fp32"  # bf16 = autocast of the forward

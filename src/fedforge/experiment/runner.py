@@ -22,6 +22,7 @@ from fedforge.data import FederatedDataset, build_federated_dataset, load_datase
 from fedforge.data.batching import client_batches
 from fedforge.data.federated import gather_round_indices
 from fedforge.engine import ChunkedEngine, build_engine, classification_loss
+from fedforge.engine.distributed import init_distributed, is_main_rank
 from fedforge.engine.local import set_matmul_precision
 from fedforge.experiment.checkpoint import load_checkpoint, save_checkpoint
 from fedforge.experiment.config import RunConfig, algorithm_kwargs, dump_config
@@ -129,6 +130,8 @@ def run_experiment(
     from fedforge.experiment.progress import RoundProgress
 
     out = Path(out_dir)
+    if cfg.engine.name == "distributed" and init_distributed() and not is_main_rank():
+        out = out / f"rank{torch.distributed.get_rank()}"  # rank 0 owns the run directory
     out.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, out / "config.resolved.toml")
     exp = Experiment.from_config(cfg)
@@ -220,7 +223,7 @@ def run_experiment(
                 raise FloatingPointError(f"round {t}: training loss is {train_loss} (diverged); "
                                          f"last good checkpoint in {ckpt_dir}")
             record = None
-            if t % cfg.eval.every == 0 or t == cfg.rounds:
+            if (t % cfg.eval.every == 0 or t == cfg.rounds) and is_main_rank():
                 record = {"round": t, "train_loss": train_loss}
                 record.update(evaluate(
                     exp.model, eval_params(exp.algorithm, params, server_state),
