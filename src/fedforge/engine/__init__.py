@@ -17,6 +17,6 @@ def build_engine(name: str = "vmap", **kwargs) -> ChunkedEngine:
 
 
 __all__ = [
-    "ENGINES", "ChunkedEngine", "CohortInputs", "CohortOutput", "DistributedEngine", "LocalResult", "LoopEngine",
-    "VmapEngine", "build_engine", "classification_loss", "make_local_update",
+    "ENGINES", "ChunkedEngine", "CohortInputs", "CohortOutput", "DistributedEngine", "LocalResult",
+    "LoopEngine", "VmapEngine", "build_engine", "classification_loss", "make_local_update",
 ]
