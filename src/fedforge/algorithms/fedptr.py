@@ -24,6 +24,7 @@ See ``docs/fedptr.md`` for every choice the paper leaves open.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -333,67 +334,15 @@ def fedptr(
 ) -> Algorithm:
     """FedPTR, client-side (Algorithm 2). Defaults: Sec. 5.1 (SGD 0.01, momentum 0.5, λ 0.05,
     K 5, H 20, R 10, β₀ 0.01, 10 ipc) and MTT's code (lr_img, lr_lr); ``window`` (m) is ours."""
-    return _build(
-        "fedptr",
-        False,
-        local_lr,
-        lam,
-        adaptive,
-        client_optimizer,
-        local_momentum,
-        weight_decay,
-        window=window,
-        ipc=ipc,
-        outer_steps=outer_steps,
-        inner_steps=inner_steps,
-        syn_lr=syn_lr,
-        lr_img=lr_img,
-        lr_lr=lr_lr,
-        proj_steps=proj_steps,
-        proj_lr=proj_lr,
-        mtt_every=mtt_every,
-        augment=augment,
-    )
+    return _build("fedptr", False, **locals())  # locals() here = exactly the parameters
 
 
-def fedptr_s(
-    local_lr: ScheduleLike = 0.01,
-    lam: float = 0.05,
-    adaptive: bool = True,
-    client_optimizer: str = "momentum",
-    local_momentum: float = 0.5,
-    weight_decay: ScheduleLike = 0.0,
-    window: int = 2,
-    ipc: int = 10,
-    outer_steps: int = 20,
-    inner_steps: int = 10,
-    syn_lr: float = 0.01,
-    lr_img: float = 1000.0,
-    lr_lr: float = 1e-5,
-    proj_steps: int = 5,
-    proj_lr: float = 0.01,
-    mtt_every: int = 1,
-    augment: bool = False,
-) -> Algorithm:
-    """FedPTR-S, server-side (Algorithm 3); same defaults as :func:`fedptr`."""
-    return _build(
-        "fedptr_s",
-        True,
-        local_lr,
-        lam,
-        adaptive,
-        client_optimizer,
-        local_momentum,
-        weight_decay,
-        window=window,
-        ipc=ipc,
-        outer_steps=outer_steps,
-        inner_steps=inner_steps,
-        syn_lr=syn_lr,
-        lr_img=lr_img,
-        lr_lr=lr_lr,
-        proj_steps=proj_steps,
-        proj_lr=proj_lr,
-        mtt_every=mtt_every,
-        augment=augment,
-    )
+def fedptr_s(**hparams) -> Algorithm:
+    """FedPTR-S, server-side (Algorithm 3); same hyper-parameters and defaults as
+    :func:`fedptr`."""
+    bound = inspect.signature(fedptr).bind(**hparams)  # unknown names raise TypeError
+    bound.apply_defaults()
+    return _build("fedptr_s", True, **bound.arguments)
+
+
+fedptr_s.__signature__ = inspect.signature(fedptr)  # the registry reads hparams from it
