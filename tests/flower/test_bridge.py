@@ -1,0 +1,151 @@
+"""The Flower bridge: same model as the fedforge simulator, malformed replies rejected.
+
+These tests drive the real ``ServerApp`` loop and ``ClientApp`` functions in-process through
+a tiny fake Grid (Ray start-up would dominate the run time); ``test_simulation.py`` runs the
+same bridge on Flower's simulation engine.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+pytest.importorskip("flwr", reason="the Flower bridge needs `pip install 'fedforge[flower]'`")
+
+from flwr.app import ArrayRecord, Context, Message, RecordDict  # noqa: E402
+from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+
+from fedforge.experiment.checkpoint import load_checkpoint  # noqa: E402
+from fedforge.experiment.config import load_config  # noqa: E402
+from fedforge.experiment.runner import run_experiment  # noqa: E402
+from fedforge.flower import client_app, run_server, validate_reply  # noqa: E402
+
+NUM_CLIENTS = 6
+TOL = 1e-5  # float32 summation order: the simulator's chunked tensordot vs our running sum
+
+
+def tiny_cfg(*overrides: str):
+    return load_config("examples/quickstart.toml", [
+        "rounds=2", f"data.options.num_clients={NUM_CLIENTS}", "server.clients_per_round=3",
+        "client.local_steps=3", "client.local_epochs=null", *overrides])
+
+
+class FakeGrid:
+    """In-process stand-in for Flower's Grid: node ``100 + i`` holds partition ``i``."""
+
+    def __init__(self, app, num_nodes: int, tamper=None):
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+        self.app, self.tamper = app, tamper or {}
+        self.ctx = {100 + i: Context(run_id=1, node_id=100 + i, state=RecordDict(),
+                                     node_config={"partition-id": i, "num-partitions": num_nodes},
+                                     run_config={}) for i in range(num_nodes)}
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.ctx)
+
+    def send_and_receive(self, msgs, *, timeout=None):
+        replies = []
+        for m in msgs:
+            node = m.metadata.dst_node_id
+            reply = self.app(m, self.ctx[node])
+            if node in self.tamper and m.metadata.message_type == "train":
+                reply = Message(content=self.tamper[node](reply.content), reply_to=m)
+            replies.append(reply)
+        return replies
+
+
+def simulator_params(cfg, tmp_path) -> dict:
+    run_experiment(cfg, tmp_path / "sim", progress=False)
+    return load_checkpoint(tmp_path / "sim" / "checkpoints")[0]["params"]
+
+
+def assert_close(a: dict, b: dict, tol: float = TOL) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=tol, atol=tol, msg=k)
+
+
+@pytest.mark.parametrize("algo", ["fedavg", "scaffold"])
+def test_bridge_equals_simulator(algo, tmp_path):
+    """FedAvg, and SCAFFOLD whose c_i lives in context.state between rounds."""
+    cfg = tiny_cfg(f"algorithm.name={algo}", "rounds=3")
+    seen = []
+    got = run_server(FakeGrid(client_app(cfg), NUM_CLIENTS), cfg,
+                     on_round=lambda t, p, info: seen.append(info))
+    assert all(not i["rejected"] and len(i["accepted"]) == 3 for i in seen)
+    assert_close(got, simulator_params(cfg, tmp_path))
+
+
+def _nan(content: RecordDict) -> RecordDict:
+    flat = content["delta"].to_torch_state_dict()
+    flat = {k: torch.full_like(v, float("nan")) for k, v in flat.items()}
+    return RecordDict({**content, "delta": ArrayRecord(flat)})
+
+
+def _wrong_shape(content: RecordDict) -> RecordDict:
+    flat = content["delta"].to_torch_state_dict()
+    flat = {k: torch.zeros(v.numel() + 1) for k, v in flat.items()}
+    return RecordDict({**content, "delta": ArrayRecord(flat)})
+
+
+def _missing(content: RecordDict) -> RecordDict:
+    return RecordDict({"uploads": content["uploads"]})
+
+
+def test_malicious_clients_rejected_in_a_run(tmp_path, caplog):
+    """Every node but 2 attacks; the model equals an honest run restricted to node 2's rounds
+    (client 2 trains alone whenever it is sampled, otherwise the model stays put)."""
+    cfg = tiny_cfg("rounds=2", "server.clients_per_round=6")  # every client every round
+    attacks = {100: _nan, 101: _wrong_shape, 103: _missing, 104: _nan, 105: _wrong_shape}
+    seen = []
+    with caplog.at_level(logging.WARNING, logger="fedforge.flower.bridge"):
+        got = run_server(FakeGrid(client_app(cfg), NUM_CLIENTS, attacks), cfg,
+                         on_round=lambda t, p, info: seen.append(info))
+    assert [i["accepted"] for i in seen] == [[2], [2]]
+    reasons = {r["node"]: r["reason"] for r in seen[0]["rejected"]}
+    assert "NaN" in reasons[100] and "shape" in reasons[101] and "missing" in reasons[103]
+    assert "node 101" in caplog.text
+    # reference: the honest bridge with only node 2 present (weights renormalised to 1)
+    honest = FakeGrid(client_app(cfg), NUM_CLIENTS)
+    honest.ctx = {102: honest.ctx[102]}
+    ref = run_server(honest, cfg)
+    assert all(torch.isfinite(v).all() for v in got.values())
+    assert_close(got, ref, tol=0)
+
+
+def test_all_rejected_leaves_model_unchanged():
+    cfg = tiny_cfg("rounds=1")
+    grid = FakeGrid(client_app(cfg), NUM_CLIENTS, {100 + i: _nan for i in range(NUM_CLIENTS)})
+    init = {}
+    got = run_server(grid, cfg, on_round=lambda t, p, info: init.update(n=len(info["rejected"])))
+    from fedforge.flower.bridge import _experiment
+
+    assert init["n"] == 3
+    assert_close(got, _experiment(cfg)[0].initial_params(), tol=0)
+
+
+def test_validate_reply_directly():
+    template = {"delta": {"w": torch.zeros(2, 3), "b": torch.zeros(3)},
+                "uploads": {"p/c": torch.zeros(3)}}
+    good = {"w": torch.ones(2, 3), "b": torch.ones(3)}
+
+    def reply(delta, uploads=None):
+        return RecordDict({"delta": ArrayRecord(delta),
+                           "uploads": ArrayRecord(uploads or {"p/c": torch.ones(3)})})
+
+    delta, uploads = validate_reply(reply(good), template)
+    assert torch.equal(delta["w"], good["w"]) and torch.equal(uploads["p/c"], torch.ones(3))
+    assert "NaN" in validate_reply(reply({**good, "b": torch.tensor([0, float("inf"), 0])}),
+                                   template)
+    assert "NaN" in validate_reply(reply({**good, "w": torch.full((2, 3), float("nan"))}),
+                                   template)
+    assert "shape" in validate_reply(reply({**good, "w": torch.ones(3, 2)}), template)
+    assert "dtype" in validate_reply(reply({**good, "b": torch.ones(3, dtype=torch.float64)}),
+                                     template)
+    assert "missing keys ['b']" in validate_reply(reply({"w": good["w"]}), template)
+    assert "unexpected" in validate_reply(reply({**good, "x": torch.ones(1)}), template)
+    assert "missing record 'uploads'" in validate_reply(
+        RecordDict({"delta": ArrayRecord(good)}), template)
+    assert "shape" in validate_reply(reply(good, {"p/c": torch.ones(4)}), template)
