@@ -110,37 +110,46 @@ def local_train(cfg: RunConfig, round_: int, client_id: int, params: Params, bro
     return out.mean_delta, out.mean_uploads, new_state, metrics
 
 
+def answer_query(cfg: RunConfig, msg: Message, context: Context) -> Message:
+    """Tell the server which fedforge client (``partition-id``) this node holds."""
+    pid = int(context.node_config["partition-id"])
+    return Message(content=RecordDict({"config": ConfigRecord({"partition-id": pid})}),
+                   reply_to=msg)
+
+
+def answer_train(cfg: RunConfig, msg: Message, context: Context) -> Message:
+    """Run the local round asked for; per-client state persists in ``context.state``."""
+    exp, _ = _experiment(cfg)
+    conf = msg.content["config"]
+    cid, round_ = int(conf["client-id"]), int(conf["round"])
+    if cid != int(context.node_config["partition-id"]):
+        raise ValueError(f"node holds partition {context.node_config['partition-id']}, "
+                         f"server asked for client {cid}")
+    params = _from_record(msg.content["arrays"], exp.device)
+    broadcast = _from_record(msg.content["broadcast"], exp.device)
+    state = (_from_record(context.state[STATE_KEY], exp.device)
+             if STATE_KEY in context.state else None)
+    delta, uploads, new_state, metrics = local_train(cfg, round_, cid, params, broadcast, state)
+    if flatten_dict(new_state):  # SCAFFOLD c_i, FAdamGC y_i / v_i, codec residuals
+        context.state[STATE_KEY] = _to_record(new_state)
+    content = RecordDict({
+        "delta": _to_record(delta), "uploads": _to_record(uploads),
+        "metrics": MetricRecord(metrics),
+    })
+    return Message(content=content, reply_to=msg)
+
+
 def client_app(cfg: RunConfig) -> ClientApp:
     """A Flower ClientApp running ``cfg``'s algorithm for the node's ``partition-id``."""
     app = ClientApp()
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:
-        pid = int(context.node_config["partition-id"])
-        return Message(content=RecordDict({"config": ConfigRecord({"partition-id": pid})}),
-                       reply_to=msg)
+        return answer_query(cfg, msg, context)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
-        exp, _ = _experiment(cfg)
-        conf = msg.content["config"]
-        cid, round_ = int(conf["client-id"]), int(conf["round"])
-        if cid != int(context.node_config["partition-id"]):
-            raise ValueError(f"node holds partition {context.node_config['partition-id']}, "
-                             f"server asked for client {cid}")
-        params = _from_record(msg.content["arrays"], exp.device)
-        broadcast = _from_record(msg.content["broadcast"], exp.device)
-        state = (_from_record(context.state[STATE_KEY], exp.device)
-                 if STATE_KEY in context.state else None)
-        delta, uploads, new_state, metrics = local_train(cfg, round_, cid, params, broadcast,
-                                                         state)
-        if flatten_dict(new_state):  # SCAFFOLD c_i, FAdamGC y_i / v_i, codec residuals
-            context.state[STATE_KEY] = _to_record(new_state)
-        content = RecordDict({
-            "delta": _to_record(delta), "uploads": _to_record(uploads),
-            "metrics": MetricRecord(metrics),
-        })
-        return Message(content=content, reply_to=msg)
+        return answer_train(cfg, msg, context)
 
     return app
 
@@ -283,5 +292,6 @@ def build_apps(cfg: RunConfig, **server_kw) -> tuple[ServerApp, ClientApp]:
     return server_app(cfg, **server_kw), client_app(cfg)
 
 
-__all__: Iterable[str] = ["aggregate", "build_apps", "client_app", "local_train",
+__all__: Iterable[str] = ["aggregate", "answer_query", "answer_train", "build_apps",
+                          "client_app", "local_train",
                           "run_server", "server_app", "validate_reply"]
