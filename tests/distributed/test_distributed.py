@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from safetensors.torch import load_file, save_file
 
 from fedforge.algorithms import ALGORITHMS, build_algorithm
 from fedforge.engine import VmapEngine
@@ -31,9 +32,15 @@ def _worker(rank, port, name, path):
         algo, model, (x, y, idx, w) = _setup(name)
         params, _state, store = _run(algo, DistributedEngine(chunk_size=3), model, x, y, idx, w)
         if rank == 0:
-            torch.save({"params": params}, path)
+            save_file({k: v.contiguous() for k, v in params.items()}, path)
+        # both ranks leave together: a rank destroying gloo while its peer is still in a
+        # collective aborts the peer ("terminate called without an active exception")
+        dist.barrier()
     finally:
         dist.destroy_process_group()
+    # skip interpreter teardown: gloo's background threads can abort a process during static
+    # destruction after the work is done and checked (seen ~1 in 15 runs on 2 cores)
+    os._exit(0)
 
 
 def test_shard_bounds_cover_cohort():
@@ -50,9 +57,9 @@ def test_two_gloo_ranks_equal_one_process(name, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    path = tmp_path / "out.pt"
+    path = tmp_path / "out.safetensors"
     mp.start_processes(_worker, args=(port, name, str(path)), nprocs=2, start_method="spawn",
                        join=True)
-    got = torch.load(path)
+    got = load_file(path)
     for k in ref:
-        torch.testing.assert_close(got["params"][k], ref[k], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got[k], ref[k], rtol=1e-5, atol=1e-6)
