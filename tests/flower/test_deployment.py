@@ -1,7 +1,8 @@
 """A real localhost Flower deployment: SuperLink + 2 SuperNodes (``--insecure``) started as
 subprocesses on 127.0.0.1, ``flwr run`` of a generated app directory, 3 rounds of FedAvg
 through the bridge; the final model equals the fedforge simulator's. About 40 s (every
-ClientApp call starts a fresh ``flwr-clientapp`` process that imports torch), hence slow.
+ClientApp call starts a fresh ``flwr-clientapp`` process that imports torch); it runs in CI
+because the issue asks for a deployment test there (flwr is a test extra).
 """
 
 from __future__ import annotations
@@ -88,7 +89,6 @@ def stop(procs: list[subprocess.Popen]) -> None:
             p.wait(timeout=5)
 
 
-@pytest.mark.slow
 def test_localhost_deployment_three_rounds(tmp_path):
     config = REPO / "examples" / "quickstart.toml"
     out = tmp_path / "model.safetensors"
