@@ -1,0 +1,16 @@
+"""Suite-wide pytest settings.
+
+The default run deselects ``slow`` tests (``addopts = -m 'not slow'``) so a developer's
+``pytest -q`` stays around a minute. CI (``CI=true``, as `.ci/run` is run) also runs them:
+the SIGKILL-many-times resume test, the 500-round soak, the Ray simulation of the Flower
+bridge — about one more minute on 2 cores. An explicit ``-m`` on the command line wins.
+"""
+
+import os
+
+
+def pytest_configure(config):
+    explicit = any(a == "-m" or a.startswith("-m") for a in config.invocation_params.args)
+    in_ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+    if in_ci and not explicit and config.option.markexpr == "not slow":
+        config.option.markexpr = ""
