@@ -8,6 +8,7 @@ from round k draws exactly what an uninterrupted run draws, with no RNG state to
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,10 +39,15 @@ from fedforge.sim.rounds import keep_clients, straggler_clock, straggler_round
 
 
 def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """``auto`` -> CUDA if present; under torchrun, ``auto``/``cuda`` -> ``cuda:$LOCAL_RANK``
+    so each rank of a multi-GPU node gets its own GPU."""
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"engine.device: {name!r} requested but CUDA is not available")
+    if name in ("auto", "cuda") and torch.cuda.is_available():
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        return torch.device(f"cuda:{local_rank % torch.cuda.device_count()}")
+    if name == "auto":
+        return torch.device("cpu")
     return torch.device(name)
 
 
