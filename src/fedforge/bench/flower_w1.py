@@ -11,9 +11,8 @@ from __future__ import annotations
 import time
 
 import torch
-import torch.nn.functional as F
 
-from fedforge.bench.throughput import LR
+from fedforge.bench.throughput import train_client
 
 
 def flower_round(model, x, y, idx, *, device: torch.device, rounds: int = 3) -> float:
@@ -37,12 +36,7 @@ def flower_round(model, x, y, idx, *, device: torch.device, rounds: int = 3) -> 
         cid = int(context.node_config["partition-id"])
         net = arch
         net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-        opt = torch.optim.SGD(net.parameters(), lr=LR)
-        for s in range(idx.shape[1]):
-            b = idx[cid, s]
-            opt.zero_grad(set_to_none=True)
-            F.cross_entropy(net(x[b]), y[b]).backward()
-            opt.step()
+        train_client(net, x, y, idx[cid])
         content = RecordDict({"arrays": ArrayRecord(net.state_dict()),
                               "metrics": MetricRecord({"num-examples": int(idx[cid].numel())})})
         return Message(content=content, reply_to=msg)

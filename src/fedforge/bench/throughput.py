@@ -55,20 +55,25 @@ def make_data(num_clients: int, device: torch.device, work: Workload = W1):
     return x, y, idx.view(num_clients, work.steps, work.batch).to(device)
 
 
+def train_client(model, x, y, client_idx, precision: str = "fp32") -> None:
+    """One client's local epoch the way most FL code writes it: ``torch.optim.SGD`` over its
+    batches ``client_idx [steps, batch]``. Shared by the plain-loop and Flower baselines."""
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    for b in client_idx:
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(x.device.type, torch.bfloat16, enabled=precision == "bf16"):
+            logits = model(x[b])
+        F.cross_entropy(logits.float(), y[b]).backward()
+        opt.step()
+
+
 def plain_loop(model, x, y, idx, precision: str = "fp32") -> None:
-    """The baseline: reload the global model per client, torch.optim.SGD, average."""
+    """The baseline: reload the global model per client, train, average."""
     global_state = {k: v.clone() for k, v in model.state_dict().items()}
     acc = {k: torch.zeros_like(v) for k, v in global_state.items()}
     for c in range(idx.shape[0]):
         model.load_state_dict(global_state)
-        opt = torch.optim.SGD(model.parameters(), lr=LR)
-        for s in range(idx.shape[1]):
-            b = idx[c, s]
-            opt.zero_grad(set_to_none=True)
-            with torch.autocast(x.device.type, torch.bfloat16, enabled=precision == "bf16"):
-                logits = model(x[b])
-            F.cross_entropy(logits.float(), y[b]).backward()
-            opt.step()
+        train_client(model, x, y, idx[c], precision)
         for k, v in model.state_dict().items():
             acc[k] += v / idx.shape[0]
     model.load_state_dict(acc)
