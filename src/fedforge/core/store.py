@@ -26,9 +26,12 @@ class ClientStore:
         self.device = torch.device(storage) if storage is not None else self.compute_device
         pin = self.device.type == "cpu" and self.compute_device.type == "cuda"
         # template: one client's state, e.g. {"scaffold": {"c": {"w": tensor}}}
-        self.state: dict = tree_map(
-            lambda t: self._alloc(num_clients, t, pin), template,
-        )
+        rows = self.num_rows()
+        self.state: dict = tree_map(lambda t: self._alloc(rows, t, pin), template)
+
+    def num_rows(self) -> int:
+        """Rows this store holds (all clients here; a rank's share in a sharded store)."""
+        return self.num_clients
 
     def _alloc(self, n: int, t: torch.Tensor, pin: bool) -> torch.Tensor:
         out = torch.empty((n, *t.shape), dtype=t.dtype, device=self.device, pin_memory=pin)

@@ -2,10 +2,16 @@
 
 Each rank runs a contiguous, deterministic shard of the sampled cohort with the
 VmapEngine; the weighted delta sum and the upload sums are all-reduced (SUM), and the new
-client states and metrics are all-gathered so every rank holds the same store. With no
-process group initialised it is exactly the VmapEngine. gloo on CPU, NCCL on GPU: the
-backend is picked in :func:`init_distributed`. Rank 0 owns evaluation, metrics and
-checkpoints (the runner checks :func:`is_main_rank`).
+client states and metrics are all-gathered. With no process group initialised it is
+exactly the VmapEngine. gloo on CPU, NCCL on GPU: the backend is picked in
+:func:`init_distributed`. Rank 0 owns evaluation, metrics and checkpoints (the runner checks
+:func:`is_main_rank`).
+
+Per-client persistent state is sharded by client id (:class:`ShardedClientStore`): rank r
+keeps the rows of clients ``r, r + W, r + 2W, ...``, so the population's state (SCAFFOLD c_i,
+FAdamGC y_i/v_i, error feedback) costs each rank 1/W of the memory. Only the sampled cohort's
+rows travel: assembled on every rank before the round (one SUM all-reduce of owner-filled
+rows) and written back by their owners after it.
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ import torch
 import torch.distributed as dist
 
 from fedforge.algorithms.base import Algorithm
-from fedforge.core.tree import tree_index, tree_map, tree_map2
+from fedforge.core.store import ClientStore
+from fedforge.core.tree import PyTree, flatten_dict, tree_index, tree_map, tree_map2
 from fedforge.engine.base import CohortInputs, CohortOutput, _cat
 from fedforge.engine.local import LossFn
 from fedforge.engine.vmap import VmapEngine
@@ -36,6 +43,18 @@ def init_distributed() -> bool:
 def is_main_rank() -> bool:
     """True on rank 0 or when not distributed: that process writes metrics/checkpoints."""
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def world_size() -> int:
+    """Ranks in the default group (1 when not distributed)."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def barrier() -> None:
+    """Wait for every rank (no-op when not distributed): e.g. after rank 0 wrote a checkpoint
+    that the others may read."""
+    if world_size() > 1:
+        dist.barrier()
 
 
 def shard_bounds(num_clients: int, rank: int, world: int) -> tuple[int, int]:
@@ -102,3 +121,89 @@ def _leaves(tree):
             yield from _leaves(v)
     elif isinstance(tree, torch.Tensor):
         yield tree
+
+
+def make_client_store(num_clients: int, template: dict, device: torch.device | str = "cpu",
+                      storage: torch.device | str | None = None) -> ClientStore:
+    """A :class:`ShardedClientStore` under a multi-rank process group, else a plain store."""
+    if world_size() > 1:
+        return ShardedClientStore(num_clients, template, device, storage)
+    return ClientStore(num_clients, template, device, storage)
+
+
+class ShardedClientStore(ClientStore):
+    """Client state sharded by id over the ranks: rank r holds clients ``r::W`` (row i//W).
+
+    Same interface as :class:`ClientStore`, so rounds, screening and robust aggregation see
+    the whole cohort's state as before. ``gather`` and ``state_dict`` are collectives: every
+    rank must call them, with the same ids. ``state_dict`` assembles the full
+    ``[num_clients, ...]`` layout on rank 0 only (others get ``{}``), so a checkpoint written by
+    N ranks loads in one process and vice versa; ``load_state_dict`` takes the full layout.
+    """
+
+    def __init__(self, num_clients: int, template: dict, device: torch.device | str = "cpu",
+                 storage: torch.device | str | None = None) -> None:
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        super().__init__(num_clients, template, device, storage)
+
+    def num_rows(self) -> int:
+        return len(range(self.rank, self.num_clients, self.world))
+
+    def _comm_device(self) -> torch.device:
+        # NCCL moves CUDA tensors only; gloo moves CPU tensors (and CUDA ones through the host)
+        return self.compute_device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+    def _owned(self, client_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (positions in ``client_ids`` this rank owns, their rows in this shard)."""
+        ids = client_ids.cpu()
+        pos = torch.nonzero(ids % self.world == self.rank).flatten()
+        return pos, ids[pos] // self.world
+
+    def gather(self, client_ids: torch.Tensor) -> PyTree:
+        if self.empty:
+            return {}
+        pos, rows = self._owned(client_ids)
+        dev, comm = self.compute_device, self._comm_device()
+
+        def assemble(s: torch.Tensor) -> torch.Tensor:
+            full = torch.zeros((client_ids.numel(), *s.shape[1:]), dtype=s.dtype, device=comm)
+            full[pos.to(comm)] = s[rows.to(s.device)].to(comm)
+            dist.all_reduce(full, op=dist.ReduceOp.SUM)  # one owner per row: the sum is a copy
+            return full.to(dev, non_blocking=True)
+
+        return tree_map(assemble, self.state)
+
+    def scatter(self, client_ids: torch.Tensor, values: PyTree) -> None:
+        if self.empty:
+            return
+        pos, rows = self._owned(client_ids)
+        flat_store, flat_new = flatten_dict(self.state), flatten_dict(values)
+        for name, dst in flat_store.items():
+            new = flat_new[name][pos.to(flat_new[name].device)]
+            dst[rows.to(dst.device)] = new.to(dst.dtype).to(self.device)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Full layout on rank 0 (``{}`` on the others); every rank must call it."""
+        comm, full = self._comm_device(), {}
+        per_rank = -(-self.num_clients // self.world)  # shards padded to equal length
+        for name, shard in flatten_dict(self.state).items():
+            padded = torch.zeros((per_rank, *shard.shape[1:]), dtype=shard.dtype, device=comm)
+            padded[: shard.shape[0]] = shard.to(comm)
+            parts = ([torch.empty_like(padded) for _ in range(self.world)]
+                     if self.rank == 0 else None)
+            dist.gather(padded, parts, dst=0)
+            if self.rank == 0:
+                out = torch.empty((self.num_clients, *shard.shape[1:]), dtype=shard.dtype)
+                for r, part in enumerate(parts):
+                    n = len(range(r, self.num_clients, self.world))
+                    out[r:: self.world] = part[:n].cpu()
+                full[name] = out
+        return full
+
+    def load_state_dict(self, flat: dict[str, torch.Tensor]) -> None:
+        for name, t in flat.items():
+            if t.shape[0] != self.num_clients:
+                raise ValueError(f"client state {name!r}: expected {self.num_clients} rows "
+                                 f"(the full layout), got {t.shape[0]}")
+        # clone: a strided view would keep the whole population's tensor alive
+        super().load_state_dict({k: t[self.rank:: self.world].clone() for k, t in flat.items()})

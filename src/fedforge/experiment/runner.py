@@ -23,7 +23,12 @@ from fedforge.data import FederatedDataset, build_federated_dataset, load_datase
 from fedforge.data.batching import client_batches
 from fedforge.data.federated import gather_round_indices
 from fedforge.engine import ChunkedEngine, build_engine, classification_loss
-from fedforge.engine.distributed import init_distributed, is_main_rank
+from fedforge.engine.distributed import (
+    barrier,
+    init_distributed,
+    is_main_rank,
+    make_client_store,
+)
 from fedforge.engine.local import set_matmul_precision
 from fedforge.experiment.checkpoint import load_checkpoint, save_checkpoint
 from fedforge.experiment.config import RunConfig, algorithm_kwargs, dump_config
@@ -81,7 +86,8 @@ class Experiment:
         model = model.to(device)
         algorithm = build_algorithm(cfg.algorithm.name, **algorithm_kwargs(cfg))
         algorithm.bind_data(data.input_shape, data.num_classes)  # e.g. FedPTR's synthetic set
-        engine_kw = {} if cfg.engine.name == "loop" else {"chunk_size": cfg.engine.chunk_size}
+        engine_kw = {} if cfg.engine.name == "loop" else {
+            "chunk_size": cfg.engine.chunk_size, "compile": cfg.engine.compile}
         engine = build_engine(cfg.engine.name, **engine_kw)
         robust = build_robust(cfg, data)  # may flip attackers' labels in data.train_y
         if robust is not None:
@@ -135,7 +141,7 @@ def run_experiment(
     """Run ``cfg``, writing ``out_dir/{config.resolved.toml, metrics.jsonl, checkpoints/}``."""
     from fedforge.experiment.progress import RoundProgress
 
-    out = Path(out_dir)
+    out = run_dir = Path(out_dir)
     if cfg.engine.name == "distributed" and init_distributed() and not is_main_rank():
         out = out / f"rank{torch.distributed.get_rank()}"  # rank 0 owns the run directory
     out.mkdir(parents=True, exist_ok=True)
@@ -145,13 +151,15 @@ def run_experiment(
     loss_fn = classification_loss(exp.model, cfg.engine.precision)
     params = exp.initial_params()
     server_state = exp.algorithm.server_init(params)
-    store = ClientStore(exp.data.num_clients, exp.algorithm.client_init(params), exp.device,
-                        storage="cpu" if cfg.engine.client_state == "host" else None)
+    # under torchrun each rank keeps its share of the clients' state (sharded by client id)
+    store = make_client_store(exp.data.num_clients, exp.algorithm.client_init(params),
+                              exp.device, storage="cpu" if cfg.engine.client_state == "host"
+                              else None)
     start, wall_offset, bytes_up, bytes_down = 1, 0.0, 0, 0
     sim_time_s = 0.0  # simulated seconds (fedforge.sim.cost), cumulative
     lr_scale, rollbacks = 1.0, 0  # divergence rollbacks so far and the local-lr factor
     distill_s = 0.0
-    ckpt_dir = out / "checkpoints"
+    ckpt_dir = run_dir / "checkpoints"  # written by rank 0, read by every rank on resume
     if resume and (ckpt_dir / "latest.json").is_file():
         tensors, meta = load_checkpoint(ckpt_dir, exp.device)
         params, loaded = tensors["params"], tensors.get("server", {})
@@ -245,17 +253,20 @@ def run_experiment(
                     record["distill_s"] = round(distill_s, 3)
                 metrics.write(record)
             if t % cfg.checkpoint.every == 0 or t == cfg.rounds:
-                save_checkpoint(
-                    ckpt_dir, t,
-                    {"params": params, "server": server_state, "clients": store.state_dict()},
-                    {"wall_s": time.perf_counter() - t0, "bytes_up": bytes_up,
-                     "bytes_down": bytes_down, "seed": cfg.seed, "distill_s": distill_s,
-                     "sim_time_s": sim_time_s,
-                     "sim_clock": stragglers.state_dict() if stragglers is not None else None,
-                     "lr_scale": lr_scale, "rollbacks": rollbacks,
-                     "rng": "derived per round from (seed, round)"},
-                    keep=cfg.checkpoint.keep,
-                )
+                clients = store.state_dict()  # a collective when sharded: every rank
+                if is_main_rank():
+                    save_checkpoint(
+                        ckpt_dir, t,
+                        {"params": params, "server": server_state, "clients": clients},
+                        {"wall_s": time.perf_counter() - t0, "bytes_up": bytes_up,
+                         "bytes_down": bytes_down, "seed": cfg.seed, "distill_s": distill_s,
+                         "sim_time_s": sim_time_s,
+                         "sim_clock": stragglers.state_dict() if stragglers is not None else None,
+                         "lr_scale": lr_scale, "rollbacks": rollbacks,
+                         "rng": "derived per round from (seed, round)"},
+                        keep=cfg.checkpoint.keep,
+                    )
+                barrier()  # the other ranks may read it (resume, rollback)
             bar.advance(t, record)
     return history
 
