@@ -30,6 +30,14 @@ class VmapEngine(ChunkedEngine):
     chunk is also capped (``cpu_max_chunk``): a CPU is already saturated by one client's
     batch, and wide vmaps only add memory traffic (W1 on 2 cores: 5.0 updates/s at chunks
     1-8, 2.7 at 64; see benchmarks/RESULTS.md).
+
+    ``compile=True`` (opt-in, meant for GPUs) passes each vmapped chunk function through
+    ``torch.compile``: the whole local round (every step unrolled) becomes one graph per
+    (algorithm, loss, masked) function. The first call of each compiles (minutes on a small
+    CPU); a ragged last chunk recompiles once with a dynamic client axis. Results equal the
+    eager engine to float tolerance (tests/engine/test_compile.py). All compiled chunk
+    functions of a process share dynamo's recompile limit (8 by default), past which dynamo
+    falls back to eager with a warning. On a 2-core CPU it does not pay (benchmarks/RESULTS.md).
     """
 
     name = "vmap"
@@ -42,6 +50,7 @@ class VmapEngine(ChunkedEngine):
         state_factor: int = 10,
         cpu_max_chunk: int = 8,
         keep_deltas: bool = False,
+        compile: bool = False,
     ) -> None:
         super().__init__(keep_deltas=keep_deltas)
         if chunk_size != "auto" and (not isinstance(chunk_size, int) or chunk_size < 1):
@@ -52,6 +61,7 @@ class VmapEngine(ChunkedEngine):
         self.memory_fraction = memory_fraction
         self.state_factor = state_factor
         self.cpu_max_chunk = cpu_max_chunk
+        self.compile = compile
 
     def chunk_size(self, inputs: CohortInputs, x_all: torch.Tensor) -> int:
         if self._chunk != "auto":
@@ -71,4 +81,5 @@ class VmapEngine(ChunkedEngine):
 
     def wrap(self, fn: Callable) -> Callable:
         # global params and broadcast are shared; everything per-client has a leading axis
-        return torch.func.vmap(fn, in_dims=(None, None, 0, 0, 0, 0, 0))
+        chunk_fn = torch.func.vmap(fn, in_dims=(None, None, 0, 0, 0, 0, 0))
+        return torch.compile(chunk_fn) if self.compile else chunk_fn
