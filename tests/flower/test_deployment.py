@@ -1,16 +1,20 @@
-"""A real localhost Flower deployment: SuperLink + 2 SuperNodes (``--insecure``) started as
-subprocesses on 127.0.0.1, ``flwr run`` of a generated app directory, 3 rounds of FedAvg
-through the bridge; the final model equals the fedforge simulator's. About 40 s (every
-ClientApp call starts a fresh ``flwr-clientapp`` process that imports torch); it runs in CI
+"""A real localhost Flower deployment: SuperLink + 2 SuperNodes started as subprocesses on
+127.0.0.1, ``flwr run`` of a generated app directory, 3 rounds of FedAvg through the bridge;
+the final model equals the fedforge simulator's. Run twice: ``--insecure`` and TLS with a
+throwaway CA made here with ``cryptography`` (no openssl CLI needed). 40-65 s each (every
+ClientApp call starts a fresh ``flwr-clientapp`` process that imports torch); they run in CI
 because the issue asks for a deployment test there (flwr is a test extra).
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import ipaddress
 import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 from pathlib import Path
@@ -21,6 +25,10 @@ pytest.importorskip("flwr", reason="the Flower bridge needs `pip install 'fedfor
 if shutil.which("flower-superlink") is None or shutil.which("flower-supernode") is None:
     pytest.skip("flower-superlink / flower-supernode not on PATH", allow_module_level=True)
 
+from cryptography import x509  # noqa: E402  (a dependency of flwr)
+from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
+from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from fedforge.experiment.config import load_config  # noqa: E402
@@ -60,6 +68,57 @@ fedforge-out = "{out}"
 """
 
 
+def make_certs(folder: Path) -> tuple[Path, Path, Path]:
+    """Write a throwaway CA and a server certificate for 127.0.0.1 / localhost into ``folder``.
+
+    Returns ``(ca.crt, server.pem, server.key)``. EC P-256 keys: generated in milliseconds.
+    The server certificate's SANs must name the address the SuperNodes and ``flwr`` dial.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.timezone.utc)
+    start, end = now - dt.timedelta(minutes=5), now + dt.timedelta(days=1)
+
+    def name(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (x509.CertificateBuilder()
+          .subject_name(name("fedforge test CA")).issuer_name(name("fedforge test CA"))
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(start).not_valid_after(end)
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .add_extension(x509.KeyUsage(
+              digital_signature=True, key_cert_sign=True, crl_sign=True,
+              content_commitment=False, key_encipherment=False, data_encipherment=False,
+              key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
+                         critical=False)
+          .sign(ca_key, hashes.SHA256()))
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    server = (x509.CertificateBuilder()
+              .subject_name(name("localhost")).issuer_name(ca.subject)
+              .public_key(key.public_key()).serial_number(x509.random_serial_number())
+              .not_valid_before(start).not_valid_after(end)
+              .add_extension(x509.SubjectAlternativeName([
+                  x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                  x509.DNSName("localhost")]), critical=False)
+              .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+              .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
+                             critical=False)
+              .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
+                  ca_key.public_key()), critical=False)
+              .sign(ca_key, hashes.SHA256()))
+
+    paths = folder / "ca.crt", folder / "server.pem", folder / "server.key"
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(server.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return paths
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -76,6 +135,14 @@ def wait_port(port: int, timeout: float) -> None:
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
 
 
+def tls_handshake(port: int, ca: Path) -> None:
+    """Fail unless the port speaks TLS with a certificate the CA vouches for, for 127.0.0.1."""
+    ctx = ssl.create_default_context(cafile=str(ca))
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s:
+            assert s.version() is not None
+
+
 def stop(procs: list[subprocess.Popen]) -> None:
     """SIGTERM each started process group (the daemons' own children included), then KILL."""
     for p in reversed(procs):
@@ -89,19 +156,30 @@ def stop(procs: list[subprocess.Popen]) -> None:
             p.wait(timeout=5)
 
 
-def test_localhost_deployment_three_rounds(tmp_path):
+@pytest.mark.parametrize("mode", ["insecure", "tls"])
+def test_localhost_deployment_three_rounds(tmp_path: Path, mode: str) -> None:
+    """Same deployment, same checks; only the SuperLink link's transport differs by mode."""
     config = REPO / "examples" / "quickstart.toml"
     out = tmp_path / "model.safetensors"
     app = tmp_path / "app"
     app.mkdir()
     (app / "pyproject.toml").write_text(
         PYPROJECT.format(config=config, overrides=OVERRIDES, out=out))
+    link = free_port()
+    if mode == "tls":
+        ca, cert, key = make_certs(tmp_path / "certs")
+        link_flags = ["--ssl-ca-certfile", str(ca), "--ssl-certfile", str(cert),
+                      "--ssl-keyfile", str(key)]
+        node_flags = ["--root-certificates", str(ca)]
+        connection = f'root-certificates = "{ca}"'  # flwr wants an absolute path here
+    else:
+        link_flags = node_flags = ["--insecure"]
+        connection = "insecure = true"
     home = tmp_path / "flwr_home"
     home.mkdir()
-    link = free_port()
     (home / "config.toml").write_text(
         f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
-        f'address = "127.0.0.1:{link}"\ninsecure = true\n')
+        f'address = "127.0.0.1:{link}"\n{connection}\n')
     env = {**os.environ, "FLWR_HOME": str(home), "OMP_NUM_THREADS": "1"}
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -113,11 +191,13 @@ def test_localhost_deployment_three_rounds(tmp_path):
                                       stderr=subprocess.STDOUT))
 
     try:
-        start("superlink", "flower-superlink", "--insecure", "--port", str(link),
+        start("superlink", "flower-superlink", *link_flags, "--port", str(link),
               "--database", str(tmp_path / "state.db"))
         wait_port(link, 30)
+        if mode == "tls":
+            tls_handshake(link, ca)
         for i in range(2):
-            start(f"supernode{i}", "flower-supernode", "--insecure",
+            start(f"supernode{i}", "flower-supernode", *node_flags,
                   "--superlink", f"127.0.0.1:{link}", "--port", str(free_port()),
                   "--node-config", f"partition-id={i} num-partitions=2")
         run = subprocess.run(["flwr", "run", ".", "local", "--stream"], cwd=app, env=env,
