@@ -106,15 +106,23 @@ class TaskExecutor:
         return self._fns[masked]
 
     def _compute(self, jobs: list[Job]) -> None:
+        deltas, losses = self.train_jobs(jobs, self.versions)
+        self._store(jobs, deltas, losses)
+
+    def train_jobs(self, jobs: list[Job], versions: dict) -> tuple[Params, list[float]]:
+        """Local rounds of ``jobs`` in one vmapped call -> (deltas ``[J, ...]``, losses)."""
         sample_idx, mask = self.batch_inputs(jobs)  # [J, tau, B]
-        params = tree_stack([self.versions[j.version][0] for j in jobs])  # [J, ...]
-        bcast = tree_stack([self.versions[j.version][1] for j in jobs])  # [J, ...] per leaf
+        params = tree_stack([versions[j.version][0] for j in jobs])  # [J, ...]
+        bcast = tree_stack([versions[j.version][1] for j in jobs])  # [J, ...] per leaf
         empty: dict = {}
         masked = bool((mask.sum(-1) == 0).any())
         out = self._fn(masked)(params, bcast, empty, empty, self.x_all[sample_idx],
                                self.y_all[sample_idx], mask)  # deltas [J, ...]
         self.batches_run += 1
+        return out.delta, out.metrics["loss"].tolist()
+
+    def _store(self, jobs: list[Job], deltas: Params, losses: list[float]) -> None:
         for i, j in enumerate(jobs):
-            self.results[j.job_id] = (tree_index(out.delta, i), float(out.metrics["loss"][i]),
+            self.results[j.job_id] = (tree_index(deltas, i), losses[i],
                                       self.versions[j.version][0])
             del self.waiting[j.job_id]

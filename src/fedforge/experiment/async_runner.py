@@ -19,6 +19,12 @@ import numpy as np
 import torch
 
 from fedforge.algorithms import build_algorithm
+from fedforge.asyncfl.distributed import (
+    ScatteredExecutor,
+    link_executors,
+    serve_jobs,
+    stop_workers,
+)
 from fedforge.asyncfl.executor import TaskExecutor
 from fedforge.asyncfl.fedast import ASYNC_METHODS, AsyncDriver, AsyncOptions
 from fedforge.asyncfl.partition import dirichlet_fixed_size
@@ -29,6 +35,7 @@ from fedforge.asyncfl.task import Task
 from fedforge.core.schedules import first_value
 from fedforge.data import FederatedDataset, build_federated_dataset, load_dataset
 from fedforge.engine import build_engine, classification_loss
+from fedforge.engine.distributed import init_distributed, is_main_rank, world_size
 from fedforge.experiment.checkpoint import load_checkpoint, save_checkpoint
 from fedforge.experiment.evaluate import evaluate
 from fedforge.experiment.multitask import MultiTaskConfig, TaskConfig, dump_multitask
@@ -58,7 +65,8 @@ def _scalar(hp: dict, key: str, default: float) -> float:
     return float(first_value(v)) if not isinstance(v, (int, float)) else float(v)
 
 
-def build_tasks(cfg: MultiTaskConfig, device: torch.device) -> list[Task]:
+def build_tasks(cfg: MultiTaskConfig, device: torch.device,
+                executor_cls: type[TaskExecutor] = TaskExecutor) -> list[Task]:
     tasks = []
     max_batch = 1 if cfg.engine.name == "loop" else cfg.async_.max_batch
     for m, tc in enumerate(cfg.tasks):
@@ -69,7 +77,7 @@ def build_tasks(cfg: MultiTaskConfig, device: torch.device) -> list[Task]:
         alg = build_algorithm(tc.algorithm.name, **tc.algorithm.hparams)
         params = {k: v.detach().clone() for k, v in model.named_parameters()}
         loss_fn = classification_loss(model, cfg.engine.precision)
-        ex = TaskExecutor(m, alg, loss_fn, data.train_x, data.train_y, data.index_table,
+        ex = executor_cls(m, alg, loss_fn, data.train_x, data.train_y, data.index_table,
                           data.client_sizes().cpu(), tc.client.local_steps, tc.client.batch_size,
                           cfg.seed, params, max_batch=max_batch)
         server = BufferedServer(alg, params, 1, cfg.system.num_clients)
@@ -136,10 +144,21 @@ def run_multitask(cfg: MultiTaskConfig, out_dir: str | Path, *, resume: bool = F
                   progress: bool = True) -> list[dict]:
     """Run a multi-task config; returns the metric records (see the module docstring)."""
     out = Path(out_dir)
+    device = resolve_device(cfg.engine.device)
+    scattered = False  # async methods under torchrun: rank 0 simulates, all ranks train
+    if cfg.engine.name == "distributed" and init_distributed() and world_size() > 1:
+        if cfg.method in ASYNC_METHODS:
+            if not is_main_rank():
+                serve_jobs(build_tasks(cfg, device))
+                return []
+            scattered = True
+        elif not is_main_rank():  # sync methods: every rank runs the (deterministic) driver
+            out = out / f"rank{torch.distributed.get_rank()}"
     out.mkdir(parents=True, exist_ok=True)
     dump_multitask(cfg, out / "config.resolved.toml")
-    device = resolve_device(cfg.engine.device)
-    tasks = build_tasks(cfg, device)
+    tasks = build_tasks(cfg, device, ScatteredExecutor if scattered else TaskExecutor)
+    if scattered:
+        link_executors(tasks)
     driver = build_driver(cfg, tasks, device)
     ckpt_dir, metrics_path, events_path = out / "checkpoints", out / "metrics.jsonl", \
         out / "events.jsonl"
@@ -187,7 +206,12 @@ def run_multitask(cfg: MultiTaskConfig, out_dir: str | Path, *, resume: bool = F
                              "seed": cfg.seed}, keep=cfg.checkpoint.keep)
             next_ckpt[0] = (driver.c // cfg.checkpoint.every + 1) * cfg.checkpoint.every
 
-    driver.run(on_eval, max_updates=cfg.max_updates, max_time=cfg.max_time, on_update=on_update)
+    try:
+        driver.run(on_eval, max_updates=cfg.max_updates, max_time=cfg.max_time,
+                   on_update=on_update)
+    finally:
+        if scattered:
+            stop_workers()
     flush_events()
     write_summary(out, cfg, driver, time.perf_counter() - t0)
     return records
