@@ -4,9 +4,12 @@ epoch) and W2 (ResNet-18-GN on 32x32, 20 steps of batch 50).
 Measures client updates per second for a plain sequential PyTorch loop (``nn.Module`` +
 ``torch.optim.SGD`` per client, the way most FL code is written), fedforge's LoopEngine and
 VmapEngine — and Flower's simulation engine when ``flwr[simulation]`` is installed — in one
-process on the same data. An engine name may carry a precision: ``vmap:bf16``, ``plain:bf16``.
+process on the same data. An engine name may carry a precision: ``vmap:bf16``, ``plain:bf16``,
+and the vmap engine ``:compile`` (``torch.compile`` of the chunk function, ``vmap:compile``,
+``vmap:bf16:compile``): its one engine/algorithm/loss are reused across calls, so the warm-up
+call compiles and the timed calls run the compiled graph; the warm-up time is printed.
 
-    fedforge bench w1 --cohorts 10,100 --engines plain,loop,vmap,vmap:bf16
+    fedforge bench w1 --cohorts 10,100 --engines plain,loop,vmap,vmap:bf16,vmap:compile
 """
 
 from __future__ import annotations
@@ -79,20 +82,27 @@ def plain_loop(model, x, y, idx, precision: str = "fp32") -> None:
     model.load_state_dict(acc)
 
 
-def fedforge_round(engine, model, x, y, idx, precision: str = "fp32") -> None:
-    algo = build_algorithm("fedavg", local_lr=LR)
+def fedforge_round(engine, model, x, y, idx, precision: str = "fp32", algo=None,
+                   loss_fn=None) -> None:
+    algo = algo or build_algorithm("fedavg", local_lr=LR)
+    loss_fn = loss_fn or classification_loss(model, precision)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     store = ClientStore(idx.shape[0], {})
     weights = torch.ones(idx.shape, device=x.device)
-    federated_round(algo, engine, classification_loss(model, precision), params,
+    federated_round(algo, engine, loss_fn, params,
                     algo.server_init(params), store, torch.arange(idx.shape[0]), x, y, idx,
                     weights)
 
 
+LAST_WARMUP_S: list[float] = [0.0]  # seconds of the latest ``timed`` warm-up call
+
+
 def timed(fn: Callable[[], None], device: torch.device, repeats: int) -> float:
-    fn()  # warm-up (allocations, lazy init, vmap tracing)
+    t0 = time.perf_counter()
+    fn()  # warm-up (allocations, lazy init, vmap tracing, torch.compile)
     if device.type == "cuda":
         torch.cuda.synchronize()
+    LAST_WARMUP_S[0] = time.perf_counter() - t0
     t0 = time.perf_counter()
     for _ in range(repeats):
         fn()
@@ -102,10 +112,18 @@ def timed(fn: Callable[[], None], device: torch.device, repeats: int) -> float:
 
 
 def runner(name: str, chunk, data, device: torch.device) -> Callable[[], None]:
-    engine, _, precision = name.partition(":")
-    precision = precision or "fp32"
+    engine, *flags = name.split(":")
+    compile_ = "compile" in flags
+    precision = next((f for f in flags if f != "compile"), "fp32")
     if engine not in ENGINES:
         raise ValueError(f"--engines: unknown engine {engine!r}; expected one of {ENGINES}")
+    if compile_ and engine != "vmap":
+        raise ValueError(f"--engines: ':compile' is a vmap option, got {name!r}")
+    if compile_:  # one engine/algorithm/loss, so the compiled graph is reused, not recompiled
+        eng = VmapEngine(chunk_size=chunk, compile=True)
+        algo = build_algorithm("fedavg", local_lr=LR)
+        loss_fn = classification_loss(data[0], precision)
+        return lambda: fedforge_round(eng, *data, precision, algo=algo, loss_fn=loss_fn)
     if engine == "plain":
         return lambda: plain_loop(*data, precision)
     if engine == "loop":
@@ -140,6 +158,7 @@ def run_w1(cohorts: list[int], engines: list[str], device: torch.device, chunk="
             ratio = None if plain_rate is None else f"{rate / plain_rate:.2f}x"
             rows.append([name, cohort, rate, peak, ratio])
             mem = f", peak {peak:.2f} GiB" if peak is not None else ""
-            print(f"{work.name} {name:11s} cohort {cohort:5d}: {rate:8.1f} client updates/s{mem}",
-                  flush=True)
+            warm = "" if name == "flower" else f", warm-up call {LAST_WARMUP_S[0]:.1f} s"
+            print(f"{work.name} {name:11s} cohort {cohort:5d}: {rate:8.1f} client updates/s{mem}"
+                  f"{warm}", flush=True)
     return rows
