@@ -2,7 +2,8 @@
 
 The store test checks the layout by hand (rank r holds clients r, r+2, ...); the run test
 checks that a 2-rank SCAFFOLD run (state in every client) writes the same checkpoint as one
-process, and that one process resumes it to the same model as an uninterrupted run.
+process, and that checkpoints resume across world sizes both ways (2 ranks -> 1 process and
+1 process -> 2 ranks) to the same model and client states.
 """
 
 import os
@@ -84,29 +85,32 @@ def _cfg(*extra: str):
     return load_config("examples/quickstart.toml", [*OVERRIDES, *extra])
 
 
-def _run_worker(rank, port, out):
+def _run_worker(rank, port, out, *overrides):
     _init(rank, port)
     torch.set_num_threads(1)
-    run_experiment(_cfg("engine.name=distributed", "engine.chunk_size=2"), out, progress=False)
+    cfg = _cfg("engine.name=distributed", "engine.chunk_size=2", *overrides)
+    run_experiment(cfg, out, resume="rounds=3" in overrides, progress=False)
     _leave()
+
+
+def _assert_same(run_a, run_b):
+    ta, tb = (load_checkpoint(run / "checkpoints")[0] for run in (run_a, run_b))
+    for part in ("params", "clients"):
+        a, b = flatten_dict(ta[part]), flatten_dict(tb[part])
+        assert a.keys() == b.keys() and a, part
+        for k in b:
+            torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=f"{part}/{k}")
 
 
 def test_two_ranks_shard_state_and_checkpoint_like_one_process(tmp_path):
     two, one = tmp_path / "two", tmp_path / "one"
     _spawn(_run_worker, str(two))
     run_experiment(_cfg("engine.chunk_size=2"), one, progress=False)
-    (t2, m2), (t1, m1) = load_checkpoint(two / "checkpoints"), load_checkpoint(one / "checkpoints")
-    assert m2["round"] == m1["round"] == 2
+    assert load_checkpoint(two / "checkpoints")[1]["round"] == 2
     assert not (two / "rank1" / "checkpoints").exists()  # rank 0 alone writes checkpoints
-    for part in ("params", "clients"):
-        a, b = flatten_dict(t2[part]), flatten_dict(t1[part])
-        assert a.keys() == b.keys() and a, part
-        for k in b:
-            torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=f"{part}/{k}")
-    # the 2-rank checkpoint has the one-process layout: one process resumes it
-    run_experiment(_cfg("rounds=3"), two, resume=True, progress=False)
-    run_experiment(_cfg("rounds=3"), one, resume=True, progress=False)
-    (t2, _), (t1, _) = load_checkpoint(two / "checkpoints"), load_checkpoint(one / "checkpoints")
-    a, b = flatten_dict(t2["params"]), flatten_dict(t1["params"])
-    for k in b:
-        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
+    _assert_same(two, one)  # parameters and every client's c_i
+    # checkpoints keep the one-process layout: resume across world sizes, both ways
+    run_experiment(_cfg("rounds=3", "engine.chunk_size=2"), two, resume=True, progress=False)
+    _spawn(_run_worker, str(one), "rounds=3")
+    assert load_checkpoint(one / "checkpoints")[1]["round"] == 3
+    _assert_same(two, one)

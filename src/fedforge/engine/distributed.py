@@ -201,6 +201,7 @@ class ShardedClientStore(ClientStore):
         return full
 
     def load_state_dict(self, flat: dict[str, torch.Tensor]) -> None:
+        flat = flatten_dict(flat)  # a checkpoint's nested dict or a flat one
         for name, t in flat.items():
             if t.shape[0] != self.num_clients:
                 raise ValueError(f"client state {name!r}: expected {self.num_clients} rows "
