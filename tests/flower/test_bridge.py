@@ -19,7 +19,7 @@ from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from fedforge.experiment.checkpoint import load_checkpoint  # noqa: E402
 from fedforge.experiment.config import load_config  # noqa: E402
-from fedforge.experiment.runner import run_experiment  # noqa: E402
+from fedforge.experiment.runner import read_metrics, run_experiment  # noqa: E402
 from fedforge.flower import client_app, run_server, validate_reply  # noqa: E402
 
 NUM_CLIENTS = 6
@@ -67,9 +67,10 @@ def assert_close(a: dict, b: dict, tol: float = TOL) -> None:
         torch.testing.assert_close(a[k], b[k], rtol=tol, atol=tol, msg=k)
 
 
-@pytest.mark.parametrize("algo", ["fedavg", "scaffold"])
+@pytest.mark.parametrize("algo", ["fedavg", "scaffold", "safl"])
 def test_bridge_equals_simulator(algo, tmp_path):
-    """FedAvg, and SCAFFOLD whose c_i lives in context.state between rounds."""
+    """FedAvg; SCAFFOLD, whose c_i lives in context.state between rounds; SAFL, whose
+    sketched delta travels as the compact sketch and is desketched by the server."""
     cfg = tiny_cfg(f"algorithm.name={algo}", "rounds=3")
     seen = []
     got = run_server(FakeGrid(client_app(cfg), NUM_CLIENTS), cfg,
@@ -149,3 +150,26 @@ def test_validate_reply_directly():
     assert "missing record 'uploads'" in validate_reply(
         RecordDict({"delta": ArrayRecord(good)}), template)
     assert "shape" in validate_reply(reply(good, {"p/c": torch.ones(4)}), template)
+
+
+@pytest.mark.parametrize("algo", ["fedavg", "safl"])
+def test_round_bytes_match_the_simulator(algo, tmp_path):
+    """Per-round uplink/downlink bytes equal the simulator's accounting (for SAFL: the
+    sketch's encoded size, far below the model's), and the arrays that arrived are counted."""
+    cfg = tiny_cfg(f"algorithm.name={algo}", "eval.every=1")
+    if algo == "safl":
+        cfg = tiny_cfg(f"algorithm.name={algo}", "eval.every=1", "algorithm.compression=10")
+    seen = []
+    run_server(FakeGrid(client_app(cfg), NUM_CLIENTS), cfg,
+               on_round=lambda t, p, info: seen.append(info))
+    run_experiment(cfg, tmp_path / "sim", progress=False)
+    sim = read_metrics(tmp_path / "sim")
+    assert [i["bytes_up"] for i in seen] == [r["bytes_up_round"] for r in sim]
+    assert [i["bytes_down"] for i in seen] == [r["bytes_down_round"] for r in sim]
+    assert seen[-1]["bytes_up_total"] == sim[-1]["bytes_up"]
+    model_bytes = 4 * 61 * 10  # logreg 60 features + bias, 10 classes, float32
+    per_client = seen[0]["bytes_up"] / 3
+    if algo == "fedavg":
+        assert per_client == model_bytes == seen[0]["array_bytes_up"] / 3
+    else:
+        assert per_client < model_bytes / 5 and seen[0]["array_bytes_up"] > 0

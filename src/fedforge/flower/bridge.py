@@ -14,6 +14,11 @@ by a QUERY message answered with the node's ``partition-id``.
 Replies are validated (:func:`validate_reply`): missing or extra keys, wrong shapes or
 dtypes and NaN/Inf are rejected, logged with the node id, and the round proceeds with the
 remaining clients (aggregation weights renormalised over them).
+
+Bytes: a reply carries its arrays' size (``"array-bytes-up"`` in its metrics); the server
+reports per round the algorithm's exact accounting (``bytes_up``/``bytes_down``: the codec's
+encoded size for compressed uplinks, as in the simulator's ``metrics.jsonl``) beside the
+bytes of the arrays that actually arrived (``array_bytes_up``), and running totals.
 """
 
 from __future__ import annotations
@@ -77,6 +82,10 @@ def _to_record(tree: dict) -> ArrayRecord:
     return ArrayRecord({k: v.detach().cpu().contiguous() for k, v in flatten_dict(tree).items()})
 
 
+def _nbytes(flat: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in flat.values())
+
+
 def _from_record(rec: ArrayRecord, device: torch.device) -> dict:
     return unflatten_dict({k: v.to(device) for k, v in rec.to_torch_state_dict().items()})
 
@@ -132,10 +141,9 @@ def answer_train(cfg: RunConfig, msg: Message, context: Context) -> Message:
     delta, uploads, new_state, metrics = local_train(cfg, round_, cid, params, broadcast, state)
     if flatten_dict(new_state):  # SCAFFOLD c_i, FAdamGC y_i / v_i, codec residuals
         context.state[STATE_KEY] = _to_record(new_state)
-    content = RecordDict({
-        "delta": _to_record(delta), "uploads": _to_record(uploads),
-        "metrics": MetricRecord(metrics),
-    })
+    records = {"delta": _to_record(delta), "uploads": _to_record(uploads)}
+    metrics["array-bytes-up"] = sum(_nbytes(r.to_torch_state_dict()) for r in records.values())
+    content = RecordDict({**records, "metrics": MetricRecord(metrics)})
     return Message(content=content, reply_to=msg)
 
 
@@ -236,9 +244,11 @@ def run_server(grid: Grid, cfg: RunConfig, *, timeout: float | None = None,
     store = ClientStore(num_clients, {}, exp.device)  # only for num_clients in server_step
     template = _reply_template(exp, params, server_state)
     nodes = _node_map(grid, num_clients, timeout)
+    totals = {"bytes_up_total": 0, "bytes_down_total": 0}
     for t in range(1, cfg.rounds + 1):
         client_ids, _, _, agg, _ = sample_round(exp, t)
         bc = exp.algorithm.broadcast(server_state)
+        down_per_client, up_per_client = exp.algorithm.message_nbytes(params, server_state, t)
         msgs, weight_of = [], {}
         for row, cid in enumerate(client_ids.tolist()):
             if cid not in nodes:
@@ -262,6 +272,12 @@ def run_server(grid: Grid, cfg: RunConfig, *, timeout: float | None = None,
             accepted.append((*why, w, cid))
         accepted.sort(key=lambda a: a[3])  # the simulator's order: ascending client id
         info["accepted"] = [a[3] for a in accepted]
+        info["bytes_down"] = down_per_client * len(msgs)
+        info["bytes_up"] = up_per_client * len(accepted)
+        info["array_bytes_up"] = sum(_nbytes(a[0]) + _nbytes(a[1]) for a in accepted)
+        totals["bytes_up_total"] += info["bytes_up"]
+        totals["bytes_down_total"] += info["bytes_down"]
+        info.update(totals)
         if not accepted or sum(a[2] for a in accepted) <= 0:
             logger.warning("round %d: no valid replies; the model is unchanged", t)
         else:
