@@ -67,10 +67,11 @@ def assert_close(a: dict, b: dict, tol: float = TOL) -> None:
         torch.testing.assert_close(a[k], b[k], rtol=tol, atol=tol, msg=k)
 
 
-@pytest.mark.parametrize("algo", ["fedavg", "scaffold", "safl"])
+@pytest.mark.parametrize("algo", ["fedavg", "scaffold", "safl", "fadamgc", "topk_ef"])
 def test_bridge_equals_simulator(algo, tmp_path):
-    """FedAvg; SCAFFOLD, whose c_i lives in context.state between rounds; SAFL, whose
-    sketched delta travels as the compact sketch and is desketched by the server."""
+    """FedAvg; SCAFFOLD (c_i), FAdamGC (y_i, v_i) and top-k with error feedback (residual),
+    whose state lives in context.state between rounds; SAFL, whose sketched delta travels as
+    the compact sketch and is desketched by the server."""
     cfg = tiny_cfg(f"algorithm.name={algo}", "rounds=3")
     seen = []
     got = run_server(FakeGrid(client_app(cfg), NUM_CLIENTS), cfg,
