@@ -9,11 +9,10 @@ import pytest
 import torch
 
 from fedforge.algorithms import build_algorithm
-from fedforge.core.tree import flatten_dict
 from fedforge.engine import VmapEngine, build_engine
 from fedforge.experiment.config import EngineConfig
 from fedforge.models import build_model
-from tests.engine.test_parity import MODELS, NUM_CLASSES, _data, _hparams, _run
+from tests.engine.test_parity import MODELS, NUM_CLASSES, _data, _hparams, _run, assert_same_run
 
 
 @pytest.mark.slow
@@ -27,13 +26,7 @@ def test_compiled_vmap_matches_eager(algo_name):
     ref = _run(algorithm, VmapEngine(chunk_size=4), model, x, y, sample_idx, weights)
     fast = _run(algorithm, VmapEngine(chunk_size=4, compile=True), model, x, y, sample_idx,
                 weights)
-    for a, b in zip(ref[:2], fast[:2]):
-        fa, fb = flatten_dict(a), flatten_dict(b)
-        assert fa.keys() == fb.keys()
-        for k in fa:
-            torch.testing.assert_close(fa[k], fb[k], rtol=1e-5, atol=1e-5, msg=k)
-    for k, v in ref[2].state_dict().items():
-        torch.testing.assert_close(v, fast[2].state_dict()[k], rtol=1e-5, atol=1e-5, msg=k)
+    assert_same_run(ref, fast, rtol=1e-5)
 
 
 def test_compile_option_is_off_by_default_and_passed_through():

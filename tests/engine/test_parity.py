@@ -69,10 +69,15 @@ def test_loop_and_vmap_agree(algo_name, model_name):
     algorithm = build_algorithm(algo_name, **_hparams(algo_name))
     ref = _run(algorithm, LoopEngine(), model, x, y, sample_idx, weights)
     fast = _run(algorithm, VmapEngine(chunk_size=3), model, x, y, sample_idx, weights)
-    for a, b in zip(ref[:2], fast[:2]):
+    assert_same_run(ref, fast, rtol=1e-4)
+
+
+def assert_same_run(ref, got, rtol: float, atol: float = 1e-5) -> None:
+    """``_run`` results agree: parameters, server state and every client's stored state."""
+    for a, b in zip(ref[:2], got[:2]):
         fa, fb = flatten_dict(a), flatten_dict(b)
         assert fa.keys() == fb.keys()
         for k in fa:
-            torch.testing.assert_close(fa[k], fb[k], rtol=1e-4, atol=1e-5, msg=k)
+            torch.testing.assert_close(fa[k], fb[k], rtol=rtol, atol=atol, msg=k)
     for k, v in ref[2].state_dict().items():
-        torch.testing.assert_close(v, fast[2].state_dict()[k], rtol=1e-4, atol=1e-5, msg=k)
+        torch.testing.assert_close(v, got[2].state_dict()[k], rtol=rtol, atol=atol, msg=k)
