@@ -16,6 +16,14 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+@app.callback()
+def _startup() -> None:
+    """fast, faithful federated-learning simulation."""
+    from fedforge.core.malloc import keep_freed_memory
+
+    keep_freed_memory()  # CPU runs: no page faults for each step's fresh tensors
+
+
 def _fail(message: str) -> None:
     err_console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code=2)
