@@ -187,6 +187,9 @@ def bench(
     results: Annotated[Path, typer.Option(help="markdown file to append to")] = Path(
         "benchmarks/RESULTS.md"),
     plot: Annotated[Path | None, typer.Option(help="w1/w2: write a scaling PNG here")] = None,
+    model: Annotated[str | None, typer.Option(
+        help="w1/w2: another registered model on the workload's inputs (e.g. mlp, logreg)")
+    ] = None,
 ) -> None:
     """Run a benchmark workload, print a table and append it to benchmarks/RESULTS.md."""
     import torch
@@ -198,6 +201,14 @@ def bench(
         from fedforge.bench.throughput import W1, W2, run_w1
 
         work = W1 if workload == "w1" else W2
+        if model is not None:
+            from dataclasses import replace
+
+            from fedforge.models import MODELS
+
+            if model not in MODELS:
+                _fail(f"--model: unknown model {model!r}; expected one of {sorted(MODELS)}")
+            work = replace(work, model=model)
         try:
             rows = run_w1([int(c) for c in cohorts.split(",")], engines.split(","), dev,
                           chunk if chunk == "auto" else int(chunk), repeats, work)

@@ -27,9 +27,12 @@ class VmapEngine(ChunkedEngine):
     The estimate per client is the stacked model-sized tensors a local round keeps live
     (params, grads, optimizer moments, deltas and the select copies: ``state_factor`` copies
     of the model) plus the gathered mini-batches and an activation allowance. On CPU the
-    chunk is also capped (``cpu_max_chunk``): a CPU is already saturated by one client's
-    batch, and wide vmaps only add memory traffic (W1 on 2 cores: 5.0 updates/s at chunks
-    1-8, 2.7 at 64; see benchmarks/RESULTS.md).
+    chunk is also capped so that the chunk's stacked models fit ``cpu_model_budget`` bytes
+    (32 MiB: ``budget // model bytes`` clients, or ``cpu_max_chunk`` if given): small models
+    gain from wide vmaps (W1 shapes on 2 cores, cohort 100: logreg 713 updates/s at chunk 8,
+    2096 at 100; MLP 240 at 8, 291 at 32, 208 at 100), while a conv net already saturates
+    the cores with one client's batch and wide vmaps only add memory traffic (CNN, 6.6 MB:
+    flat from chunk 1 to 8, half at 64; benchmarks/RESULTS.md).
 
     ``compile=True`` (opt-in, meant for GPUs) passes each vmapped chunk function through
     ``torch.compile``: the whole local round (every step unrolled) becomes one graph per
@@ -50,7 +53,8 @@ class VmapEngine(ChunkedEngine):
         *,
         memory_fraction: float = 0.5,
         state_factor: int = 10,
-        cpu_max_chunk: int = 8,
+        cpu_model_budget: int = 32 * 2**20,
+        cpu_max_chunk: int | None = None,
         keep_deltas: bool = False,
         compile: bool = False,
     ) -> None:
@@ -62,6 +66,7 @@ class VmapEngine(ChunkedEngine):
         self._chunk = chunk_size
         self.memory_fraction = memory_fraction
         self.state_factor = state_factor
+        self.cpu_model_budget = cpu_model_budget
         self.cpu_max_chunk = cpu_max_chunk
         self.compile = compile
 
@@ -78,7 +83,9 @@ class VmapEngine(ChunkedEngine):
         budget = self.memory_fraction * _free_memory_bytes(x_all.device)
         chunk = max(1, int(budget // max(per_client, 1)))
         if x_all.device.type != "cuda":
-            chunk = min(chunk, self.cpu_max_chunk)
+            cap = self.cpu_max_chunk or self.cpu_model_budget // max(
+                tree_nbytes(inputs.global_params), 1)
+            chunk = min(chunk, max(1, int(cap)))
         if self.compile:  # equal chunks where possible: each new chunk shape recompiles
             num_clients = inputs.sample_idx.shape[0]
             chunk = -(-num_clients // -(-num_clients // chunk))
