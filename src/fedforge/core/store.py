@@ -57,7 +57,7 @@ class ClientStore:
 
     def nbytes_per_client(self) -> int:
         """Bytes of persistent state one client adds (benchmarks report it)."""
-        return sum(t[0].numel() * t.element_size() for t in tree_leaves(self.state))
+        return sum(t.shape[1:].numel() * t.element_size() for t in tree_leaves(self.state))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return flatten_dict(self.state)

@@ -245,6 +245,8 @@ def run_experiment(
                     exp.data.client_test_indices if cfg.eval.per_client else None,
                 ))
                 record.update({"bytes_up": bytes_up, "bytes_down": bytes_down,
+                               # persistent per-client state (SCAFFOLD c_i, FAdamGC y_i/v_i..)
+                               "client_state_bytes_per_client": store.nbytes_per_client(),
                                "bytes_up_round": up_per_client * len(client_ids),
                                "bytes_down_round": down_per_client * len(client_ids),
                                "sim_time_s": round(sim_time_s, 3),
