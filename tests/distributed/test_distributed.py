@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from fedforge.algorithms import ALGORITHMS, build_algorithm
 from fedforge.engine import VmapEngine
-from fedforge.engine.distributed import DistributedEngine, shard_bounds
+from fedforge.engine.distributed import DistributedEngine, choose_backend, shard_bounds
 from fedforge.models import build_model
 from tests.engine.test_parity import MODELS, _data, _hparams, _run
 
@@ -41,6 +41,12 @@ def _worker(rank, port, name, path):
     # skip interpreter teardown: gloo's background threads can abort a process during static
     # destruction after the work is done and checked (seen ~1 in 15 runs on 2 cores)
     os._exit(0)
+
+
+def test_backend_choice():
+    assert choose_backend(0, 2) == "gloo"  # CPU
+    assert choose_backend(4, 4) == "nccl"  # one GPU per rank
+    assert choose_backend(1, 2) == "gloo"  # two ranks sharing one GPU: NCCL would refuse
 
 
 def test_shard_bounds_cover_cohort():

@@ -35,9 +35,19 @@ def init_distributed() -> bool:
         return True
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return False
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus:  # object collectives and NCCL use the current device: one GPU per local rank
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % gpus)
+    backend = os.environ.get("FEDFORGE_DIST_BACKEND") or choose_backend(
+        gpus, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     dist.init_process_group(backend=backend)
     return True
+
+
+def choose_backend(gpus: int, local_ranks: int) -> str:
+    """NCCL when every rank of a node has a GPU of its own; gloo on CPUs and when ranks share
+    a GPU (NCCL refuses two ranks on one device). ``FEDFORGE_DIST_BACKEND`` overrides it."""
+    return "nccl" if gpus and local_ranks <= gpus else "gloo"
 
 
 def is_main_rank() -> bool:
