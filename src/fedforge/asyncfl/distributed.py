@@ -14,18 +14,13 @@ alike; on GPUs this host round trip is the price of keeping the simulator on one
 
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 
 from fedforge.asyncfl.executor import TaskExecutor
 from fedforge.asyncfl.task import Task
-from fedforge.core.tree import tree_map
+from fedforge.core.tree import tree_to
 from fedforge.engine.distributed import shard_bounds
 from fedforge.sim.clock import Job
-
-
-def _to(tree, device):
-    return tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, tree)
 
 
 def _exchange(executors: list[TaskExecutor], messages: list[dict] | None) -> tuple[bool, list]:
@@ -40,9 +35,9 @@ def _exchange(executors: list[TaskExecutor], messages: list[dict] | None) -> tup
     ex = executors[mine["task"]]
     result = None
     if mine["jobs"]:  # fewer jobs than ranks: some ranks idle this batch
-        versions = {v: _to(pb, ex.x_all.device) for v, pb in mine["versions"].items()}
+        versions = {v: tree_to(pb, ex.x_all.device) for v, pb in mine["versions"].items()}
         deltas, losses = ex.train_jobs(mine["jobs"], versions)
-        result = (_to(deltas, "cpu"), losses)
+        result = (tree_to(deltas, "cpu"), losses)
     gathered: list | None = [None] * world if rank == 0 else None
     dist.gather_object(result, gathered, dst=0)
     return False, gathered or []
@@ -61,13 +56,13 @@ class ScatteredExecutor(TaskExecutor):
         world = dist.get_world_size()
         shards = [jobs[slice(*shard_bounds(len(jobs), r, world))] for r in range(world)]
         messages = [{"task": self.task, "jobs": shard,
-                     "versions": {j.version: _to(self.versions[j.version], "cpu")
+                     "versions": {j.version: tree_to(self.versions[j.version], "cpu")
                                   for j in shard}} for shard in shards]
         _, gathered = _exchange(self.peers, messages)
         for shard, part in zip(shards, gathered):
             if part is not None:
                 deltas, losses = part
-                self._store(shard, _to(deltas, self.x_all.device), losses)
+                self._store(shard, tree_to(deltas, self.x_all.device), losses)
 
 
 def link_executors(tasks: list[Task]) -> None:

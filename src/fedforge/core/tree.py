@@ -77,7 +77,7 @@ def tree_clone(tree: PyTree) -> PyTree:
 
 
 def tree_to(tree: PyTree, device: torch.device | str) -> PyTree:
-    return tree_map(lambda x: x.to(device), tree)
+    return tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, tree)
 
 
 def tree_num_elements(tree: PyTree) -> int:

@@ -23,7 +23,14 @@ import torch.distributed as dist
 
 from fedforge.algorithms.base import Algorithm
 from fedforge.core.store import ClientStore
-from fedforge.core.tree import PyTree, flatten_dict, tree_index, tree_map, tree_map2
+from fedforge.core.tree import (
+    PyTree,
+    flatten_dict,
+    tree_index,
+    tree_map,
+    tree_map2,
+    tree_to,
+)
 from fedforge.engine.base import CohortInputs, CohortOutput, _cat
 from fedforge.engine.local import LossFn
 from fedforge.engine.vmap import VmapEngine
@@ -104,8 +111,10 @@ class DistributedEngine(VmapEngine):
         upload_sum = tree_map(lambda u: u * n, out.mean_uploads) if n else None
         # a rank with an empty shard has zero deltas and still joins every collective
         gathered: list = [None] * world
-        dist.all_gather_object(gathered, {
-            "u": upload_sum, "s": out.client_states, "m": out.metrics, "k": out.deltas})
+        # host tensors: unpickled CUDA tensors would land on the sender's GPU index
+        dist.all_gather_object(gathered, tree_to({
+            "u": upload_sum, "s": out.client_states, "m": out.metrics, "k": out.deltas}, "cpu"))
+        gathered = tree_to(gathered, x_all.device)
         for leaf in _leaves(delta_sum):
             dist.all_reduce(leaf, op=dist.ReduceOp.SUM)
         ups = [g["u"] for g in gathered if g["u"] is not None]
