@@ -176,7 +176,8 @@ def bench(
     workload: Annotated[str, typer.Argument(help="w1 | w2 (throughput) | w3 (time to accuracy)")],
     cohorts: Annotated[str, typer.Option(help="w1/w2: comma-separated cohort sizes")] = "10,100",
     engines: Annotated[str, typer.Option(
-        help="w1/w2: plain,loop,vmap,flower; suffix :bf16 for bf16 autocast")] = "plain,loop,vmap",
+        help="w1/w2: plain,loop,vmap,flower; suffixes :bf16 (bf16 autocast) and, for vmap, "
+             ":compile (torch.compile), e.g. vmap:bf16:compile")] = "plain,loop,vmap",
     device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
     chunk: Annotated[str, typer.Option(help="vmap chunk size or auto")] = "auto",
     repeats: Annotated[int, typer.Option(help="timed repetitions after a warm-up")] = 1,
