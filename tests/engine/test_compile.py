@@ -16,15 +16,18 @@ from tests.engine.test_parity import MODELS, NUM_CLASSES, _data, _hparams, _run,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo_name", ["fedavg", "scaffold"])
-def test_compiled_vmap_matches_eager(algo_name):
+@pytest.mark.parametrize("algo_name,mode", [
+    ("fedavg", True), ("scaffold", True),
+    ("fedavg", "reduce-overhead"),  # CUDA graphs on a GPU; on a CPU the same inductor graph
+])
+def test_compiled_vmap_matches_eager(algo_name, mode):
     shape, kwargs, kind = MODELS["mlp"]
     torch.manual_seed(0)
     model = build_model("mlp", shape, NUM_CLASSES, **kwargs)
     x, y, sample_idx, weights = _data(kind, shape)
     algorithm = build_algorithm(algo_name, **_hparams(algo_name))
     ref = _run(algorithm, VmapEngine(chunk_size=4), model, x, y, sample_idx, weights)
-    fast = _run(algorithm, VmapEngine(chunk_size=4, compile=True), model, x, y, sample_idx,
+    fast = _run(algorithm, VmapEngine(chunk_size=4, compile=mode), model, x, y, sample_idx,
                 weights)
     assert_same_run(ref, fast, rtol=1e-5)
 
@@ -34,6 +37,9 @@ def test_compile_option_is_off_by_default_and_passed_through():
     assert VmapEngine().compile is False
     assert build_engine("vmap", compile=True).compile is True
     assert build_engine("distributed", compile=True).compile is True
+    assert EngineConfig(compile="reduce-overhead").compile == "reduce-overhead"
+    with pytest.raises(ValueError, match="compile"):
+        EngineConfig(compile="fastest")
 
 
 def test_compile_balances_auto_chunks():

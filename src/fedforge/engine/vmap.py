@@ -34,7 +34,9 @@ class VmapEngine(ChunkedEngine):
     the cores with one client's batch and wide vmaps only add memory traffic (CNN, 6.6 MB:
     flat from chunk 1 to 8, half at 64; benchmarks/RESULTS.md).
 
-    ``compile=True`` (opt-in, meant for GPUs) passes each vmapped chunk function through
+    ``compile=True`` (opt-in, meant for GPUs; or a ``torch.compile`` mode name:
+    ``"reduce-overhead"`` also captures the fixed-shape chunk in CUDA graphs on a GPU, which is
+    why auto chunks are balanced) passes each vmapped chunk function through
     ``torch.compile``: the whole local round (every step unrolled) becomes one graph per
     (algorithm, loss, masked) function. The first call of each compiles (minutes on a small
     CPU); ``"auto"`` chunks are then balanced (cohort 10: 5+5, not 8+2) and a ragged last
@@ -56,7 +58,7 @@ class VmapEngine(ChunkedEngine):
         cpu_model_budget: int = 32 * 2**20,
         cpu_max_chunk: int | None = None,
         keep_deltas: bool = False,
-        compile: bool = False,
+        compile: bool | str = False,
     ) -> None:
         super().__init__(keep_deltas=keep_deltas)
         if chunk_size != "auto" and (not isinstance(chunk_size, int) or chunk_size < 1):
@@ -94,4 +96,7 @@ class VmapEngine(ChunkedEngine):
     def wrap(self, fn: Callable) -> Callable:
         # global params and broadcast are shared; everything per-client has a leading axis
         chunk_fn = torch.func.vmap(fn, in_dims=(None, None, 0, 0, 0, 0, 0))
-        return torch.compile(chunk_fn) if self.compile else chunk_fn
+        if not self.compile:
+            return chunk_fn
+        mode = "default" if self.compile is True else str(self.compile)
+        return torch.compile(chunk_fn, mode=mode)

@@ -95,7 +95,9 @@ class EngineConfig(_Section):
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: Literal["fp32", "bf16", "tf32"] = "fp32"  # bf16 = autocast of the forward
     client_state: Literal["device", "host"] = "device"  # host: per-client state in CPU RAM
-    compile: bool = False  # vmap/distributed: torch.compile the chunk function (for GPUs)
+    # vmap/distributed: torch.compile the chunk function (for GPUs); true = mode "default",
+    # "reduce-overhead" adds CUDA graphs of the fixed-shape chunk on GPUs
+    compile: Literal[False, True, "default", "reduce-overhead", "max-autotune"] = False
 
     @field_validator("chunk_size")
     @classmethod
