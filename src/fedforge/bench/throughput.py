@@ -6,7 +6,8 @@ Measures client updates per second for a plain sequential PyTorch loop (``nn.Mod
 VmapEngine — and Flower's simulation engine when ``flwr[simulation]`` is installed — in one
 process on the same data. An engine name may carry a precision: ``vmap:bf16``, ``plain:bf16``,
 and the vmap engine ``:compile`` (``torch.compile`` of the chunk function, ``vmap:compile``,
-``vmap:bf16:compile``): its one engine/algorithm/loss are reused across calls, so the warm-up
+``vmap:bf16:compile``; ``:cudagraphs`` for its ``reduce-overhead`` mode on a GPU): its one
+engine/algorithm/loss are reused across calls, so the warm-up
 call compiles and the timed calls run the compiled graph; the warm-up time is printed.
 
     fedforge bench w1 --cohorts 10,100 --engines plain,loop,vmap,vmap:bf16,vmap:compile
@@ -113,14 +114,15 @@ def timed(fn: Callable[[], None], device: torch.device, repeats: int) -> float:
 
 def runner(name: str, chunk, data, device: torch.device) -> Callable[[], None]:
     engine, *flags = name.split(":")
-    compile_ = "compile" in flags
-    precision = next((f for f in flags if f != "compile"), "fp32")
+    # ":compile" = torch.compile, ":cudagraphs" = its "reduce-overhead" mode (CUDA graphs)
+    compile_ = "reduce-overhead" if "cudagraphs" in flags else "compile" in flags
+    precision = next((f for f in flags if f not in ("compile", "cudagraphs")), "fp32")
     if engine not in ENGINES:
         raise ValueError(f"--engines: unknown engine {engine!r}; expected one of {ENGINES}")
     if compile_ and engine != "vmap":
         raise ValueError(f"--engines: ':compile' is a vmap option, got {name!r}")
     if compile_:  # one engine/algorithm/loss, so the compiled graph is reused, not recompiled
-        eng = VmapEngine(chunk_size=chunk, compile=True)
+        eng = VmapEngine(chunk_size=chunk, compile=compile_)
         algo = build_algorithm("fedavg", local_lr=LR)
         loss_fn = classification_loss(data[0], precision)
         return lambda: fedforge_round(eng, *data, precision, algo=algo, loss_fn=loss_fn)
