@@ -27,6 +27,7 @@ from fedforge.core.tree import (
     PyTree,
     flatten_dict,
     tree_index,
+    tree_leaves,
     tree_map,
     tree_map2,
     tree_to,
@@ -94,7 +95,7 @@ class DistributedEngine(VmapEngine):
         y_all: torch.Tensor,
         inputs: CohortInputs,
     ) -> CohortOutput:
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        if world_size() == 1:
             return super().run_cohort(algorithm, loss_fn, x_all, y_all, inputs)
         rank, world = dist.get_rank(), dist.get_world_size()
         num_clients = inputs.sample_idx.shape[0]
@@ -115,7 +116,7 @@ class DistributedEngine(VmapEngine):
         dist.all_gather_object(gathered, tree_to({
             "u": upload_sum, "s": out.client_states, "m": out.metrics, "k": out.deltas}, "cpu"))
         gathered = tree_to(gathered, x_all.device)
-        for leaf in _leaves(delta_sum):
+        for leaf in tree_leaves(delta_sum):
             dist.all_reduce(leaf, op=dist.ReduceOp.SUM)
         ups = [g["u"] for g in gathered if g["u"] is not None]
         mean_uploads = {}
@@ -132,14 +133,6 @@ class DistributedEngine(VmapEngine):
             _cat([g["m"] for g in parts]),
             _cat([g["k"] for g in parts]) if self.keep_deltas else None,
         )
-
-
-def _leaves(tree):
-    if isinstance(tree, dict):
-        for v in tree.values():
-            yield from _leaves(v)
-    elif isinstance(tree, torch.Tensor):
-        yield tree
 
 
 def make_client_store(num_clients: int, template: dict, device: torch.device | str = "cpu",
@@ -165,8 +158,9 @@ class ShardedClientStore(ClientStore):
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         super().__init__(num_clients, template, device, storage)
 
-    def num_rows(self) -> int:
-        return len(range(self.rank, self.num_clients, self.world))
+    def num_rows(self, rank: int | None = None) -> int:
+        """Rows of ``rank``'s shard (this rank's by default)."""
+        return len(range(self.rank if rank is None else rank, self.num_clients, self.world))
 
     def _comm_device(self) -> torch.device:
         # NCCL moves CUDA tensors only; gloo moves CPU tensors (and CUDA ones through the host)
@@ -214,8 +208,7 @@ class ShardedClientStore(ClientStore):
             if self.rank == 0:
                 out = torch.empty((self.num_clients, *shard.shape[1:]), dtype=shard.dtype)
                 for r, part in enumerate(parts):
-                    n = len(range(r, self.num_clients, self.world))
-                    out[r:: self.world] = part[:n].cpu()
+                    out[r:: self.world] = part[: self.num_rows(r)].cpu()
                 full[name] = out
         return full
 

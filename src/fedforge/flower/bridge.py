@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 from fedforge.core.store import ClientStore
-from fedforge.core.tree import Params, flatten_dict, tree_map, unflatten_dict
+from fedforge.core.tree import Params, flatten_dict, tree_map, tree_nbytes, unflatten_dict
 from fedforge.engine import classification_loss
 from fedforge.engine.base import CohortInputs
 from fedforge.engine.loop import LoopEngine
@@ -80,10 +80,6 @@ def _check_supported(exp: Experiment) -> None:
 
 def _to_record(tree: dict) -> ArrayRecord:
     return ArrayRecord({k: v.detach().cpu().contiguous() for k, v in flatten_dict(tree).items()})
-
-
-def _nbytes(flat: dict[str, torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in flat.values())
 
 
 def _from_record(rec: ArrayRecord, device: torch.device) -> dict:
@@ -141,9 +137,9 @@ def answer_train(cfg: RunConfig, msg: Message, context: Context) -> Message:
     delta, uploads, new_state, metrics = local_train(cfg, round_, cid, params, broadcast, state)
     if flatten_dict(new_state):  # SCAFFOLD c_i, FAdamGC y_i / v_i, codec residuals
         context.state[STATE_KEY] = _to_record(new_state)
-    records = {"delta": _to_record(delta), "uploads": _to_record(uploads)}
-    metrics["array-bytes-up"] = sum(_nbytes(r.to_torch_state_dict()) for r in records.values())
-    content = RecordDict({**records, "metrics": MetricRecord(metrics)})
+    metrics["array-bytes-up"] = tree_nbytes(delta) + tree_nbytes(uploads)
+    content = RecordDict({"delta": _to_record(delta), "uploads": _to_record(uploads),
+                          "metrics": MetricRecord(metrics)})
     return Message(content=content, reply_to=msg)
 
 
@@ -274,7 +270,7 @@ def run_server(grid: Grid, cfg: RunConfig, *, timeout: float | None = None,
         info["accepted"] = [a[3] for a in accepted]
         info["bytes_down"] = down_per_client * len(msgs)
         info["bytes_up"] = up_per_client * len(accepted)
-        info["array_bytes_up"] = sum(_nbytes(a[0]) + _nbytes(a[1]) for a in accepted)
+        info["array_bytes_up"] = sum(tree_nbytes(a[0]) + tree_nbytes(a[1]) for a in accepted)
         totals["bytes_up_total"] += info["bytes_up"]
         totals["bytes_down_total"] += info["bytes_down"]
         info.update(totals)
