@@ -120,7 +120,7 @@ def runner(name: str, chunk, data, device: torch.device) -> Callable[[], None]:
     if engine not in ENGINES:
         raise ValueError(f"--engines: unknown engine {engine!r}; expected one of {ENGINES}")
     if compile_ and engine != "vmap":
-        raise ValueError(f"--engines: ':compile' is a vmap option, got {name!r}")
+        raise ValueError(f"--engines: ':compile' and ':cudagraphs' are vmap options, got {name!r}")
     if compile_:  # one engine/algorithm/loss, so the compiled graph is reused, not recompiled
         eng = VmapEngine(chunk_size=chunk, compile=compile_)
         algo = build_algorithm("fedavg", local_lr=LR)
