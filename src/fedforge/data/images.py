@@ -167,6 +167,20 @@ FEMNIST_FILE = "femnist_leaf_subset.npz"
 _NPZ_ERRORS = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error)
 
 
+def _integers(arr: np.ndarray, path: Path, key: str) -> np.ndarray:
+    """Integer ids as int64; floats only when every value is a whole number (never rounded)."""
+    if arr.dtype.kind in "iu":
+        return arr.astype(np.int64)
+    if arr.dtype.kind == "f":
+        bad = ~np.isfinite(arr) | (arr != np.round(arr))
+        if bad.any():
+            value = arr[np.flatnonzero(bad)[0]]
+            raise DatasetError(f"{path}: {key} holds non-integer values (e.g. {value}); "
+                               "expected integer ids")
+        return arr.astype(np.int64)
+    raise DatasetError(f"{path}: {key} has dtype {arr.dtype}; expected integer ids")
+
+
 def load_femnist(root: str | Path, normalize: bool = True, invert: bool = True) -> DatasetSplits:
     """LEAF FEMNIST subset, naturally split by writer; 62 classes (digits, A-Z, a-z).
 
@@ -191,8 +205,9 @@ def load_femnist(root: str | Path, normalize: bool = True, invert: bool = True) 
     out = {}
     for split in ("train", "test"):
         x = check_array(arrays[f"x_{split}"], path, (None, 28, 28), np.uint8)
-        y = check_array(arrays[f"y_{split}"], path, (len(x),))
-        w = check_array(arrays[f"writer_{split}"], path, (len(x),))
+        y = _integers(check_array(arrays[f"y_{split}"], path, (len(x),)), path, f"y_{split}")
+        w = _integers(check_array(arrays[f"writer_{split}"], path, (len(x),)), path,
+                      f"writer_{split}")
         check_labels(y, 62, path)
         if w.size and (w.min() < 0 or w.max() >= len(writers)):
             raise DatasetError(f"{path}: writer_{split} ids out of range 0..{len(writers) - 1}")

@@ -6,27 +6,43 @@ was expected, and is raised as :class:`ConfigError` so the CLI prints one line, 
 
 from __future__ import annotations
 
+import copy
 import json
 import re
-import sys
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from fedforge.experiment.config_io import (
+    MAX_CONFIG_BYTES,
+    MAX_DEPTH,
+    InputError,
+    Unparsable,
+    decode,
+    depth,
+    parse_toml,
+    parse_yaml,
+)
 
 
 class ConfigError(ValueError):
-    """A bad configuration; the message starts with the field's dotted path."""
+    """A bad configuration; the message starts with the field's dotted path.
+
+    The message is always one printable line (line breaks and control characters are
+    escaped), so a hostile value can neither break the CLI's one-line error nor send
+    terminal escape sequences.
+    """
+
+    def __init__(self, message: object) -> None:
+        text = str(message)
+        super().__init__("".join(c if c.isprintable() else repr(c)[1:-1] for c in text))
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # validate_schema checks JSON types strictly: no true for an int, no "yes" for a bool,
+    # no "1" for a number; NaN and infinities are refused for float fields
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class DataConfig(_Section):
@@ -209,74 +225,159 @@ def _field_part(part: Any) -> str:
     return text if re.fullmatch(r"[\w\-]+", text) else repr(text)
 
 
-def _format(err: ValidationError) -> str:
+def format_error(err: ValidationError, raw: Any, prefix: str = "") -> str:
+    """``field.path: message (got value)`` for the first error; ``prefix`` goes in front
+    (``tasks[1]``). The path stops where ``raw`` stops (no pydantic union-member tags)."""
     first = err.errors()[0]
-    loc = ".".join(_field_part(p) for p in first["loc"]) or "config"
+    path = prefix + _path(_loc_in(raw, first["loc"], first["type"]))
     msg = first["msg"].removeprefix("Value error, ")
     value = first.get("input")
-    shown = "" if isinstance(value, dict) else f" (got {value!r})"
-    return f"{loc}: {msg}{shown}"
+    shown = "" if isinstance(value, (dict, list)) else f" (got {_short(repr(value))})"
+    return f"{path.lstrip('.') or 'config'}: {msg}{shown}"
+
+
+def _path(loc: list) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{_field_part(p)}" for p in loc)
+
+
+def _loc_in(raw: Any, loc: tuple, kind: str) -> list:
+    """The part of ``loc`` that exists in ``raw`` (plus a missing key for "Field required")."""
+    out, node = [], raw
+    for part in loc:
+        if isinstance(node, dict) and part in node or (
+                isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)):
+            out.append(part)
+            node = node[part]
+            continue
+        if isinstance(node, dict) and kind == "missing":
+            out.append(part)
+        break
+    return out
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _parse_value(text: str) -> Any:
-    """``'0.1' -> 0.1``, ``'true' -> True``, ``'[1,2]' -> [1, 2]``, anything else a string."""
+    """``'0.1' -> 0.1``, ``'1e-3' -> 0.001``, ``'true' -> True``, ``'[1,2]' -> [1, 2]``,
+    ``'{a: 1}'`` a table; YAML 1.2 core scalars, so ``yes`` and ``1:30`` stay strings.
+    Text that is not a YAML value is a string; past the limits it raises InputError."""
+    if not text.strip():
+        return ""
     try:
-        value = yaml.safe_load(text) if text.strip() else ""
-    except yaml.YAMLError:
+        return parse_yaml(text)
+    except Unparsable:
         return text
-    if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
-        return float(value)  # YAML 1.1 reads '1e-3' (no dot) as a string
-    return value
 
 
-_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+def _text_field(schema: type[BaseModel] | None, parts: list[str]) -> bool:
+    """Whether ``parts`` names a string field of ``schema`` (the override is then its text)."""
+    model = schema
+    for i, part in enumerate(parts):
+        fields = model.model_fields if model is not None else {}
+        field = next((f for n, f in fields.items() if part in (n, f.alias)), None)
+        if field is None:
+            return False
+        ann = field.annotation
+        if i == len(parts) - 1:
+            return ann in (str, str | None)
+        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+    return False
 
 
-def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    """Apply ``a.b.c=value`` overrides to a raw config dict (a new dict is returned)."""
-    out = json.loads(json.dumps(raw))
+_NULLS = ("~", "null", "Null", "NULL")
+
+
+def apply_overrides(raw: dict, overrides: list[str], schema: type[BaseModel] | None = None,
+                    where: str = "") -> dict:
+    """Apply ``a.b.c=value`` overrides to a raw config dict (a new dict is returned).
+
+    Values are YAML flow values (numbers, ``true``/``false``, ``null``, ``[..]``, ``{..}``);
+    for a string field of ``schema`` (default :class:`RunConfig`) the text is kept as typed,
+    so ``name=2024`` is the name ``"2024"``. The schema then checks types strictly.
+    ``where`` prefixes field names in errors (``tasks[1].``).
+    """
+    schema = RunConfig if schema is None else schema
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where.rstrip('.') or 'config'}: expected a table of sections")
+    out = copy.deepcopy(raw)
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r}: expected key=value, e.g. client.batch_size=32")
-        key, value = item.split("=", 1)
-        parts = [p for p in key.strip().split(".") if p]
+        key, text = item.split("=", 1)
+        parts = [p.strip() for p in key.strip().split(".") if p.strip()]
         if not parts:
             raise ConfigError(f"override {item!r}: empty key")
+        try:
+            value = _parse_value(text)
+        except InputError as exc:
+            raise ConfigError(f"override {item!r}: {exc}") from None
+        if _text_field(schema, parts):
+            stripped = text.strip()
+            quoted = isinstance(value, str) and stripped[:1] in ("'", '"')
+            if not quoted and not (value is None and stripped in _NULLS):
+                value = stripped
+        if len(parts) + depth(value) > MAX_DEPTH:
+            raise ConfigError(f"override {item!r}: nested deeper than {MAX_DEPTH} levels")
         node = out
         for i, part in enumerate(parts[:-1]):
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise ConfigError(f"{'.'.join(parts[: i + 1])}: is a value, not a section")
+                raise ConfigError(f"{where}{'.'.join(parts[: i + 1])}: is a value, not a section")
             node = child
-        node[parts[-1]] = _parse_value(value)
+        node[parts[-1]] = value
     return out
 
 
 def load_raw(path: str | Path) -> dict:
+    """Read a TOML or YAML file into plain data, within the limits of ``config_io``: at most
+    MAX_CONFIG_BYTES, MAX_DEPTH levels and MAX_VALUES values (YAML aliases expanded)."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"config file {path}: not found")
-    text = path.read_text(encoding="utf-8")
+    if not path.is_file():
+        raise ConfigError(f"config file {path}: not a regular file")
+    if path.suffix not in (".toml", ".yaml", ".yml"):
+        raise ConfigError(f"config file {path}: expected a .toml, .yaml or .yml file")
     try:
-        if path.suffix == ".toml":
-            data = tomllib.loads(text)
-        elif path.suffix in (".yaml", ".yml"):
-            data = yaml.safe_load(text) or {}
-        else:
-            raise ConfigError(f"config file {path}: expected a .toml, .yaml or .yml file")
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"config file {path}: cannot parse: {exc}".splitlines()[0]) from exc
-    if not isinstance(data, dict):
+        with path.open("rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        text = decode(data)
+        raw = parse_toml(text) if path.suffix == ".toml" else parse_yaml(text)
+    except InputError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
         raise ConfigError(f"config file {path}: expected a table of sections at the top level")
-    return data
+    return raw
 
 
-def validate(raw: dict) -> RunConfig:
-    """Validate a raw dict (schema, then the registries: dataset, model, algorithm)."""
+def validate_schema(schema: type[BaseModel], raw: Any, prefix: str = "") -> Any:
+    """``schema`` validated strictly, as JSON types: an int field takes only integers (not
+    ``true`` or ``"3"``), a bool field only ``true``/``false``, a float field finite numbers."""
+    where = prefix or "config"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a table of sections")
     try:
-        cfg = RunConfig.model_validate(raw)
+        text = json.dumps(raw)
+    except (TypeError, ValueError, RecursionError) as exc:  # Python callers' objects
+        raise ConfigError(f"{where}: expected plain data ({exc})") from None
+    try:
+        return schema.model_validate_json(text, strict=True)
     except ValidationError as exc:
-        raise ConfigError(_format(exc)) from None
+        raise ConfigError(format_error(exc, raw, prefix)) from None
+
+
+def validate(raw: dict | RunConfig) -> RunConfig:
+    """Validate a raw dict (schema, then the registries: dataset, model, algorithm)."""
+    if isinstance(raw, RunConfig):
+        raw = raw.model_dump()
+    cfg = validate_schema(RunConfig, raw)
     _check_registries(cfg)
     return cfg
 
@@ -301,6 +402,10 @@ def _check_registries(cfg: RunConfig) -> None:
                           f"{sorted(MODELS)}")
     if cfg.data.root is not None and not Path(cfg.data.root).expanduser().is_dir():
         raise ConfigError(f"data.root: directory {cfg.data.root!r} does not exist")
+    from fedforge.experiment.options import check_builders  # noqa: PLC0415 (imports config)
+
+    check_builders("", cfg.data.dataset, cfg.model.name, cfg.data.partition, cfg.data.options,
+                   cfg.model.options, cfg.data.partition_options)
     for key in cfg.algorithm.hparams:  # odd keys from a hostile file: name them quoted
         if _field_part(key) != key:
             raise ConfigError(f"algorithm.{_field_part(key)}: not a hyper-parameter name")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 
 from fedforge.asyncfl.fedast import ASYNC_METHODS
 from fedforge.asyncfl.sync import SYNC_METHODS
@@ -23,6 +23,7 @@ from fedforge.experiment.config import (
     _Section,
     apply_overrides,
     load_raw,
+    validate_schema,
 )
 
 METHODS = (*ASYNC_METHODS, *SYNC_METHODS)
@@ -116,22 +117,10 @@ def is_multitask(raw: dict) -> bool:
     return isinstance(raw, dict) and "tasks" in raw
 
 
-def _format(err: ValidationError) -> str:
-    first = err.errors()[0]
-    loc = ""
-    for p in first["loc"]:
-        loc += f"[{p}]" if isinstance(p, int) else (f".{p}" if loc else str(p))
-    msg = first["msg"].removeprefix("Value error, ")
-    value = first.get("input")
-    shown = "" if isinstance(value, (dict, list)) else f" (got {value!r})"
-    return f"{loc or 'config'}: {msg}{shown}"
-
-
 def validate_multitask(raw: dict) -> MultiTaskConfig:
-    try:
-        cfg = MultiTaskConfig.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(_format(exc)) from None
+    """Strict schema check (as :func:`fedforge.experiment.config.validate`), then each task's
+    dataset, partition, model, options and algorithm."""
+    cfg = validate_schema(MultiTaskConfig, raw)
     _check_tasks(cfg)
     return cfg
 
@@ -147,13 +136,15 @@ def load_multitask(path, overrides: list[str] | None = None) -> MultiTaskConfig:
             plain.append(item)
             continue
         tasks = raw.get("tasks", [])
+        if not isinstance(tasks, list):
+            raise ConfigError("tasks: expected a list of task tables ([[tasks]])")
         index, rest = m.group(1) or m.group(2), m.group(3)
         targets = range(len(tasks)) if index is None else [int(index)]
         for i in targets:
             if not 0 <= i < len(tasks):
                 raise ConfigError(f"tasks[{i}]: no such task (the config has {len(tasks)})")
-            tasks[i] = apply_overrides(tasks[i], [rest])
-    return validate_multitask(apply_overrides(raw, plain))
+            tasks[i] = apply_overrides(tasks[i], [rest], TaskConfig, f"tasks[{i}].")
+    return validate_multitask(apply_overrides(raw, plain, MultiTaskConfig))
 
 
 _TASK_KEY = re.compile(r"^tasks(?:\.(\d+)|\[(\d+)\])?\.(.+=.*)$", re.S)
@@ -162,6 +153,7 @@ _TASK_KEY = re.compile(r"^tasks(?:\.(\d+)|\[(\d+)\])?\.(.+=.*)$", re.S)
 def _check_tasks(cfg: MultiTaskConfig) -> None:
     from fedforge.algorithms import build_algorithm
     from fedforge.data import DATASETS, PARTITIONERS
+    from fedforge.experiment.options import check_builders
     from fedforge.models import MODELS
 
     for i, t in enumerate(cfg.tasks):
@@ -176,6 +168,8 @@ def _check_tasks(cfg: MultiTaskConfig) -> None:
         if t.model.name not in MODELS:
             raise ConfigError(f"{where}.model.name: unknown model {t.model.name!r}; expected "
                               f"one of {sorted(MODELS)}")
+        check_builders(f"{where}.", t.data.dataset, t.model.name, t.data.partition,
+                       t.data.options, t.model.options, t.data.partition_options)
         try:
             build_algorithm(t.algorithm.name, **t.algorithm.hparams)
         except (TypeError, ValueError) as exc:
