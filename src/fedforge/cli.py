@@ -25,7 +25,9 @@ def _startup() -> None:
 
 
 def _fail(message: str) -> None:
-    err_console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    from rich.markup import escape
+
+    err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code=2)
 
 
@@ -166,7 +168,7 @@ def plot(
 
     try:
         path = plot_metric(load_runs(run_dirs), out, y=metric, x=x)
-    except FileNotFoundError as exc:
+    except (OSError, ValueError) as exc:  # missing/damaged metrics file, unknown metric
         _fail(str(exc))
     console.print(f"wrote {path}")
 
