@@ -46,18 +46,24 @@ def run(
     overrides: Overrides = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="output directory")] = Path("runs/run"),
     resume: Annotated[bool, typer.Option("--resume", help="continue from out/checkpoints")] = False,
+    overwrite: Annotated[bool, typer.Option(
+        "--overwrite", help="replace the run already in --out (its own files only)")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
 ) -> None:
-    """Run one experiment; writes config.resolved.toml, metrics.jsonl and checkpoints/."""
+    """Run one experiment; writes config.resolved.toml, metrics.jsonl and checkpoints/.
+
+    An --out that holds an earlier run needs --resume (continue it; only rounds, eval,
+    checkpoint and engine settings may change) or --overwrite."""
     from fedforge.data import DatasetError
     from fedforge.experiment.runner import run_experiment
 
     if _multitask(config):  # a [[tasks]] list: FedAST / simultaneous multi-task run
-        return _run_multitask(config, overrides or [], out, resume, quiet)
+        return _run_multitask(config, overrides or [], out, resume, quiet, overwrite)
     cfg = _load(config, overrides or [])
     try:
-        history = run_experiment(cfg, out, resume=resume, progress=not quiet)
-    except (DatasetError, ValueError, FileNotFoundError, FloatingPointError) as exc:
+        history = run_experiment(cfg, out, resume=resume, progress=not quiet,
+                                 overwrite=overwrite)
+    except (DatasetError, ValueError, OSError, FloatingPointError) as exc:
         _fail(str(exc))
     last = history[-1] if history else {}
     console.print(
@@ -78,7 +84,7 @@ def _multitask(config: Path) -> bool:
 
 
 def _run_multitask(config: Path, overrides: list[str], out: Path, resume: bool,
-                   quiet: bool) -> None:
+                   quiet: bool, overwrite: bool = False) -> None:
     from fedforge.data import DatasetError
     from fedforge.experiment.async_runner import run_multitask
     from fedforge.experiment.config import ConfigError
@@ -86,8 +92,8 @@ def _run_multitask(config: Path, overrides: list[str], out: Path, resume: bool,
 
     try:
         cfg = load_multitask(config, overrides)
-        run_multitask(cfg, out, resume=resume, progress=not quiet)
-    except (ConfigError, DatasetError, ValueError, FileNotFoundError) as exc:
+        run_multitask(cfg, out, resume=resume, progress=not quiet, overwrite=overwrite)
+    except (ConfigError, DatasetError, ValueError, OSError) as exc:
         _fail(str(exc))
     summary = (out / "summary.json").read_text()
     console.print(f"[bold green]done[/bold green] {cfg.method} on {len(cfg.tasks)} tasks -> "
@@ -105,11 +111,15 @@ def compare(
         "--target", help="test accuracy: table gives rounds and simulated minutes to it")] = None,
     seeds: Annotated[str | None, typer.Option(
         "--seeds", help="comma-separated seeds (default: the config's); mean ± std")] = None,
+    overwrite: Annotated[bool, typer.Option(
+        "--overwrite", help="re-run the runs already in --out instead of continuing them")
+    ] = False,
 ) -> None:
     """Run several algorithms on identical data, partition and seed; table + PNG plot.
 
     A ``[compare.<algorithm>]`` table in the config is merged in for that algorithm only
-    (e.g. its learning rates)."""
+    (e.g. its learning rates). Runs already in --out with the same config are continued
+    (a finished one is not re-run); with a changed config they need --overwrite."""
     from fedforge.experiment.compare import comparison_configs, run_comparison
 
     names = [a.strip() for a in algorithms.split(",") if a.strip()]
@@ -123,8 +133,9 @@ def compare(
         try:
             mcfgs = {n: load_multitask(config, [*(overrides or []), f"method={n}"])
                      for n in names}
-            table_rows, plot = run_multitask_comparison(mcfgs, out, progress=not quiet)
-        except (ConfigError, ValueError, FileNotFoundError) as exc:
+            table_rows, plot = run_multitask_comparison(mcfgs, out, progress=not quiet,
+                                                        overwrite=overwrite)
+        except (ConfigError, ValueError, OSError) as exc:
             _fail(str(exc))
         _print_rows(table_rows, out)
         console.print(f"plot: {plot}")
@@ -140,8 +151,9 @@ def compare(
     except ConfigError as exc:
         _fail(str(exc))
     try:
-        table_rows, plot = run_comparison(cfgs, out, target=target, progress=not quiet)
-    except (ValueError, FileNotFoundError, FloatingPointError) as exc:
+        table_rows, plot = run_comparison(cfgs, out, target=target, progress=not quiet,
+                                          overwrite=overwrite)
+    except (ValueError, OSError, FloatingPointError) as exc:
         _fail(str(exc))
     _print_rows(table_rows, out)
     console.print(f"plot: {plot}")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fedforge.engine.base import ChunkedEngine
-from fedforge.experiment.config import apply_overrides, validate
+from fedforge.experiment.config import apply_overrides, dump_config, validate
 from fedforge.experiment.round import federated_round
 from fedforge.experiment.runner import Experiment, run_experiment, sample_round
 from fedforge.robust.divergence import DivergenceError
@@ -169,6 +169,9 @@ def test_rollback_reloads_last_good_and_lowers_lr(tmp_path, nan_update_once):
     # reference: rounds 1-2 at lr 0.05, then a resumed run at lr 0.025 for rounds 3-6
     ref_dir = tmp_path / "ref"
     run_experiment(_cfg("rounds=2", "checkpoint.every=2"), ref_dir, progress=False)
+    # a resume refuses a changed learning rate: the saved config must say it was changed
+    dump_config(_cfg("checkpoint.every=2", "algorithm.local_lr=0.025"),
+                ref_dir / "config.resolved.toml")
     ref = run_experiment(_cfg("checkpoint.every=2", "algorithm.local_lr=0.025"), ref_dir,
                          resume=True, progress=False)
     strip = [{k: v for k, v in r.items() if k != "wall_s"} for r in hist]

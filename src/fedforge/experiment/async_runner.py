@@ -39,6 +39,7 @@ from fedforge.engine.distributed import init_distributed, is_main_rank, world_si
 from fedforge.experiment.checkpoint import load_checkpoint, save_checkpoint
 from fedforge.experiment.evaluate import evaluate
 from fedforge.experiment.multitask import MultiTaskConfig, TaskConfig, dump_multitask
+from fedforge.experiment.rundir import MULTITASK_MAY_CHANGE, claim_run_dir
 from fedforge.experiment.runner import resolve_device
 from fedforge.models import build_model
 from fedforge.sim.delays import build_delay
@@ -141,8 +142,24 @@ EVENT_KEYS = ("job", "task", "client", "version", "send", "start", "finish")
 
 
 def run_multitask(cfg: MultiTaskConfig, out_dir: str | Path, *, resume: bool = False,
-                  progress: bool = True) -> list[dict]:
-    """Run a multi-task config; returns the metric records (see the module docstring)."""
+                  progress: bool = True, overwrite: bool = False) -> list[dict]:
+    """Run a multi-task config; returns the metric records (see the module docstring).
+
+    The folder is locked while the run writes it; one that holds an earlier run needs
+    ``resume`` or ``overwrite`` (fedforge.experiment.rundir); RunDirError otherwise."""
+    out = Path(out_dir)
+    if cfg.engine.name == "distributed" and init_distributed() and world_size() > 1 \
+            and not is_main_rank():
+        if cfg.method in ASYNC_METHODS:  # serves rank 0's jobs, writes nothing
+            return _run_multitask(cfg, out_dir, resume=resume, progress=progress)
+        out = out / f"rank{torch.distributed.get_rank()}"
+    with claim_run_dir(out, lambda path: dump_multitask(cfg, path), resume=resume,
+                       overwrite=overwrite, may_change=MULTITASK_MAY_CHANGE):
+        return _run_multitask(cfg, out_dir, resume=resume, progress=progress)
+
+
+def _run_multitask(cfg: MultiTaskConfig, out_dir: str | Path, *, resume: bool = False,
+                   progress: bool = True) -> list[dict]:
     out = Path(out_dir)
     device = resolve_device(cfg.engine.device)
     scattered = False  # async methods under torchrun: rank 0 simulates, all ranks train
@@ -155,7 +172,6 @@ def run_multitask(cfg: MultiTaskConfig, out_dir: str | Path, *, resume: bool = F
         elif not is_main_rank():  # sync methods: every rank runs the (deterministic) driver
             out = out / f"rank{torch.distributed.get_rank()}"
     out.mkdir(parents=True, exist_ok=True)
-    dump_multitask(cfg, out / "config.resolved.toml")
     tasks = build_tasks(cfg, device, ScatteredExecutor if scattered else TaskExecutor)
     if scattered:
         link_executors(tasks)

@@ -73,17 +73,19 @@ def _merge(base: dict, extra: dict) -> dict:
 
 def run_comparison(
     configs: dict[str, RunConfig | list[RunConfig]], out: Path, *, target: float | None = None,
-    progress: bool = True,
+    progress: bool = True, overwrite: bool = False,
 ) -> tuple[list[dict], Path]:
     """Run each config (or each seed's config) into ``out/<name>`` (``out/<name>/seed<s>`` for
     several seeds); -> (table rows, accuracy-vs-round PNG). With ``target`` the table gives
     rounds and simulated minutes to reach it: mean ± std over the seeds that reached it, with
-    ``(k/m)`` when only k of m seeds did."""
+    ``(k/m)`` when only k of m seeds did. A run already in its folder is resumed (a finished
+    one returns its metrics; a changed config is refused) unless ``overwrite``."""
     runs, rows = {}, []
     for name, cfgs in configs.items():
         cfgs = [cfgs] if isinstance(cfgs, RunConfig) else list(cfgs)
         hists = [run_experiment(c, out / name if len(cfgs) == 1 else out / name / f"seed{c.seed}",
-                                progress=progress) for c in cfgs]
+                                progress=progress, resume=not overwrite, overwrite=overwrite)
+                 for c in cfgs]
         runs[name] = hists[0]
         row = {"algorithm": name, "seeds": len(hists),
                "final_acc": _mean_std([h[-1]["test_accuracy"] for h in hists], "{:.4f}"),
@@ -126,17 +128,20 @@ def _reached(values: list[float], n: int, fmt: str) -> str:
 
 
 def run_multitask_comparison(
-    configs: dict, out: Path, *, progress: bool = True, baseline: str = "sync_st"
+    configs: dict, out: Path, *, progress: bool = True, baseline: str = "sync_st",
+    overwrite: bool = False,
 ) -> tuple[list[dict], Path]:
     """Multi-task methods on identical tasks and seed: time to target per task, time to
-    finish all tasks, and FedAST's gain ``(T_baseline - T)/T_baseline`` against ``baseline``."""
+    finish all tasks, and FedAST's gain ``(T_baseline - T)/T_baseline`` against ``baseline``.
+    Runs already in ``out`` are resumed unless ``overwrite`` (as in :func:`run_comparison`)."""
     import json
 
     from fedforge.experiment.async_runner import gain, run_multitask
 
     runs, summaries = {}, {}
     for name, cfg in configs.items():
-        runs[name] = run_multitask(cfg, out / name, progress=progress)
+        runs[name] = run_multitask(cfg, out / name, progress=progress, resume=not overwrite,
+                                   overwrite=overwrite)
         summaries[name] = json.loads((out / name / "summary.json").read_text())
     t_base = summaries.get(baseline, {}).get("time_all_tasks")
     rows = []

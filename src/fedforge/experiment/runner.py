@@ -30,11 +30,16 @@ from fedforge.engine.distributed import (
     make_client_store,
 )
 from fedforge.engine.local import set_matmul_precision
-from fedforge.experiment.checkpoint import load_checkpoint, save_checkpoint
+from fedforge.experiment.checkpoint import (
+    last_checkpoint_note,
+    load_checkpoint,
+    save_checkpoint,
+)
 from fedforge.experiment.config import RunConfig, algorithm_kwargs, dump_config
 from fedforge.experiment.evaluate import evaluate
 from fedforge.experiment.metrics import MetricsWriter
 from fedforge.experiment.round import federated_round
+from fedforge.experiment.rundir import RUN_MAY_CHANGE, claim_run_dir
 from fedforge.models import build_model
 from fedforge.robust.divergence import DivergenceError, log_event, scale_lr
 from fedforge.robust.hook import RobustRound
@@ -136,16 +141,30 @@ def sample_round(exp: Experiment, round_: int):
 
 
 def run_experiment(
+    cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress: bool = True,
+    overwrite: bool = False,
+) -> list[dict]:
+    """Run ``cfg``, writing ``out_dir/{config.resolved.toml, metrics.jsonl, checkpoints/}``.
+
+    The folder is locked while the run writes it; one that holds an earlier run needs
+    ``resume`` or ``overwrite`` (fedforge.experiment.rundir); RunDirError otherwise."""
+    out = Path(out_dir)
+    if cfg.engine.name == "distributed" and init_distributed() and not is_main_rank():
+        out = out / f"rank{torch.distributed.get_rank()}"  # each rank claims what it writes
+    with claim_run_dir(out, lambda path: dump_config(cfg, path), resume=resume,
+                       overwrite=overwrite, may_change=RUN_MAY_CHANGE):
+        return _run_experiment(cfg, out_dir, resume=resume, progress=progress)
+
+
+def _run_experiment(
     cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress: bool = True
 ) -> list[dict]:
-    """Run ``cfg``, writing ``out_dir/{config.resolved.toml, metrics.jsonl, checkpoints/}``."""
     from fedforge.experiment.progress import RoundProgress
 
     out = run_dir = Path(out_dir)
     if cfg.engine.name == "distributed" and init_distributed() and not is_main_rank():
         out = out / f"rank{torch.distributed.get_rank()}"  # rank 0 owns the run directory
     out.mkdir(parents=True, exist_ok=True)
-    dump_config(cfg, out / "config.resolved.toml")
     exp = Experiment.from_config(cfg)
     set_matmul_precision(cfg.engine.precision)
     loss_fn = classification_loss(exp.model, cfg.engine.precision)
@@ -202,7 +221,7 @@ def run_experiment(
                 if cfg.divergence != "rollback" or rollbacks >= cfg.max_rollbacks:
                     log_event(out, {**event, "action": "stop"})
                     exc.args = (f"{exc}; stopped (policy {cfg.divergence}, {rollbacks} "
-                                f"rollbacks); last good checkpoint in {ckpt_dir}",)
+                                f"rollbacks); {last_checkpoint_note(ckpt_dir)}",)
                     raise
                 rollbacks, lr_scale = rollbacks + 1, lr_scale * cfg.rollback_lr_factor
                 exp.scale_local_lr(lr_scale)
@@ -235,7 +254,7 @@ def run_experiment(
             distill_s += distill_seconds(cohort.metrics)
             if not np.isfinite(train_loss):
                 raise FloatingPointError(f"round {t}: training loss is {train_loss} (diverged); "
-                                         f"last good checkpoint in {ckpt_dir}")
+                                         f"{last_checkpoint_note(ckpt_dir)}")
             record = None
             if (t % cfg.eval.every == 0 or t == cfg.rounds) and is_main_rank():
                 record = {"round": t, "train_loss": train_loss}

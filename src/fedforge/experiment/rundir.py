@@ -1,0 +1,247 @@
+"""Run folders: one writer at a time, no earlier run replaced by accident, resume only the
+run that was started.
+
+:func:`claim_run_dir` wraps every run (``fedforge run``, ``compare``, multi-task runs):
+
+* it holds an OS lock (``flock``/``LockFileEx`` on ``run.lock``, through ``filelock``) while
+  the run writes, so a second run into the same folder fails at once; the kernel drops the
+  lock when the process dies, so a killed run never blocks the next one;
+* a folder that already holds a run's files needs ``resume`` (continue it) or ``overwrite``
+  (delete the run's own files, and nothing else, first);
+* on resume the new resolved config may differ from the saved one only in the settings that
+  do not change what is computed (``rounds``, evaluation, checkpoints, engine placement);
+* the resolved config of every start is appended to ``config.history.jsonl``, so resuming
+  with more rounds keeps the record of how the first part was run.
+
+The folder's own files must be plain files (no symbolic or hard links): a run appends to
+them, and appending through a planted link would write outside the folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+LOCK_NAME = "run.lock"
+CONFIG_NAME = "config.resolved.toml"
+HISTORY_NAME = "config.history.jsonl"
+CHECKPOINTS = "checkpoints"
+# the files a run writes at the top of its folder; any of them (or checkpoints/) marks a run
+RUN_FILES = (CONFIG_NAME, HISTORY_NAME, "metrics.jsonl", "events.jsonl", "summary.json",
+             "divergence.jsonl")
+SCRATCH_FILES = (CONFIG_NAME + ".tmp", "metrics.jsonl.tmp")  # left behind by a killed write
+_CHECKPOINT_FILE = re.compile(r"(?:round_\d{5,}\.(?:json|safetensors)|latest\.json)(?:\.tmp)?")
+
+# dotted config keys (``*`` matches one list index) that a resumed run may change; a section
+# name covers its keys. The engine only places the computation (world size, chunking,
+# device); its numeric precision changes the results, so it stays fixed.
+RUN_MAY_CHANGE = ("rounds", "eval", "checkpoint", "engine", "compare")
+MULTITASK_MAY_CHANGE = ("max_updates", "max_time", "eval", "checkpoint", "engine",
+                        "tasks.*.eval_every")
+NEVER_CHANGE = ("engine.precision",)
+
+
+class RunDirError(ValueError):
+    """A run folder that cannot be used as asked; one line naming the folder or file."""
+
+
+@contextmanager
+def claim_run_dir(
+    out: str | Path, write_config: Callable[[Path], None], *, resume: bool = False,
+    overwrite: bool = False, may_change: tuple[str, ...] = RUN_MAY_CHANGE,
+) -> Iterator[Path]:
+    """Lock ``out`` for the duration of the ``with`` block, check it may be written as asked
+    and write the resolved config (``write_config(path)`` writes it as TOML) plus its
+    history line. Raises :class:`RunDirError` before anything of an earlier run is changed."""
+    out = Path(out)
+    if resume and overwrite:
+        raise RunDirError(f"{out}: choose one of --resume and --overwrite")
+    _make_folder(out)
+    lock = FileLock(str(out / LOCK_NAME), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise RunDirError(f"{out}: another run is writing this folder (it holds {LOCK_NAME});"
+                          " wait for it to finish or choose another --out") from None
+    except OSError as exc:
+        raise RunDirError(f"{out}: cannot lock the run folder ({exc.strerror or exc})") from None
+    try:
+        _check_plain_files(out, remove=overwrite)
+        existing = holds_run(out)
+        if existing and not (resume or overwrite):
+            raise RunDirError(f"{out}: holds an earlier run; pass --resume to continue it or "
+                              "--overwrite to replace it (or choose another --out)")
+        if overwrite:
+            remove_run_files(out)
+        new = _write_pending_config(out, write_config)
+        mode = "resume" if resume and existing else "overwrite" if existing else "fresh"
+        if mode == "resume":
+            saved = _saved_config(out)
+            bad = config_differences(saved, new, may_change)
+            if bad:
+                (out / (CONFIG_NAME + ".tmp")).unlink(missing_ok=True)
+                raise RunDirError(
+                    f"{out}: cannot resume with a different config: {', '.join(bad)} differ "
+                    f"from {CONFIG_NAME} (a resume may change only {', '.join(may_change)});"
+                    " choose another --out or pass --overwrite")
+            if not (out / HISTORY_NAME).exists():  # a run from before the history existed
+                _append_history(out, "earlier", saved)
+        os.replace(out / (CONFIG_NAME + ".tmp"), out / CONFIG_NAME)
+        _append_history(out, mode, new)
+        yield out
+    finally:
+        lock.release()
+
+
+def _make_folder(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise RunDirError(f"{out}: exists and is not a folder; choose another --out")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunDirError(f"{out}: cannot create the run folder ({exc.strerror or exc})"
+                          ) from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise RunDirError(f"{out}: the run folder is not writable")
+
+
+def holds_run(out: str | Path) -> bool:
+    """Whether ``out`` holds files a run writes (a lone ``run.lock`` does not count)."""
+    out = Path(out)
+    return any(os.path.lexists(out / n) for n in (*RUN_FILES, CHECKPOINTS))
+
+
+def _check_plain_files(out: Path, remove: bool) -> None:
+    """Every run file that exists must be a regular file with one link (``checkpoints`` a
+    real folder); with ``remove`` an offending name is unlinked instead (never its target)."""
+    for name in (*RUN_FILES, *SCRATCH_FILES, CHECKPOINTS):
+        path = out / name
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            continue
+        is_dir = name == CHECKPOINTS
+        if path.is_symlink():
+            problem = "is a symbolic link"
+        elif is_dir and not path.is_dir():
+            problem = "is not a folder"
+        elif not is_dir and not path.is_file():
+            problem = "is not a regular file"
+        elif not is_dir and st.st_nlink > 1:
+            problem = f"has {st.st_nlink} hard links"
+        else:
+            continue
+        if not remove:
+            raise RunDirError(f"{path}: {problem}; a run folder holds plain files only "
+                              "(--overwrite replaces the run)")
+        path.unlink()
+
+
+def remove_run_files(out: str | Path) -> list[Path]:
+    """Delete the files a run writes in ``out`` (see ``RUN_FILES``; in ``checkpoints/`` only
+    checkpoint-named files) -> the deleted paths. Anything else in the folder stays; links
+    are removed as links, their targets untouched."""
+    out = Path(out)
+    deleted = []
+    for name in (*RUN_FILES, *SCRATCH_FILES):
+        path = out / name
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+            deleted.append(path)
+    ckpt = out / CHECKPOINTS
+    if ckpt.is_symlink() or (ckpt.exists() and not ckpt.is_dir()):
+        ckpt.unlink()
+        deleted.append(ckpt)
+    elif ckpt.is_dir():
+        for entry in os.scandir(ckpt):
+            if _CHECKPOINT_FILE.fullmatch(entry.name) and (
+                    entry.is_symlink() or entry.is_file(follow_symlinks=False)):
+                os.unlink(entry.path)
+                deleted.append(ckpt / entry.name)
+        try:
+            ckpt.rmdir()
+        except OSError:  # holds files that are not ours: keep them
+            pass
+    return deleted
+
+
+def _write_pending_config(out: Path, write_config: Callable[[Path], None]) -> dict:
+    tmp = out / (CONFIG_NAME + ".tmp")
+    tmp.unlink(missing_ok=True)
+    write_config(tmp)
+    return tomllib.loads(tmp.read_text(encoding="utf-8"))
+
+
+def _saved_config(out: Path) -> dict:
+    path = out / CONFIG_NAME
+    if not path.is_file():
+        raise RunDirError(f"{out}: cannot check --resume: {CONFIG_NAME} is missing; choose "
+                          "another --out or pass --overwrite")
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise RunDirError(f"{path}: unreadable ({exc})") from None
+
+
+def config_differences(saved: dict, new: dict,
+                       may_change: tuple[str, ...] = RUN_MAY_CHANGE) -> list[str]:
+    """Dotted keys (``tasks.0.seed`` for list items) whose values differ between two resolved
+    configs and that a resume may not change."""
+    a, b = _flatten(saved), _flatten(new)
+    missing = object()
+    changed = sorted(k for k in a.keys() | b.keys() if a.get(k, missing) != b.get(k, missing))
+    return [k for k in changed if not _may_change(k, may_change)]
+
+
+def _may_change(key: str, patterns: tuple[str, ...]) -> bool:
+    def matches(p: str) -> bool:
+        return fnmatchcase(key, p) or fnmatchcase(key, p + ".*")
+
+    return not any(matches(p) for p in NEVER_CHANGE) and any(matches(p) for p in patterns)
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict) and tree:
+        items = tree.items()
+    elif isinstance(tree, list) and tree and all(isinstance(x, dict) for x in tree):
+        items = ((str(i), x) for i, x in enumerate(tree))
+    else:
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for k, v in items:
+        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def _append_history(out: Path, mode: str, config: dict) -> None:
+    line = json.dumps({"time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                       "mode": mode, "config": config}, default=str)
+    with open(out / HISTORY_NAME, "a", encoding="utf-8") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_config_history(out: str | Path) -> list[dict]:
+    """The run's ``config.history.jsonl``: one ``{time, mode, config}`` per start, oldest
+    first (``mode``: fresh | overwrite | resume | earlier)."""
+    path = Path(out) / HISTORY_NAME
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip()]
