@@ -258,11 +258,37 @@ def _print_registry(title: str, entries: dict[str, str]) -> None:
 
 
 @app.command("algorithms")
-def list_algorithms() -> None:
-    """The algorithm registry with one-line descriptions."""
-    from fedforge.algorithms import describe_algorithms
+def list_algorithms(
+    params: Annotated[str | None, typer.Option(
+        "--params", help="one method's hyper-parameters with their defaults and sources")] = None,
+    markdown: Annotated[bool, typer.Option(
+        "--markdown", help="print the docs/algorithms.md page")] = False,
+) -> None:
+    """Every method the CLI accepts, with its kind: sync algorithms, async methods and
+    multi-task baselines (the last two as a multi-task config's ``method``)."""
+    from fedforge.algorithms import defaults
 
-    _print_registry("algorithms", describe_algorithms())
+    if markdown:
+        typer.echo(defaults.markdown(), nl=False)
+        return
+    if params is not None:
+        try:
+            rows, kind = defaults.parameter_rows(params), defaults.method_kind(params)
+        except (KeyError, ValueError) as exc:
+            _fail(str(exc))
+        table = Table(title=f"{params} ({kind}): defaults and their sources")
+        for col in ("parameter", "default", "source", "where / why"):
+            table.add_column(col)
+        for row in rows:
+            table.add_row(*row)
+        console.print(table, highlight=False)
+        return
+    table = Table(title="methods (fedforge algorithms --params NAME for the defaults)")
+    for col in ("name", "kind", "description"):
+        table.add_column(col)
+    for name, kind in defaults.all_methods().items():
+        table.add_row(name, kind, defaults.describe(name))
+    console.print(table, highlight=False)
 
 
 @app.command("datasets")

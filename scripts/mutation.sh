@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# Mutation testing with mutmut (pip install -e ".[mutation]"), one module at a time.
+#
+#   scripts/mutation.sh src/fedforge/client/nar.py [more modules...]   # given modules
+#   scripts/mutation.sh --since <git-rev>        # configured modules changed since <git-rev>
+#   scripts/mutation.sh --all                    # every configured module
+#   scripts/mutation.sh --list                   # show the modules and their test selections
+#
+# Each module runs in its own scratch copy of src/, tests/ and pyproject.toml (so the working
+# tree is never touched and mutmut's mutants/ folder stays out of it), under `nice`, with
+# MUTATION_JOBS (default 2) workers and at most MUTATION_BUDGET seconds (default 1200) per
+# module; a module cut short reports its unchecked mutants. Results go to MUTATION_OUT
+# (default .mutation/): scores.tsv (module, killed, total, percent) and <module>.survivors.txt
+# (the diff of every surviving mutant). Which tests run for a module is `tests_for` below:
+# fast, targeted files, so a module finishes in minutes.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+JOBS="${MUTATION_JOBS:-2}"
+BUDGET="${MUTATION_BUDGET:-1200}"
+OUT="${MUTATION_OUT:-$ROOT/.mutation}"
+WORK="${MUTATION_WORK:-${TMPDIR:-/tmp}/fedforge-mutation}"
+# modules mutation testing is configured for (globs relative to the repository root)
+CONFIGURED=(src/fedforge/algorithms/*.py src/fedforge/client/*.py src/fedforge/server/*.py
+            src/fedforge/comm/*.py src/fedforge/sim/*.py src/fedforge/experiment/round.py)
+
+# The pytest arguments (test files, -k filters) that exercise one module. Slow Monte Carlo
+# and end-to-end tests are left out; the *_mutants.py files hold the fast exact checks.
+tests_for() {
+  case "$1" in
+    src/fedforge/client/nar.py)
+      echo "tests/client/test_nar.py tests/client/test_nar_mutants.py" \
+           "tests/algorithms/test_fednar_backbones.py" ;;
+    src/fedforge/client/*)
+      echo "tests/client tests/algorithms/test_fedavg_family.py" \
+           "tests/algorithms/test_fadamgc.py tests/algorithms/test_multiround_sgd.py" \
+           "tests/algorithms/test_multiround_adam.py" ;;
+    src/fedforge/comm/sketch.py)
+      echo "tests/comm/test_sketch.py tests/comm/test_sketch_mutants.py" \
+           "tests/algorithms/test_safl.py -k 'not unbiased_mean_of_RtR'" ;;
+    src/fedforge/comm/*)
+      echo "tests/comm tests/algorithms/test_safl.py" \
+           "tests/algorithms/test_multiround_compressed.py -k 'not unbiased_mean_of_RtR'" ;;
+    src/fedforge/server/*)
+      echo "tests/algorithms/test_fedopt.py tests/server" \
+           "tests/algorithms/test_multiround_sgd.py" ;;
+    src/fedforge/algorithms/scaffold.py)
+      echo "tests/algorithms/test_fedavg_family.py tests/algorithms/test_multiround_sgd.py" ;;
+    src/fedforge/algorithms/fadamgc.py | src/fedforge/algorithms/momentum.py)
+      echo "tests/algorithms/test_fadamgc.py tests/algorithms/test_multiround_adam.py" \
+           "tests/algorithms/test_defaults.py" ;;
+    src/fedforge/algorithms/compressed.py)
+      echo "tests/algorithms/test_safl.py tests/algorithms/test_multiround_compressed.py" \
+           "tests/algorithms/test_defaults.py" ;;
+    src/fedforge/algorithms/fedptr.py)
+      echo "tests/algorithms/test_fedptr.py tests/algorithms/test_defaults.py" ;;
+    src/fedforge/algorithms/*)
+      echo "tests/algorithms -k 'not fedptr'" ;;
+    src/fedforge/sim/*)
+      echo "tests/sim" ;;
+    src/fedforge/experiment/round.py)
+      echo "tests/algorithms tests/engine/test_parity.py -k 'not fedptr'" ;;
+    *)
+      echo "" ;;
+  esac
+}
+
+configured() {  # is $1 one of the configured modules?
+  local m
+  for m in "${CONFIGURED[@]}"; do [[ "$m" == "$1" ]] && return 0; done
+  return 1
+}
+
+run_module() {
+  local module="$1" slug dir selection
+  slug="$(echo "${module#src/fedforge/}" | tr '/' '.')"
+  slug="${slug%.py}"
+  selection="$(tests_for "$module")"
+  if [[ -z "$selection" ]]; then
+    echo "mutation: $module is not configured (see tests_for in $0)" >&2
+    return 1
+  fi
+  dir="$WORK/$slug"
+  rm -rf "$dir"
+  mkdir -p "$dir" "$OUT"
+  (cd "$ROOT" && tar --exclude=__pycache__ -cf - src tests pyproject.toml) | tar -xf - -C "$dir"
+  # this module only, with its own test selection (globs expanded inside the copy)
+  (cd "$dir" && MODULE="$module" SELECTION="$selection" python3 - <<'EOF'
+import glob, os, shlex, tomllib, tomli_w
+with open("pyproject.toml", "rb") as f:
+    data = tomllib.load(f)
+cfg = data.setdefault("tool", {}).setdefault("mutmut", {})
+cfg["only_mutate"] = [os.environ["MODULE"]]
+args = []
+for word in shlex.split(os.environ["SELECTION"]):
+    if "*" in word:
+        args.extend(sorted(glob.glob(word)))
+    elif not word.startswith("tests/") or os.path.exists(word):  # skip absent test files
+        args.append(word)
+cfg["pytest_add_cli_args_test_selection"] = args
+with open("pyproject.toml", "wb") as f:
+    tomli_w.dump(data, f)
+EOF
+  )
+  echo "== $module: pytest ${selection}"
+  local start=$SECONDS status=0
+  (cd "$dir" && OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 timeout --signal=INT "$BUDGET" \
+     nice -n 10 mutmut run --max-children "$JOBS" >"$dir/run.log" 2>&1) || status=$?
+  (cd "$dir" && mutmut results --all true 2>/dev/null) >"$dir/results.txt" || true
+  local total killed survivors
+  total=$(grep -c ': ' "$dir/results.txt" || true)
+  killed=$(grep -c -E ': (killed|timeout|caught by type check)$' "$dir/results.txt" || true)
+  survivors=$(grep -v -E ': (killed|timeout|caught by type check)$' "$dir/results.txt" \
+              | sed -E 's/^ *//' || true)
+  {
+    echo "# $module: surviving mutants (mutmut show NAME), $(date -u +%F)"
+    while IFS= read -r line; do
+      [[ -z "$line" ]] && continue
+      echo "## $line"
+      (cd "$dir" && mutmut show "${line%%:*}" 2>/dev/null) || true
+    done <<<"$survivors"
+  } >"$OUT/$slug.survivors.txt"
+  local pct="0.0"
+  [[ "$total" -gt 0 ]] && pct=$(python3 -c "print(f'{100 * $killed / $total:.1f}')")
+  touch "$OUT/scores.tsv"
+  grep -v -P "^\Q$module\E\t" "$OUT/scores.tsv" >"$OUT/scores.tsv.tmp" || true
+  printf '%s\t%s\t%s\t%s\n' "$module" "$killed" "$total" "$pct" >>"$OUT/scores.tsv.tmp"
+  sort "$OUT/scores.tsv.tmp" >"$OUT/scores.tsv" && rm -f "$OUT/scores.tsv.tmp"
+  echo "   $killed/$total killed ($pct %) in $((SECONDS - start)) s" \
+       "$([[ $status -eq 124 ]] && echo "(budget of $BUDGET s reached)")" \
+       "-> $OUT/$slug.survivors.txt"
+}
+
+modules=()
+case "${1:-}" in
+  ""|-h|--help)
+    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+    exit 0 ;;
+  --list)
+    cd "$ROOT"
+    for m in "${CONFIGURED[@]}"; do printf '%-45s %s\n' "$m" "$(tests_for "$m")"; done
+    exit 0 ;;
+  --all)
+    cd "$ROOT"
+    modules=("${CONFIGURED[@]}") ;;
+  --since)
+    rev="${2:?--since needs a git revision}"
+    cd "$ROOT"
+    while IFS= read -r f; do
+      configured "$f" && modules+=("$f")
+    done < <(git diff --name-only "$rev" -- src/fedforge)
+    if [[ ${#modules[@]} -eq 0 ]]; then
+      echo "mutation: no configured module changed since $rev"
+      exit 0
+    fi ;;
+  *)
+    cd "$ROOT"
+    for m in "$@"; do
+      [[ "$m" == src/* ]] || m="src/fedforge/$m"
+      configured "$m" || { echo "mutation: $m is not a configured module (--list)" >&2; exit 2; }
+      modules+=("$m")
+    done ;;
+esac
+
+command -v mutmut >/dev/null || { echo 'mutation: install mutmut: pip install -e ".[mutation]"' >&2
+                                 exit 2; }
+for m in "${modules[@]}"; do
+  [[ "$(basename "$m")" == "__init__.py" ]] && continue
+  run_module "$m"
+done
+echo "scores: $OUT/scores.tsv"
+column -t -s $'\t' "$OUT/scores.tsv" 2>/dev/null || cat "$OUT/scores.tsv"

@@ -1,0 +1,450 @@
+"""Every default hyper-parameter of every method, with where it comes from.
+
+A default that silently drifts from its source changes every run that relies on it, so each
+one is pinned here with its source: ``paper`` (with the section or table), ``official code``
+(with the repository and file) or ``ours`` (with the reason). ``tests/algorithms/
+test_defaults.py`` checks that the factories' defaults equal this table and that every
+registered algorithm and multi-task method is covered; ``fedforge algorithms --params NAME``
+prints it and ``docs/algorithms.md`` is generated from it
+(``python -m fedforge.algorithms.defaults docs/algorithms.md``).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+PAPER, CODE, OURS = "paper", "official code", "ours"
+SOURCES = (PAPER, CODE, OURS)
+
+
+@dataclass(frozen=True)
+class Default:
+    """One default value, the kind of its source and the exact place (or our reason)."""
+
+    value: object
+    source: str
+    ref: str
+
+
+def paper(value: object, ref: str) -> Default:
+    return Default(value, PAPER, ref)
+
+
+def code(value: object, ref: str) -> Default:
+    return Default(value, CODE, ref)
+
+
+def ours(value: object, reason: str) -> Default:
+    return Default(value, OURS, reason)
+
+
+# --- citations used more than once ----------------------------------------------------------
+REDDI = "Reddi et al. 2021 (Adaptive Federated Optimization)"
+FADAMGC = "Chen et al. (FAdamGC)"
+FEDNAR_CODE = "ljb121002/fednar scripts/*.sh (CIFAR-10)"
+SAFL = "Chen, Li & Banerjee (SAFL)"
+SAFL_CODE = "lucmonl/mlopt main.py"
+FEDPTR = "Chen et al. 2023 (FedPTR)"
+FEDAST = "Askin et al. 2024 (FedAST)"
+FEDAST_CODE = "askinb/FedAST"
+
+
+def _sgd_client(lr: Default | None = None) -> dict[str, Default]:
+    """The local-optimizer knobs every SGD-family backbone shares."""
+    return {
+        "local_lr": lr or code(0.01, f"{FEDNAR_CODE}: η_l = 0.01 for every backbone"),
+        "client_optimizer": paper("sgd", "McMahan et al. 2017, Alg. 1: local SGD"),
+        "weight_decay": ours(0.0, "no L2 decay unless a config sets it; the papers tune λ "
+                                  "per dataset"),
+        "max_grad_norm": ours(None, "no clipping unless asked; nar=true alone uses the "
+                                    "FedNAR code's A = 10"),
+        "nar": ours(False, "FedNAR's co-clipped decay (Li et al. 2023) is opt-in on every "
+                           "SGD backbone"),
+    }
+
+
+def _adam_server(lr: Default, b2: Default | None = None, tau_name: str = "tau",
+                 tau: Default | None = None) -> dict[str, Default]:
+    return {
+        "server_lr": lr,
+        "b1": paper(0.9, f"{REDDI}, Sec. 5: β1 = 0.9"),
+        "b2": b2 or paper(0.99, f"{REDDI}, Sec. 5: β2 = 0.99"),
+        tau_name: tau or paper(1e-3, f"{REDDI}, Sec. 5: τ = 1e-3"),
+    }
+
+
+_FEDOPT_LR = ours(1e-2, "Reddi et al. tune η per task; 1e-2 is FAdamGC Table 5's FedAdam "
+                        "value on 20NewsGroups")
+_FADAMGC_ADAM = {
+    "b1": paper(0.9, f"{FADAMGC}, experiments (spec §3.2): β1 = 0.9 for all Adam optimizers"),
+    "b2": paper(0.99, f"{FADAMGC}, App. G Table 3: the default β2 = 0.99 (against β2 = 0)"),
+    "eps": paper(1e-8, f"{FADAMGC}, experiments (spec §3.2): ε = 1e-8 for all Adam optimizers"),
+}
+_FADAMGC_LRS = {
+    "local_lr": paper(1e-3, f"{FADAMGC}, App. H Table 4: η_l = 1e-3 on CIFAR-10/100"),
+    "server_lr": paper(1.0, f"{FADAMGC}, App. H Table 4: η_g = 1 on CIFAR-10/100"),
+}
+_TRACKING = paper(0.5, f"{FADAMGC}, experiments (spec §3.1): S̃ = S/2 on the image tasks")
+_MOMENTUM_BASELINE = {
+    "local_lr": paper(1e-2, f"{FADAMGC}, App. H Table 4: FedAvg-M/SCAFFOLD-M η_l = 1e-2"),
+    "server_lr": paper(1.0, f"{FADAMGC}, App. H Table 4: FedAvg-M/SCAFFOLD-M η_g = 1"),
+    "beta": ours(0.1, "the FAdamGC paper gives no β; 0.1 lies in Cheng et al. 2023's "
+                      "recommended range"),
+}
+_FEDPTR_LOCAL = {
+    "local_lr": paper(0.01, f"{FEDPTR}, Sec. 5.1: SGD lr 0.01 for every method"),
+    "local_momentum": paper(0.5, f"{FEDPTR}, Sec. 5.1: momentum 0.5 (read only with "
+                                 "client_optimizer='momentum')"),
+    "weight_decay": ours(0.0, "the FedPTR paper states no weight decay"),
+}
+_FEDPTR = {
+    **_FEDPTR_LOCAL,
+    "client_optimizer": paper("momentum", f"{FEDPTR}, Sec. 5.1: SGD with momentum"),
+    "lam": paper(0.05, f"{FEDPTR}, Sec. 5.1: λ = 0.05"),
+    "adaptive": paper(True, f"{FEDPTR}, App. B.1: layer-adaptive λ_j = λ/||w_j - w̃_j||"),
+    "window": ours(2, "the paper leaves m open (docs/fedptr.md, open point 1)"),
+    "ipc": paper(10, f"{FEDPTR}, Table 3: 100 synthetic images for 10 classes"),
+    "outer_steps": paper(20, f"{FEDPTR}, Sec. 5.1: H = 20"),
+    "inner_steps": paper(10, f"{FEDPTR}, Sec. 5.1: R = 10"),
+    "syn_lr": paper(0.01, f"{FEDPTR}, Sec. 5.1: β₀ = 0.01"),
+    "lr_img": code(1000.0, "GeorgeCazenavette/mtt-distillation distill.py: lr_img"),
+    "lr_lr": code(1e-5, "GeorgeCazenavette/mtt-distillation distill.py: lr_lr"),
+    "proj_steps": paper(5, f"{FEDPTR}, Sec. 5.1: K = 5 projection steps"),
+    "proj_lr": ours(0.01, "the paper leaves the projection lr open; the local lr of Sec. 5.1"),
+    "mtt_every": paper(1, f"{FEDPTR}, Alg. 2: D̃ refitted every round (Table 7 varies it)"),
+    "augment": ours(False, "the paper does not say whether MTT's DSA was used "
+                           "(docs/fedptr.md)"),
+}
+_COMPRESSED_CLIENT = {
+    "local_lr": ours(0.01, "the library's SGD local lr; the SAFL author code's ResNet runs "
+                           "use 0.1, its ViT runs 0.01"),
+    "client_optimizer": paper("sgd", f"{SAFL}, Alg. 1: K local SGD steps"),
+    "weight_decay": code(0.0, f"{SAFL_CODE}: clients train with wd 0 (notebook run paths)"),
+}
+_SAFL_ADAM = {
+    "server_lr": paper(1e-2, f"{SAFL}, App. (experiments; spec §8): Adam lr 0.01"),
+    "b1": paper(0.9, f"{SAFL}, App. (experiments; spec §8): momentum 0.9"),
+    "b2": ours(0.99, "the SAFL paper states no β2; the FedOpt convention (Reddi et al. 2021)"),
+    "eps": ours(1e-3, "the FedAdam τ; with 1e-8 the first steps are ≈ sign(u) and flip with "
+                      "float reduction order (docs/safl.md)"),
+}
+_COMPRESSION = ours(100.0, "d/b = 100 is the SAFL paper's 99 % compression point "
+                           "(App. D: b = 4e5 for d ≈ 4e7)")
+_SEED = ours(0, "any fixed seed; shared randomness is rebuilt from (seed, round)")
+
+ALGORITHM_DEFAULTS: dict[str, dict[str, Default]] = {
+    "fedavg": {
+        **_sgd_client(),
+        "server_lr": paper(1.0, "McMahan et al. 2017, Alg. 1: plain averaging = server lr 1 "
+                                f"({REDDI}, Sec. 2)"),
+        "local_momentum": ours(0.9, "torch's usual heavy-ball β, read only with "
+                                    "client_optimizer='momentum'"),
+    },
+    "fedavgm": {
+        **_sgd_client(),
+        "client_optimizer": paper("sgd", "McMahan et al. 2017, Alg. 1: local SGD (FedAvgM "
+                                                "changes the server only)"),
+        "server_lr": code(1.0, "ljb121002/fednar main.py (FedAvgM): x <- x + m"),
+        "server_momentum": code(0.9, "ljb121002/fednar main.py (FedAvgM): m <- Δ̄ + 0.9 m"),
+    },
+    "fedprox": {
+        **_sgd_client(),
+        "mu": paper(0.01, "Li et al. 2020, Sec. 5: μ from the grid {0.001, 0.01, 0.1, 1}"),
+        "server_lr": paper(1.0, "Li et al. 2020, Alg. 2: plain averaging"),
+    },
+    "scaffold": {
+        **{k: v for k, v in _sgd_client().items() if k != "client_optimizer"},
+        "server_lr": paper(1.0, "Karimireddy et al. 2020, Sec. 7: η_g = 1 in the experiments"),
+    },
+    "fedadam": {
+        **_sgd_client(),
+        **_adam_server(_FEDOPT_LR),
+        "adam_rule": paper("textbook", f"{REDDI}, Alg. 2: v from Δ², no bias correction"),
+    },
+    "fedyogi": {**_sgd_client(), **_adam_server(_FEDOPT_LR)},
+    "fedadagrad": {
+        **_sgd_client(),
+        "server_lr": _FEDOPT_LR,
+        "tau": paper(1e-3, f"{REDDI}, Sec. 5: τ = 1e-3"),
+    },
+    "fedams": {
+        **_sgd_client(ours(0.01, "the FedOpt backbones' local lr; FAdamGC Table 4 tunes "
+                                 "FedAMS η_l per task")),
+        "server_lr": paper(1e-2, f"{FADAMGC}, App. H Table 5: FedAMS η_g = 1e-2 on "
+                                 "20NewsGroups"),
+        "b1": _FADAMGC_ADAM["b1"],
+        "b2": _FADAMGC_ADAM["b2"],
+        "eps": paper(1e-8, f"{FADAMGC}, experiments (spec §3.2): ε = 1e-8, the v̂ floor of "
+                           "Wang et al. 2022, Alg. 2"),
+    },
+    "fedexp": {
+        **_sgd_client(),
+        "eps": code(1e-3, "Divyansh03/FedExP main.py: epsilon_fedexp = 0.001 on CIFAR-10 "
+                          "(FedNAR's scripts pass 0)"),
+    },
+    "fadamgc": {**_FADAMGC_LRS, **_FADAMGC_ADAM, "tracking_fraction": _TRACKING},
+    "fa_nt": {**_FADAMGC_LRS, **_FADAMGC_ADAM, "tracking_fraction": _TRACKING},
+    "localadam": {
+        **_FADAMGC_LRS,
+        **_FADAMGC_ADAM,
+        "amsgrad": paper(True, f"{FADAMGC}, Alg. 1 with y = 0: AMSGrad max v̂"),
+        "bias_correction": paper(False, f"{FADAMGC}, Alg. 1: no bias correction"),
+        "carry_v": paper(True, f"{FADAMGC}, Alg. 1: v_i kept per client across rounds"),
+    },
+    "fedavg_m": dict(_MOMENTUM_BASELINE),
+    "scaffold_m": dict(_MOMENTUM_BASELINE),
+    "feddyn": {
+        **_FEDPTR_LOCAL,
+        "client_optimizer": paper("sgd", "Acar et al. 2021, Alg. 1: local SGD"),
+        "alpha": paper(0.01, "Acar et al. 2021, Sec. 5: α from the grid {0.1, 0.01, 0.001}"),
+    },
+    "feddc": {
+        **_FEDPTR_LOCAL,
+        "client_optimizer": paper("sgd", "Gao et al. 2022, Alg. 1: local SGD"),
+        "alpha": code(0.01, "gaoliang13/FedDC example_code_cifar10.py: alpha_coef = 1e-2"),
+    },
+    "fedptr": dict(_FEDPTR),
+    "fedptr_s": dict(_FEDPTR),
+    "safl": {
+        **_COMPRESSED_CLIENT,
+        **_SAFL_ADAM,
+        "rounds": ours(None, "no cosine decay without a horizon; set it to the run's rounds"),
+        "min_lr": paper(1e-5, f"{SAFL}, App. (experiments; spec §8): cosine schedule to 1e-5"),
+        "optimizer": paper("amsgrad", f"{SAFL}, Alg. 2: AMSGrad without bias correction"),
+        "sketch": code("srht", f"{SAFL_CODE}: SRHT of the flattened delta"),
+        "sketch_size": ours(None, "given as the compression ratio d/b instead"),
+        "compression": _COMPRESSION,
+        "sketch_rows": ours(1, "rows matter for the count sketch only"),
+        "sketch_seed": _SEED,
+    },
+    "fetchsgd": {
+        **_COMPRESSED_CLIENT,
+        "server_lr": paper(1.0, f"{SAFL}, App. (experiments; spec §8): SGD and SGDm use lr 1.0"),
+        "momentum": paper(0.9, f"{SAFL}, App. (experiments; spec §8): SGDm momentum 0.9"),
+        "sketch_size": ours(None, "given as the compression ratio d/b instead"),
+        "compression": _COMPRESSION,
+        "sketch_rows": code(5, f"{SAFL_CODE}: csvec count sketch with r = 5 rows"),
+        "k": ours(None, "a tenth of the sketch columns: k = d/compression diverged "
+                        "(docs/safl.md)"),
+        "topk_compression": ours(None, "k is given directly or by its default"),
+        "sketch_seed": _SEED,
+    },
+    "topk_ef": {
+        **_COMPRESSED_CLIENT,
+        **_SAFL_ADAM,
+        "optimizer": ours("adam", "server Adam, as the SAFL paper's compressed baselines"),
+        "method": ours("topk", "top-k is the classic error-feedback compressor"),
+        "k": ours(None, "given as the compression ratio d/k instead"),
+        "compression": _COMPRESSION,
+        "levels": ours(16, "QSGD levels, read only with method='qsgd': 4 bits per entry"),
+        "error_feedback": paper(True, "Karimireddy et al. 2019 (EF-SGD), Alg. 2"),
+        "seed": _SEED,
+    },
+    "onebit_adam": {
+        **_COMPRESSED_CLIENT,
+        **_SAFL_ADAM,
+        "error_feedback": paper(True, "Tang et al. 2021 (1-bit Adam), Alg. 1: error "
+                                      "compensation"),
+    },
+    "marina": {
+        **_COMPRESSED_CLIENT,
+        **_SAFL_ADAM,
+        "server_lr": paper(1.0, f"{SAFL}, App. (experiments; spec §8): SGD methods use lr 1.0"),
+        "optimizer": paper("sgd", "Gorbunov et al. 2021, Alg. 1: x <- x - γ g"),
+        "k": ours(None, "given as the compression ratio d/k instead"),
+        "compression": _COMPRESSION,
+        "sync_prob": ours(0.1, "a full synchronisation every ~10 rounds on average"),
+        "seed": _SEED,
+    },
+}
+
+
+# --- asynchronous and multi-task methods (experiment/multitask.py) --------------------------
+ASYNC, SYNC_BASELINE = "async", "multi-task baseline"
+
+_REQUESTS = code(96, f"{FEDAST_CODE} fedast_het_demo.json: nb_of_active_works = 96 per task")
+_RB = code(32.0, f"{FEDAST_CODE} server.py: R_bs_ratio = 32")
+_BUFFER = ours(None, "b from R/rb_ratio; set it to fix b for every task")
+_MAX_BATCH = ours(64, "jobs per vmapped call; changes speed only, never the result "
+                      "(tests/asyncfl/test_batched.py)")
+_K = paper(30, f"{FEDAST}, App. D.1: the first k = 30 updates per task are kept")
+_PER_ROUND = ours(None, "the availability cap (system.available_fraction of the clients)")
+
+METHOD_DEFAULTS: dict[str, dict[str, Default]] = {
+    "fedast": {
+        "async.requests": _REQUESTS,
+        "async.rb_ratio": _RB,
+        "async.buffer_size": _BUFFER,
+        "async.variance_window": paper(8, f"{FEDAST}, Alg. 4 and App. A: V = 8 updates per task"),
+        "async.c_period_factor": paper(0.75, f"{FEDAST}, App. A: c_period = 0.75 M Σ R_m"),
+        "async.min_requests": ours(1, "a floor of one request; the code's 32 is the "
+                                      "paper-scale example's value"),
+        "async.max_batch": _MAX_BATCH,
+    },
+    "fedast_static": {"async.requests": _REQUESTS, "async.rb_ratio": _RB,
+                      "async.buffer_size": _BUFFER, "async.max_batch": _MAX_BATCH},
+    "fedast_uniform": {"async.requests": _REQUESTS, "async.rb_ratio": _RB,
+                       "async.buffer_size": _BUFFER, "async.max_batch": _MAX_BATCH},
+    "fedast_nobuffer": {"async.requests": _REQUESTS, "async.max_batch": _MAX_BATCH},
+    "fedbuff": {"async.requests": _REQUESTS, "async.rb_ratio": _RB,
+                "async.buffer_size": _BUFFER, "async.max_batch": _MAX_BATCH},
+    "fedasync": {
+        "async.requests": _REQUESTS,
+        "async.fedasync_alpha": paper(0.6, "Xie et al. 2019, Sec. 6: mixing α = 0.6"),
+        "async.fedasync_a": paper(0.5, "Xie et al. 2019, Sec. 6: polynomial staleness "
+                                       "(1 + s)^-a, a = 0.5"),
+        "async.max_batch": _MAX_BATCH,
+    },
+    "sync_st": {"sync.k": _K, "sync.clients_per_round": _PER_ROUND},
+    "sync_st_nosm": {"sync.clients_per_round": _PER_ROUND},
+    "sync_ucb_st": {
+        "sync.k": _K,
+        "sync.clients_per_round": _PER_ROUND,
+        "sync.ucb_c": ours(0.5, "exploration weight of our per-task UCB simplification "
+                                "(docs/fedast.md)"),
+    },
+    "sequential": {"sync.k": _K, "sync.clients_per_round": _PER_ROUND},
+}
+
+METHOD_DESCRIPTIONS = {
+    "fedast": "FedAST (Askin et al. 2024): buffered async, dynamic request allocation",
+    "fedast_static": "FedAST(S): static allocation with the configured requests per task",
+    "fedast_uniform": "FedAST(S) uniform: equal requests per task",
+    "fedast_nobuffer": "FedAST without a buffer (b = 1), uniform allocation",
+    "fedbuff": "FedBuff (Nguyen et al. 2022): buffer b, staleness weight (1+s)^-1/2",
+    "fedasync": "FedAsync (Xie et al. 2019): b = 1, mixing α (1+s)^-a",
+    "sync_st": "Sync-ST (Bhuyan et al. 2023): random split of each round's clients",
+    "sync_st_nosm": "Sync-ST waiting for every client (no straggler mitigation)",
+    "sync_ucb_st": "Sync-UCB-ST: clients per task by a UCB index of the training loss",
+    "sequential": "one task at a time with all of the round's clients",
+}
+
+
+# --- queries --------------------------------------------------------------------------------
+def method_kind(name: str) -> str:
+    """``sync`` (one task, ``fedforge.algorithms``), ``async`` or ``multi-task baseline``."""
+    from fedforge.algorithms import ALGORITHMS
+    from fedforge.asyncfl.fedast import ASYNC_METHODS
+    from fedforge.asyncfl.sync import SYNC_METHODS
+
+    if name in ALGORITHMS:
+        return "sync"
+    if name in ASYNC_METHODS:
+        return ASYNC
+    if name in SYNC_METHODS:
+        return SYNC_BASELINE
+    raise ValueError(f"unknown method {name!r}; expected one of {sorted(all_methods())}")
+
+
+def all_methods() -> dict[str, str]:
+    """Every method the CLI accepts -> its kind (algorithms first, then multi-task ones)."""
+    from fedforge.algorithms import ALGORITHMS
+    from fedforge.asyncfl.fedast import ASYNC_METHODS
+    from fedforge.asyncfl.sync import SYNC_METHODS
+
+    out = {name: "sync" for name in ALGORITHMS}
+    out.update({name: ASYNC for name in ASYNC_METHODS})
+    out.update({name: SYNC_BASELINE for name in SYNC_METHODS})
+    return out
+
+
+def describe(name: str) -> str:
+    from fedforge.algorithms import build_algorithm
+
+    if method_kind(name) == "sync":
+        return build_algorithm(name).description
+    return METHOD_DESCRIPTIONS.get(name, "")
+
+
+def defaults_of(name: str) -> dict[str, Default]:
+    """The table's entries of one method (hyper-parameters or multi-task options)."""
+    table = ALGORITHM_DEFAULTS if method_kind(name) == "sync" else METHOD_DEFAULTS
+    if name not in table:
+        raise KeyError(f"{name!r} has no entry in fedforge.algorithms.defaults")
+    return table[name]
+
+
+def resolved_hparams(name: str, given: dict) -> dict:
+    """The full hyper-parameter set of algorithm ``name``: ``given`` over every default.
+
+    Unknown names or keys raise the same ``ValueError`` as
+    :func:`fedforge.algorithms.build_algorithm`; the order is the factory's.
+    """
+    from fedforge.algorithms import algorithm_hparams
+
+    defaults = algorithm_hparams(name)
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise ValueError(f"algorithm.{unknown[0]}: not a hyper-parameter of {name!r}; "
+                         f"expected one of {sorted(defaults)}")
+    return {key: given.get(key, value) for key, value in defaults.items()}
+
+
+def show(value: object) -> str:
+    """A default as a config would spell it."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return f'"{value}"'
+    return repr(value)
+
+
+def parameter_rows(name: str) -> list[tuple[str, str, str, str]]:
+    """``(parameter, default, source, where)`` in the factory's (or section's) order."""
+    from fedforge.algorithms import algorithm_hparams
+
+    table = defaults_of(name)
+    keys = list(algorithm_hparams(name)) if method_kind(name) == "sync" else list(table)
+    return [(k, show(table[k].value), table[k].source, table[k].ref) for k in keys]
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")  # a bare | would end the table cell
+
+
+def markdown() -> str:
+    """``docs/algorithms.md``: every method, its kind, and every default with its source."""
+    methods = all_methods()
+    lines = [
+        "# Algorithms and their defaults",
+        "",
+        "<!-- generated by `python -m fedforge.algorithms.defaults docs/algorithms.md` from",
+        "     src/fedforge/algorithms/defaults.py; tests/algorithms/test_defaults.py fails when",
+        "     this page is stale. Do not edit by hand. -->",
+        "",
+        "Every method `fedforge` accepts: `sync` algorithms go in a run config's `[algorithm]`",
+        "table (`fedforge run`, `fedforge compare -a`); `async` methods and `multi-task "
+        "baseline`s",
+        "are the `method` of a multi-task config with a `[[tasks]]` list, whose options live in",
+        "its `[async]` or `[sync]` table. Each default names its source: **paper** (section or",
+        "table), **official code** (repository and file) or **ours** (the reason). The same",
+        "table is printed by `fedforge algorithms --params NAME`.",
+        "",
+        "| method | kind | description |",
+        "|---|---|---|",
+    ]
+    lines += [f"| [`{n}`](#{n}) | {kind} | {_cell(describe(n))} |"
+              for n, kind in methods.items()]
+    for n, kind in methods.items():
+        lines += ["", f"## {n}", "", f"{kind}: {describe(n)}", "",
+                  "| parameter | default | source | where / why |", "|---|---|---|---|"]
+        lines += [f"| `{p}` | `{v}` | {s} | {_cell(r)} |" for p, v, s, r in parameter_rows(n)]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    """``python -m fedforge.algorithms.defaults [PATH]``: write (or print) the docs page."""
+    text = markdown()
+    if argv:
+        Path(argv[0]).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

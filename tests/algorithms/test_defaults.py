@@ -1,0 +1,143 @@
+"""Every default is pinned to its source (src/fedforge/algorithms/defaults.py).
+
+A changed default (β2 0.99 -> 0.999, τ 1e-3 -> 1e-8, ...) fails here until the table, and so
+its stated source, is changed with it; a new algorithm, hyper-parameter or multi-task method
+without a table entry fails too.
+"""
+
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fedforge.algorithms import ALGORITHMS, algorithm_hparams, build_algorithm
+from fedforge.algorithms.defaults import (
+    ALGORITHM_DEFAULTS,
+    CODE,
+    METHOD_DEFAULTS,
+    OURS,
+    PAPER,
+    SOURCES,
+    all_methods,
+    main,
+    markdown,
+    resolved_hparams,
+)
+from fedforge.asyncfl.fedast import ASYNC_METHODS
+from fedforge.asyncfl.sync import SYNC_METHODS
+from fedforge.experiment.multitask import AsyncSection, SyncSection
+
+ROOT = Path(__file__).resolve().parents[2]
+SECTIONS = {"async": AsyncSection, "sync": SyncSection}
+LOCATOR = re.compile(r"\b(Sec\.|Table|Alg\.|App\.|Eq\.|Fig\.)|§")  # § = spec note section
+
+
+def _same(a, b) -> bool:
+    return type(a) is type(b) and a == b
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_factory_defaults_equal_the_table(name):
+    table = ALGORITHM_DEFAULTS.get(name)
+    assert table is not None, f"{name}: add its defaults to fedforge/algorithms/defaults.py"
+    factory = algorithm_hparams(name)
+    assert set(table) == set(factory), f"{name}: table keys differ from the factory's"
+    wrong = {k: (factory[k], table[k].value) for k in factory if not _same(factory[k],
+                                                                          table[k].value)}
+    assert not wrong, f"{name}: factory default != table (factory, table): {wrong}"
+
+
+def test_no_table_entry_without_an_algorithm():
+    assert set(ALGORITHM_DEFAULTS) <= set(ALGORITHMS)
+    assert set(METHOD_DEFAULTS) == set(ASYNC_METHODS) | set(SYNC_METHODS)
+
+
+def _entries():
+    for table in (ALGORITHM_DEFAULTS, METHOD_DEFAULTS):
+        for name, params in table.items():
+            for key, d in params.items():
+                yield name, key, d
+
+
+def test_every_source_names_where_or_why():
+    for name, key, d in _entries():
+        where = f"{name}.{key}"
+        assert d.source in SOURCES, where
+        if d.source == PAPER:  # a section, table, algorithm, appendix, equation or figure
+            assert LOCATOR.search(d.ref), f"{where}: paper source without a locator: {d.ref}"
+        elif d.source == CODE:  # a repository (owner/name) and a file or setting
+            assert "/" in d.ref, f"{where}: official code without a repository: {d.ref}"
+        else:
+            assert d.source == OURS and len(d.ref) >= 20, f"{where}: ours needs a reason"
+
+
+@pytest.mark.parametrize("method", sorted(METHOD_DEFAULTS))
+def test_multitask_options_equal_the_config_sections(method):
+    for key, d in METHOD_DEFAULTS[method].items():
+        section, field = key.split(".")
+        fields = SECTIONS[section].model_fields
+        assert field in fields, f"{method}: {key} is not an option of [{section}]"
+        assert _same(fields[field].default, d.value), (method, key, fields[field].default)
+    kind = "async" if method in ASYNC_METHODS else "sync"
+    assert all(k.startswith(kind + ".") for k in METHOD_DEFAULTS[method])
+
+
+def test_every_section_option_is_covered():
+    covered = {k for params in METHOD_DEFAULTS.values() for k in params}
+    for section, model in SECTIONS.items():
+        missing = {f"{section}.{f}" for f in model.model_fields} - covered
+        assert not missing, f"options without a table entry: {sorted(missing)}"
+
+
+def test_all_methods_lists_every_kind():
+    methods = all_methods()
+    assert set(methods) == set(ALGORITHMS) | set(ASYNC_METHODS) | set(SYNC_METHODS)
+    assert methods["scaffold"] == "sync"
+    assert methods["fedbuff"] == "async"
+    assert methods["sync_st"] == "multi-task baseline"
+
+
+def test_resolved_hparams_fills_every_default():
+    got = resolved_hparams("fedadam", {"server_lr": 0.1})
+    assert list(got) == list(algorithm_hparams("fedadam"))
+    assert got["server_lr"] == 0.1 and got["b2"] == 0.99 and got["tau"] == 1e-3
+    build_algorithm("fedadam", **got)  # the resolved set is a valid full set
+    with pytest.raises(ValueError, match="algorithm.beta2: not a hyper-parameter"):
+        resolved_hparams("fedadam", {"beta2": 0.9})
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        resolved_hparams("fedsgd", {})
+
+
+def test_docs_page_is_current():
+    """docs/algorithms.md is generated; regenerate with
+    ``python -m fedforge.algorithms.defaults docs/algorithms.md``."""
+    page = ROOT / "docs" / "algorithms.md"
+    assert page.read_text(encoding="utf-8") == markdown(), (
+        "docs/algorithms.md is stale: python -m fedforge.algorithms.defaults docs/algorithms.md")
+
+
+def test_docs_page_writer(tmp_path):
+    assert main([str(tmp_path / "a.md")]) == 0
+    assert (tmp_path / "a.md").read_text(encoding="utf-8") == markdown()
+
+
+def test_cli_lists_every_method_with_kind_and_params(monkeypatch):
+    from fedforge import cli
+
+    monkeypatch.setattr(cli.console, "width", 250)  # no wrapping inside table cells
+    app, runner = cli.app, CliRunner()
+    out = runner.invoke(app, ["algorithms"])
+    assert out.exit_code == 0, out.output
+    for name in all_methods():
+        assert name in out.output
+    assert "multi-task baseline" in out.output and "async" in out.output
+    params = runner.invoke(app, ["algorithms", "--params", "fedyogi"])
+    assert params.exit_code == 0, params.output
+    for key in algorithm_hparams("fedyogi"):
+        assert key in params.output
+    assert "Sec. 5: β2 = 0.99" in params.output
+    fedast = runner.invoke(app, ["algorithms", "--params", "fedast"])
+    assert fedast.exit_code == 0 and "async.variance_window" in fedast.output
+    bad = runner.invoke(app, ["algorithms", "--params", "fedsgd"])
+    assert bad.exit_code == 2 and "unknown method" in bad.output
