@@ -1,8 +1,8 @@
 """The Flower bridge: same model as the fedforge simulator, malformed replies rejected.
 
 These tests drive the real ``ServerApp`` loop and ``ClientApp`` functions in-process through
-a tiny fake Grid (Ray start-up would dominate the run time); ``test_simulation.py`` runs the
-same bridge on Flower's simulation engine.
+a tiny fake Grid (``fakegrid.py``; Ray start-up would dominate the run time);
+``test_simulation.py`` runs the same bridge on Flower's simulation engine.
 """
 
 from __future__ import annotations
@@ -14,13 +14,15 @@ import torch
 
 pytest.importorskip("flwr", reason="the Flower bridge needs `pip install 'fedforge[flower]'`")
 
-from flwr.app import ArrayRecord, Context, Message, RecordDict  # noqa: E402
-from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+from flwr.app import ArrayRecord, RecordDict  # noqa: E402
 
 from fedforge.experiment.checkpoint import load_checkpoint  # noqa: E402
 from fedforge.experiment.config import load_config  # noqa: E402
 from fedforge.experiment.runner import read_metrics, run_experiment  # noqa: E402
 from fedforge.flower import client_app, run_server, validate_reply  # noqa: E402
+from fedforge.flower.common import experiment  # noqa: E402
+
+from .fakegrid import FakeGrid  # noqa: E402
 
 NUM_CLIENTS = 6
 TOL = 1e-5  # float32 summation order: the simulator's chunked tensordot vs our running sum
@@ -30,30 +32,6 @@ def tiny_cfg(*overrides: str):
     return load_config("examples/quickstart.toml", [
         "rounds=2", f"data.options.num_clients={NUM_CLIENTS}", "server.clients_per_round=3",
         "client.local_steps=3", "client.local_epochs=null", *overrides])
-
-
-class FakeGrid:
-    """In-process stand-in for Flower's Grid: node ``100 + i`` holds partition ``i``."""
-
-    def __init__(self, app, num_nodes: int, tamper=None):
-        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-        self.app, self.tamper = app, tamper or {}
-        self.ctx = {100 + i: Context(run_id=1, node_id=100 + i, state=RecordDict(),
-                                     node_config={"partition-id": i, "num-partitions": num_nodes},
-                                     run_config={}) for i in range(num_nodes)}
-
-    def get_node_ids(self) -> list[int]:
-        return list(self.ctx)
-
-    def send_and_receive(self, msgs, *, timeout=None):
-        replies = []
-        for m in msgs:
-            node = m.metadata.dst_node_id
-            reply = self.app(m, self.ctx[node])
-            if node in self.tamper and m.metadata.message_type == "train":
-                reply = Message(content=self.tamper[node](reply.content), reply_to=m)
-            replies.append(reply)
-        return replies
 
 
 def simulator_params(cfg, tmp_path) -> dict:
@@ -122,10 +100,8 @@ def test_all_rejected_leaves_model_unchanged():
     grid = FakeGrid(client_app(cfg), NUM_CLIENTS, {100 + i: _nan for i in range(NUM_CLIENTS)})
     init = {}
     got = run_server(grid, cfg, on_round=lambda t, p, info: init.update(n=len(info["rejected"])))
-    from fedforge.flower.bridge import _experiment
-
     assert init["n"] == 3
-    assert_close(got, _experiment(cfg)[0].initial_params(), tol=0)
+    assert_close(got, experiment(cfg)[0].initial_params(), tol=0)
 
 
 def test_validate_reply_directly():
@@ -151,6 +127,9 @@ def test_validate_reply_directly():
     assert "missing record 'uploads'" in validate_reply(
         RecordDict({"delta": ArrayRecord(good)}), template)
     assert "shape" in validate_reply(reply(good, {"p/c": torch.ones(4)}), template)
+    assert "unexpected records ['x']" in validate_reply(
+        RecordDict({"delta": ArrayRecord(good), "uploads": ArrayRecord({"p/c": torch.ones(3)}),
+                    "x": ArrayRecord(good)}), template)
 
 
 @pytest.mark.parametrize("algo", ["fedavg", "safl"])

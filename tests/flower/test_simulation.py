@@ -9,7 +9,7 @@ pytest.importorskip("ray", reason="Flower's simulation engine needs `flwr[simula
 
 from flwr.simulation import run_simulation  # noqa: E402
 
-from fedforge.flower import build_apps  # noqa: E402
+from fedforge.flower import ServerOptions, build_apps  # noqa: E402
 
 from .test_bridge import NUM_CLIENTS, assert_close, simulator_params, tiny_cfg  # noqa: E402
 
@@ -25,7 +25,7 @@ def test_run_simulation_fedavg_equals_simulator(tmp_path):
         seen.append(info)
         final.update({k: v.clone() for k, v in params.items()})
 
-    server, client = build_apps(cfg, on_round=on_round, timeout=120)
+    server, client = build_apps(cfg, ServerOptions(round_timeout=120), on_round=on_round)
     run_simulation(server_app=server, client_app=client, num_supernodes=NUM_CLIENTS,
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                                    "init_args": {"num_cpus": 2}})

@@ -4,7 +4,11 @@ and ``fedforge.flower.app:client``).
 The fedforge config comes from the Flower run config: ``fedforge-config`` (path of a TOML/YAML
 run config readable on every machine) and ``fedforge-overrides`` (space-separated
 ``section.key=value``). If ``fedforge-out`` is set, the server writes the final model there
-(safetensors) and one JSON line per round (accepted / rejected clients) beside it.
+(safetensors) and one JSON line per round (accepted / rejected clients) beside it. The
+server's guards are set by ``fedforge-round-timeout``, ``fedforge-query-timeout``,
+``fedforge-min-replies``, ``fedforge-max-norm-ratio``, ``fedforge-max-upload-ratio``,
+``fedforge-max-norm`` (0 switches a bound or timeout off) and ``fedforge-protocol`` (see
+:class:`fedforge.flower.server.ServerOptions`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,20 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from fedforge.experiment.config import RunConfig, load_config
-from fedforge.flower.bridge import answer_query, answer_train, run_server
+from fedforge.flower.client import answer_evaluate, answer_query, answer_train
+from fedforge.flower.server import ServerOptions, run_server
+
+# Flower run config key -> (ServerOptions field, type); 0 means "off" for the optional ones
+OPTION_KEYS = {
+    "fedforge-round-timeout": ("round_timeout", float),
+    "fedforge-query-timeout": ("query_timeout", float),
+    "fedforge-min-replies": ("min_replies", int),
+    "fedforge-max-norm-ratio": ("max_norm_ratio", float),
+    "fedforge-max-norm": ("max_norm", float),
+    "fedforge-max-upload-ratio": ("max_upload_ratio", float),
+    "fedforge-protocol": ("protocol", str),
+}
+_OPTIONAL = {"round_timeout", "query_timeout", "max_norm_ratio", "max_norm", "max_upload_ratio"}
 
 
 def config_from_run(run_config: dict) -> RunConfig:
@@ -28,6 +45,27 @@ def config_from_run(run_config: dict) -> RunConfig:
     return load_config(str(run_config["fedforge-config"]), overrides)
 
 
+def options_from_run(run_config: dict) -> ServerOptions:
+    """The server's guards from the Flower run config's ``fedforge-*`` keys (defaults:
+    :class:`ServerOptions`)."""
+    kwargs = {}
+    for key, (name, kind) in OPTION_KEYS.items():
+        if key not in run_config:
+            continue
+        raw = run_config[key]
+        try:
+            value = kind(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"run config: {key}: expected {kind.__name__}, got {raw!r}") from None
+        kwargs[name] = None if name in _OPTIONAL and value == 0 else value
+    try:
+        return ServerOptions(**kwargs)
+    except ValueError as exc:  # "field: why" -> "run config: fedforge-key: why"
+        name, _, why = str(exc).partition(": ")
+        key = next(k for k, (field, _) in OPTION_KEYS.items() if field == name)
+        raise ValueError(f"run config: {key}: {why}") from None
+
+
 server = ServerApp()
 client = ClientApp()
 
@@ -35,6 +73,7 @@ client = ClientApp()
 @server.main()
 def _main(grid: Grid, context: Context) -> None:
     cfg = config_from_run(context.run_config)
+    options = options_from_run(context.run_config)
     out = str(context.run_config.get("fedforge-out", ""))
     log = Path(out).with_suffix(".rounds.jsonl") if out else None
 
@@ -43,7 +82,7 @@ def _main(grid: Grid, context: Context) -> None:
             with log.open("a") as f:
                 f.write(json.dumps({"round": t, **info}) + "\n")
 
-    params = run_server(grid, cfg, on_round=on_round)
+    params = run_server(grid, cfg, options, on_round=on_round)
     if out:
         from safetensors.torch import save_file
 
@@ -58,3 +97,8 @@ def _query(msg: Message, context: Context) -> Message:
 @client.train()
 def _train(msg: Message, context: Context) -> Message:
     return answer_train(config_from_run(context.run_config), msg, context)
+
+
+@client.evaluate()
+def _evaluate(msg: Message, context: Context) -> Message:
+    return answer_evaluate(config_from_run(context.run_config), msg, context)
