@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from fedforge import cli
@@ -149,6 +150,16 @@ def test_fresh_run_into_existing_run_is_refused(finished_run, tmp_path):
     assert (out / "metrics.jsonl").read_bytes() == metrics
     with pytest.raises(RunDirError, match="one of --resume and --overwrite"):
         run_experiment(_cfg(), out, resume=True, overwrite=True, progress=False)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_start_that_failed_before_any_result_needs_no_flag(tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match="engine.device"):
+        run_experiment(_cfg("engine.device=cuda"), out, progress=False)  # fails after claiming
+    assert (out / "config.resolved.toml").is_file()
+    run_experiment(_cfg(), out, progress=False)
+    assert [h["mode"] for h in read_config_history(out)] == ["fresh", "fresh"]
 
 
 def test_overwrite_replaces_only_the_runs_own_files(tmp_path):

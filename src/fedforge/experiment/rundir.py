@@ -3,7 +3,7 @@ run that was started.
 
 :func:`claim_run_dir` wraps every run (``fedforge run``, ``compare``, multi-task runs):
 
-* it holds an OS lock (``flock``/``LockFileEx`` on ``run.lock``, through ``filelock``) while
+* it holds an OS lock (``flock`` or the Windows equivalent on ``run.lock``, via ``filelock``) while
   the run writes, so a second run into the same folder fails at once; the kernel drops the
   lock when the process dies, so a killed run never blocks the next one;
 * a folder that already holds a run's files needs ``resume`` (continue it) or ``overwrite``
@@ -41,9 +41,10 @@ LOCK_NAME = "run.lock"
 CONFIG_NAME = "config.resolved.toml"
 HISTORY_NAME = "config.history.jsonl"
 CHECKPOINTS = "checkpoints"
-# the files a run writes at the top of its folder; any of them (or checkpoints/) marks a run
-RUN_FILES = (CONFIG_NAME, HISTORY_NAME, "metrics.jsonl", "events.jsonl", "summary.json",
-             "divergence.jsonl")
+# the files a run writes at the top of its folder; a non-empty result file or checkpoint
+# marks a folder as holding a run (a config alone is a start that produced nothing yet)
+RESULT_FILES = ("metrics.jsonl", "events.jsonl", "summary.json", "divergence.jsonl")
+RUN_FILES = (CONFIG_NAME, HISTORY_NAME, *RESULT_FILES)
 SCRATCH_FILES = (CONFIG_NAME + ".tmp", "metrics.jsonl.tmp")  # left behind by a killed write
 _CHECKPOINT_FILE = re.compile(r"(?:round_\d{5,}\.(?:json|safetensors)|latest\.json)(?:\.tmp)?")
 
@@ -121,9 +122,17 @@ def _make_folder(out: Path) -> None:
 
 
 def holds_run(out: str | Path) -> bool:
-    """Whether ``out`` holds files a run writes (a lone ``run.lock`` does not count)."""
+    """Whether ``out`` holds results of a run: a non-empty metrics, events, summary or
+    divergence file, or anything in ``checkpoints/``. A folder with only a config (a run that
+    failed before its first result) or only ``run.lock`` does not count."""
     out = Path(out)
-    return any(os.path.lexists(out / n) for n in (*RUN_FILES, CHECKPOINTS))
+    for name in RESULT_FILES:
+        path = out / name
+        if path.is_symlink() or (path.exists() and (not path.is_file()
+                                                    or path.stat().st_size > 0)):
+            return True
+    ckpt = out / CHECKPOINTS
+    return ckpt.is_symlink() or (ckpt.exists() and (not ckpt.is_dir() or any(ckpt.iterdir())))
 
 
 def _check_plain_files(out: Path, remove: bool) -> None:
