@@ -9,7 +9,6 @@ import torch
 
 from fedforge.algorithms import build_algorithm
 from fedforge.algorithms.fedexp import fedexp_step_size
-from fedforge.experiment.runner import eval_params
 from tests.quadratic import ENGINES, run_rounds
 
 F64 = torch.float64
@@ -42,7 +41,7 @@ def test_round_uses_extrapolated_step(engine):
     alg = build_algorithm("fedexp", local_lr=1.0, eps=0.0)
     params, state, _, _ = run_rounds(alg, rows, [0.0, 0.0], engine=ENGINES[engine]())
     torch.testing.assert_close(params["w"], torch.tensor([0.0, -1.5], dtype=F64))
-    assert float(state["parts"]["fedexp"]["eta_g"]) == pytest.approx(1.5)
+    assert float(state["opt"]["eta_g"]) == pytest.approx(1.5)
 
 
 def test_agreeing_clients_give_fedavg():
@@ -52,7 +51,7 @@ def test_agreeing_clients_give_fedavg():
     p_exp, s_exp, _, _ = run_rounds(exp, rows, [1.0, -1.0], rounds=2, steps=2)
     p_avg, _, _, _ = run_rounds(avg, rows, [1.0, -1.0], rounds=2, steps=2)
     torch.testing.assert_close(p_exp["w"], p_avg["w"])
-    assert float(s_exp["parts"]["fedexp"]["eta_g"]) == 1.0
+    assert float(s_exp["opt"]["eta_g"]) == 1.0
 
 
 def test_evaluation_at_average_of_last_two_iterates():
@@ -61,12 +60,12 @@ def test_evaluation_at_average_of_last_two_iterates():
     _, _, _, hist = run_rounds(alg, rows, [0.0, 0.0], rounds=2)
     (x1, s1, _), (x2, s2, _) = hist
     # after round 1 the code evaluates x^1 itself; afterwards (x^t + x^{t-1}) / 2
-    torch.testing.assert_close(eval_params(alg, x1, s1)["w"], x1["w"])
-    torch.testing.assert_close(eval_params(alg, x2, s2)["w"], 0.5 * (x1["w"] + x2["w"]))
+    torch.testing.assert_close(alg.eval_params(x1, s1)["w"], x1["w"])
+    torch.testing.assert_close(alg.eval_params(x2, s2)["w"], 0.5 * (x1["w"] + x2["w"]))
     assert not torch.equal(x1["w"], x2["w"])
     # any other algorithm is evaluated where it stands
     avg = build_algorithm("fedavg")
-    assert eval_params(avg, x2, s2) is x2
+    assert avg.eval_params(x2, s2) is x2
 
 
 def test_eps_schedule_follows_the_server_round():
@@ -75,9 +74,9 @@ def test_eps_schedule_follows_the_server_round():
     alg = build_algorithm("fedexp", local_lr=1.0,
                           eps={"schedule": "exponential", "init": 0.1, "gamma": 0.5})
     _, _, _, hist = run_rounds(alg, rows, [0.0, 0.0], rounds=2)
-    assert float(hist[0][1]["parts"]["fedexp"]["eta_g"]) == pytest.approx(1.5 / 1.1)
+    assert float(hist[0][1]["opt"]["eta_g"]) == pytest.approx(1.5 / 1.1)
     x1 = hist[0][0]["w"]  # round 2 from x1: Δ_i = x1 - b_i
     d = torch.stack([x1 - torch.tensor([-1.0, 0.0], dtype=F64),
                      x1 - torch.tensor([1.0, -2.0], dtype=F64)])
     want = max(1.0, 0.5 * float((d**2).sum(1).mean()) / (float((d.mean(0) ** 2).sum()) + 2 * 0.025))
-    assert float(hist[1][1]["parts"]["fedexp"]["eta_g"]) == pytest.approx(want)
+    assert float(hist[1][1]["opt"]["eta_g"]) == pytest.approx(want)

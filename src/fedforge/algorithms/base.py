@@ -17,13 +17,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import NamedTuple
 
 import torch
 
 from fedforge.client.transforms import RoundContext, Transform
 from fedforge.comm.codec import Codec
-from fedforge.core.tree import Params, tree_add, tree_nbytes
+from fedforge.core.tree import Params, tree_nbytes
+from fedforge.server.chain import (
+    Aggregate,
+    ServerChain,
+    ServerState,
+    ServerTransform,
+    decode_stage,
+    optimizer_stage,
+    parts_stage,
+)
 from fedforge.server.optimizers import ServerOptimizer
 
 
@@ -72,9 +82,8 @@ class Part:
         """-> (this client's new persistent state, uploads to be averaged over the cohort)."""
         return fin.ctx.client_state.get(self.name, {}), {}
 
-    def server_update(
-        self, server_state: dict, mean_uploads: dict, num_sampled: int, num_clients: int
-    ) -> dict:
+    def server_update(self, server_state: dict, mean_uploads: dict, agg: Aggregate) -> dict:
+        """This part's new server state from the mean of its uploads over the aggregate."""
         return server_state
 
     def round_info(self, num_sampled: int, generator: torch.Generator) -> dict:
@@ -111,19 +120,54 @@ class Part:
         return params
 
 
+# What a driver may be asked to serve (see :attr:`Algorithm.needs`).
+NEEDS = {
+    "client_state": "per-client state kept between rounds",
+    "uploads": "per-client uploads besides the delta",
+    "codec": "an uplink codec",
+    "prepare": "eager per-cohort work before local training",
+    "round_info": "per-client random inputs drawn each round",
+}
+
+
 @dataclass(frozen=True)
 class Algorithm:
+    """``(local_optimizer, parts, server optimizer, codec)`` plus paper defaults.
+
+    ``server_optimizer`` is a :class:`ServerOptimizer` on Δ or a whole
+    :class:`~fedforge.server.chain.ServerTransform` (FedExP's extrapolation); the server step
+    is the chain :attr:`server` built from these, the same for every driver.
+    ``aggregation`` is how the driver weights the deltas: ``"num_samples"`` (n_i / n, as in
+    McMahan et al.) or ``"uniform"`` (1/S).
+    """
+
     name: str
     local_optimizer: Transform
-    server_optimizer: ServerOptimizer
+    server_optimizer: ServerOptimizer | ServerTransform
     parts: tuple[Part, ...] = ()
     description: str = ""
     hparams: dict = field(default_factory=dict)
     codec: Codec | None = None  # uplink codec (fedforge.comm.codec): encode/average/decode
+    aggregation: str = "uniform"
 
     @property
     def needs_grad_sum(self) -> bool:
         return any(p.needs_grad_sum for p in self.parts)
+
+    def needs(self, params: Params) -> frozenset[str]:
+        """What a driver must serve to run this algorithm (keys of :data:`NEEDS`)."""
+        needs = set()
+        if self.client_init(params):
+            needs.add("client_state")
+        if any(type(p).finalize is not Part.finalize for p in self.parts):
+            needs.add("uploads")
+        if self.codec is not None:
+            needs.add("codec")
+        if self.prepares:
+            needs.add("prepare")
+        if self.round_info(2, torch.Generator().manual_seed(0)):
+            needs.add("round_info")
+        return frozenset(needs)
 
     # --- client side -----------------------------------------------------------------
     def client_init(self, params: Params) -> dict:
@@ -169,68 +213,47 @@ class Algorithm:
         return states, info, metrics
 
     def server_prepare(
-        self, params: Params, server_state: dict, loss_fn: Callable
-    ) -> tuple[dict, dict]:
+        self, params: Params, server_state: ServerState, loss_fn: Callable
+    ) -> tuple[ServerState, dict]:
         """-> (server state, metrics) after every preparing part's server hook."""
         parts, metrics = dict(server_state["parts"]), {}
         for p in self.parts:
             if p.prepares:
                 parts[p.name], m = p.server_prepare(parts[p.name], params, loss_fn)
                 metrics.update(m)
-        return {**server_state, "parts": parts}, metrics
+        return ServerState({**server_state.stages, "parts": parts}), metrics
 
     @property
     def prepares(self) -> bool:
         return any(p.prepares for p in self.parts)
 
     # --- server side -----------------------------------------------------------------
-    def server_init(self, params: Params) -> dict:
-        state = {
-            "opt": self.server_optimizer.init(params),
-            "parts": {p.name: p.server_init(params) for p in self.parts},
-        }
-        if self.codec is not None:
-            state["codec"] = self.codec.server_init(params)
-        return state
+    @cached_property
+    def server(self) -> ServerChain:
+        """The server step: decode -> optimizer -> parts (built once, used by every driver)."""
+        opt = self.server_optimizer
+        stages = [] if self.codec is None else [decode_stage(self.codec)]
+        stages.append(opt if isinstance(opt, ServerTransform) else optimizer_stage(opt))
+        stages.append(parts_stage(self.parts))
+        return ServerChain(tuple(stages))
 
-    def decode_uplink(
-        self, mean_message: dict, server_state: dict, params: Params, round_: int
-    ) -> tuple[Params, dict]:
-        """The codec's server side: mean message -> mean delta (before the server step)."""
-        if self.codec is None:
-            return mean_message, server_state
-        delta, codec_state = self.codec.decode(
-            mean_message, server_state.get("codec", {}), params, round_)
-        return delta, {**server_state, "codec": codec_state}
+    def server_init(self, params: Params) -> ServerState:
+        return self.server.init(params)
 
-    def broadcast(self, server_state: dict) -> dict:
+    def server_step(self, params: Params, server_state: ServerState, aggregate: Aggregate
+                    ) -> tuple[Params, ServerState]:
+        """Fold ``aggregate`` in: decode, server optimizer, parts, post-adjustments."""
+        return self.server.step(params, server_state, aggregate)
+
+    def eval_params(self, params: Params, server_state: ServerState) -> Params:
+        """Where the model is evaluated (``params`` unless a stage says otherwise)."""
+        return self.server.eval_params(params, server_state)
+
+    def broadcast(self, server_state: ServerState) -> dict:
         return {p.name: p.broadcast(server_state["parts"][p.name]) for p in self.parts}
 
-    def server_step(
-        self,
-        params: Params,
-        server_state: dict,
-        mean_delta: Params,
-        mean_uploads: dict,
-        num_sampled: int,
-        num_clients: int,
-    ) -> tuple[Params, dict]:
-        """Apply the server optimizer to ``mean_delta`` and update every part's server state."""
-        updates, opt_state = self.server_optimizer.update(mean_delta, server_state["opt"], params)
-        new_params = tree_add(params, updates)
-        parts = {
-            p.name: p.server_update(
-                server_state["parts"][p.name], mean_uploads.get(p.name, {}), num_sampled,
-                num_clients,
-            )
-            for p in self.parts
-        }
-        for p in self.parts:
-            new_params = p.adjust_params(new_params, parts[p.name])
-        return new_params, {**server_state, "opt": opt_state, "parts": parts}
-
     def message_nbytes(
-        self, params: Params, server_state: dict, round_: int | None = None
+        self, params: Params, server_state: ServerState, round_: int | None = None
     ) -> tuple[int, int]:
         """Bytes (down, up) per sampled client: model + broadcast down, delta + uploads up."""
         down = tree_nbytes(params) + tree_nbytes(self.broadcast(server_state))

@@ -50,7 +50,8 @@ from fedforge.client.transforms import (
     scale_by_adam,
     scale_by_learning_rate,
 )
-from fedforge.core.tree import Params, tree_add, tree_zeros_like
+from fedforge.core.tree import Params, tree_zeros_like
+from fedforge.server.chain import population_mean_step
 from fedforge.server.optimizers import server_sgd
 
 ADAM_NAME = "adam"  # name of the scale_by_adam transform whose final v is carried
@@ -136,9 +137,9 @@ class GradientTracking(Part):
         new_yi = {n: torch.where(update, target[n], yi[n]) for n in yi}
         return {"y": new_yi}, {"dy": {n: new_yi[n] - yi[n] for n in yi}}
 
-    def server_update(self, server_state, mean_uploads, num_sampled, num_clients) -> dict:
-        frac = num_sampled / num_clients  # (1/n) Σ_{S̃} dy = (S/n) mean_S dy
-        return {"y": tree_add(server_state["y"], mean_uploads["dy"], alpha=frac)}
+    def server_update(self, server_state, mean_uploads, agg) -> dict:
+        # (1/n) Σ_{S̃} dy = (S/n) mean_S dy
+        return {"y": population_mean_step(server_state["y"], mean_uploads["dy"], agg)}
 
 
 class CarriedSecondMoment(Part):

@@ -22,6 +22,7 @@ from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import Transform, _stateless, at_round, chain
 from fedforge.core.schedules import ScheduleLike, as_schedule
 from fedforge.core.tree import Params, tree_add, tree_sub, tree_zeros_like
+from fedforge.server.chain import population_mean_step
 from fedforge.server.optimizers import server_sgd
 
 
@@ -66,11 +67,11 @@ class DriftCorrection(Part):
         uploads = {"dG": tree_sub(new_g, st["G"]), "delta": fin.delta}
         return {"h": new_h, "G": new_g}, uploads
 
-    def server_update(self, server_state, mean_uploads, num_sampled, num_clients) -> dict:
-        frac = num_sampled / num_clients
+    def server_update(self, server_state, mean_uploads, agg) -> dict:
         return {
-            "G": tree_add(server_state["G"], mean_uploads["dG"], alpha=frac),
-            "hbar": tree_add(server_state["hbar"], mean_uploads["delta"], alpha=-frac),
+            "G": population_mean_step(server_state["G"], mean_uploads["dG"], agg),
+            "hbar": population_mean_step(server_state["hbar"], mean_uploads["delta"], agg,
+                                         scale=-1.0),
         }
 
     def adjust_params(self, params: Params, server_state: dict) -> Params:

@@ -21,6 +21,7 @@ from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import Transform, _stateless, chain
 from fedforge.core.schedules import ScheduleLike
 from fedforge.core.tree import Params, tree_add, tree_zeros_like
+from fedforge.server.chain import population_mean_step
 from fedforge.server.optimizers import server_sgd
 
 
@@ -53,9 +54,9 @@ class DynamicRegularizer(Part):
         g = fin.ctx.client_state[self.name]["grad"]
         return {"grad": tree_add(g, fin.delta, alpha=self.alpha)}, {"delta": fin.delta}
 
-    def server_update(self, server_state, mean_uploads, num_sampled, num_clients) -> dict:
-        frac = num_sampled / num_clients
-        return {"h": tree_add(server_state["h"], mean_uploads["delta"], alpha=self.alpha * frac)}
+    def server_update(self, server_state, mean_uploads, agg) -> dict:
+        return {"h": population_mean_step(server_state["h"], mean_uploads["delta"], agg,
+                                          scale=self.alpha)}
 
     def adjust_params(self, params: Params, server_state: dict) -> Params:
         return tree_add(params, server_state["h"], alpha=-1.0 / self.alpha)

@@ -10,15 +10,11 @@ and the model is *evaluated* at the average of the last two iterates ``(x^{t+1} 
 uniform mean over the cohort (equal to the code's data-size weighting on equal-sized clients).
 If every ``Δ_i`` is zero (and ε = 0) the step size is 1.
 
-Server state ``parts["fedexp"]``: ``prev`` (``x^t``, the iterate before the last step),
-``round`` (server steps done) and ``eta_g`` (the last step size, for logs). The evaluation
-point is :meth:`FedExPAlgorithm.eval_params`, which the runner evaluates
-(:func:`fedforge.experiment.runner.eval_params`); training continues from ``x^{t+1}``.
+The step is the server stage :func:`extrapolation` (state ``server["opt"]``); its evaluation
+point is the chain's ``eval_params``, and training continues from ``x^{t+1}``.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
@@ -26,18 +22,14 @@ from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
 from fedforge.client.optimizers import local_optimizer
 from fedforge.core.schedules import ScheduleLike, as_schedule, value_at
 from fedforge.core.tree import Params, tree_clone, tree_map2, tree_sq_norm
-from fedforge.server.optimizers import ServerOptimizer
+from fedforge.server.chain import ServerTransform
 
 
 class ExtrapolationStats(Part):
-    """Uploads each client's ``||Δ_i||²``; keeps the previous iterate for evaluation."""
+    """Uploads each client's ``||Δ_i||²`` (one scalar besides the delta)."""
 
     name = "fedexp"
     uplink_models = 0.0  # one scalar besides the delta
-
-    def server_init(self, params: Params) -> dict:
-        return {"prev": tree_clone(params), "round": torch.zeros((), dtype=torch.float64),
-                "eta_g": torch.ones((), dtype=torch.float64)}
 
     def finalize(self, fin: FinalizeInputs) -> tuple[dict, dict]:
         return {}, {"sq_norm": tree_sq_norm(fin.delta)}
@@ -53,31 +45,33 @@ def fedexp_step_size(
     return torch.clamp(ratio, min=1.0)
 
 
-def _identity_server() -> ServerOptimizer:
-    return ServerOptimizer("fedexp", lambda params: {}, lambda g, state, params: (g, state))
+def extrapolation(eps: ScheduleLike = 1e-3) -> ServerTransform:
+    """FedExP's server stage: ``x <- x - η_g Δ̄``; evaluated at ``(x^{t} + x^{t-1}) / 2``.
 
+    State: ``prev`` (the iterate before the last step), ``round`` (server steps done) and
+    ``eta_g`` (the last step size, for logs).
+    """
+    eps = as_schedule(eps, "eps")
 
-@dataclass(frozen=True)
-class FedExPAlgorithm(Algorithm):
-    eps: ScheduleLike = 1e-3
+    def init(params):
+        return {"prev": tree_clone(params), "round": torch.zeros((), dtype=torch.float64),
+                "eta_g": torch.ones((), dtype=torch.float64)}
 
-    def server_step(self, params, server_state, mean_delta, mean_uploads, num_sampled,
-                    num_clients):
-        part = server_state["parts"]["fedexp"]
-        t = part["round"] + 1
-        eps = value_at(as_schedule(self.eps, "eps"), t)
-        sq = mean_uploads["fedexp"]["sq_norm"]
-        eta = fedexp_step_size(sq, mean_delta, num_sampled, eps)
-        new_params = tree_map2(lambda p, d: p - eta.to(p.dtype) * d, params, mean_delta)
-        new_part = {"prev": tree_clone(params), "round": t, "eta_g": eta.to(torch.float64)}
-        return new_params, {"opt": server_state["opt"], "parts": {"fedexp": new_part}}
+    def update(params, agg, state):
+        t = state["round"] + 1
+        sq = agg.uploads["fedexp"]["sq_norm"]
+        eta = fedexp_step_size(sq, agg.delta, agg.num_sampled, value_at(eps, t))
+        new_params = tree_map2(lambda p, d: p - eta.to(p.dtype) * d, params, agg.delta)
+        return new_params, agg, {"prev": tree_clone(params), "round": t,
+                                 "eta_g": eta.to(torch.float64)}
 
-    def eval_params(self, params: Params, server_state: dict) -> Params:
-        """Where to evaluate: ``(x^{t} + x^{t-1}) / 2`` after round ``t >= 2``, else ``x^t``."""
-        part = server_state["parts"]["fedexp"]
-        later = part["round"] >= 2
-        return {k: torch.where(later, 0.5 * (params[k] + part["prev"][k]), params[k])
+    def eval_params(params, state):
+        """``(x^{t} + x^{t-1}) / 2`` after round ``t >= 2``, else ``x^t``."""
+        later = state["round"] >= 2
+        return {k: torch.where(later, 0.5 * (params[k] + state["prev"][k]), params[k])
                 for k in params}
+
+    return ServerTransform("opt", init, update, eval_params)
 
 
 def fedexp(
@@ -87,12 +81,11 @@ def fedexp(
 ) -> Algorithm:
     """FedExP; ``eps`` is the ε of ``S ε`` (1e-3 in the FedExP CIFAR configs; the FedNAR
     release scripts pass 0)."""
-    return FedExPAlgorithm(
+    return Algorithm(
         "fedexp",
         local_optimizer(client_optimizer, local_lr, weight_decay=weight_decay,
                         max_grad_norm=max_grad_norm, nar=nar),
-        _identity_server(),
+        extrapolation(eps),
         parts=(ExtrapolationStats(),),
         description="FedExP (Jhunjhunwala et al. 2023): adaptive server extrapolation step",
-        eps=eps,
     )

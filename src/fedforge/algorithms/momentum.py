@@ -50,7 +50,7 @@ class GlobalMomentum(Part):
         scale = 1.0 / (fin.num_steps.clamp_min(1.0) * self.local_lr)
         return {}, {"g": {k: d * scale for k, d in fin.delta.items()}}
 
-    def server_update(self, server_state, mean_uploads, num_sampled, num_clients) -> dict:
+    def server_update(self, server_state, mean_uploads, agg) -> dict:
         return {"g": mean_uploads["g"]}
 
 

@@ -15,7 +15,8 @@ from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
 from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import add_correction, at_round, chain
 from fedforge.core.schedules import ScheduleLike, as_schedule
-from fedforge.core.tree import Params, tree_add, tree_zeros_like
+from fedforge.core.tree import Params, tree_zeros_like
+from fedforge.server.chain import population_mean_step
 from fedforge.server.optimizers import server_sgd
 
 
@@ -45,9 +46,8 @@ class ControlVariates(Part):
         new_ci = {k: torch.where(trained, ci[k] - c[k] + fin.delta[k] * scale, ci[k]) for k in ci}
         return {"c": new_ci}, {"dc": {k: new_ci[k] - ci[k] for k in ci}}
 
-    def server_update(self, server_state, mean_uploads, num_sampled, num_clients) -> dict:
-        frac = num_sampled / num_clients
-        return {"c": tree_add(server_state["c"], mean_uploads["dc"], alpha=frac)}
+    def server_update(self, server_state, mean_uploads, agg) -> dict:
+        return {"c": population_mean_step(server_state["c"], mean_uploads["dc"], agg)}
 
 
 def scaffold(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedforge.algorithms.base import Algorithm
+from fedforge.algorithms.base import NEEDS, Algorithm
 from fedforge.core.tree import Params, tree_index, tree_stack
 from fedforge.data.batching import client_batches
 from fedforge.engine.local import LossFn, make_local_update
@@ -24,6 +24,31 @@ def job_generator(seed: int, task: int, job_id: int) -> torch.Generator:
     """The job's mini-batch RNG: a function of (seed, task, job id) only."""
     state = np.random.SeedSequence([seed, 7919, task, job_id]).generate_state(1)[0]
     return torch.Generator().manual_seed(int(state))
+
+
+ASYNC_SERVES: frozenset[str] = frozenset()
+"""What a buffered asynchronous server serves besides deltas and broadcasts: nothing else.
+No per-client state (a client may hold several jobs at once), no uploads or codec messages (a
+buffer mixes jobs sent at different rounds, so round-keyed codecs cannot decode it), no
+per-cohort preparation or per-client round inputs (there is no cohort)."""
+
+SYNC_MULTITASK_SERVES: frozenset[str] = frozenset({"uploads", "codec"})
+"""Synchronous multi-task rounds (sync_st, ...) run whole cohorts through the round, but keep
+no per-client state in checkpoints and draw no per-client round inputs."""
+
+
+def check_support(algorithm: Algorithm, template: Params, field: str, driver: str,
+                  serves: frozenset[str]) -> None:
+    """Refuse, in one line naming the algorithm and the driver, what a driver cannot serve."""
+    unserved = sorted(algorithm.needs(template) - serves)
+    if unserved:
+        what = ", ".join(NEEDS[n] for n in unserved)
+        raise ValueError(f"{field}: {algorithm.name!r} needs {what}, which the {driver} "
+                         f"driver cannot serve; choose another method or algorithm")
+
+
+def check_async_support(algorithm: Algorithm, template: Params, field: str) -> None:
+    check_support(algorithm, template, field, "asynchronous", ASYNC_SERVES)
 
 
 class TaskExecutor:
@@ -39,9 +64,6 @@ class TaskExecutor:
     def __init__(self, task: int, algorithm: Algorithm, loss_fn: LossFn, x_all: torch.Tensor,
                  y_all: torch.Tensor, index_table: torch.Tensor, sizes: torch.Tensor, tau: int,
                  batch_size: int, seed: int, template: Params, max_batch: int = 64) -> None:
-        if algorithm.client_init(template) or algorithm.prepares:
-            raise ValueError(f"tasks[{task}].algorithm.name: asynchronous runs need an algorithm "
-                             f"without per-client state, got {algorithm.name!r}")
         self.task, self.algorithm, self.seed = task, algorithm, seed
         self.x_all, self.y_all, self.index_table, self.sizes = x_all, y_all, index_table, sizes
         self.tau, self.batch_size, self.max_batch = tau, batch_size, max(1, int(max_batch))

@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 
 from fedforge.algorithms.base import Algorithm
-from fedforge.core.tree import Params, tree_map, tree_map2
+from fedforge.core.tree import Params, restore_like, tree_map, tree_map2
+from fedforge.server.chain import Aggregate
 
 
 class BufferedServer:
@@ -43,8 +44,9 @@ class BufferedServer:
         if self.buf_count < self.b:
             return False
         mean = tree_map(lambda s: s / self.buf_count, self.buf_sum)
+        aggregate = Aggregate(mean, {}, self.buf_count, self.num_clients, self.round + 1)
         self.params, self.server_state = self.algorithm.server_step(
-            self.params, self.server_state, mean, {}, self.buf_count, self.num_clients)
+            self.params, self.server_state, aggregate)
         self.round += 1
         self.buf_sum = tree_map(torch.zeros_like, self.params)
         self.buf_count = 0
@@ -60,14 +62,15 @@ class BufferedServer:
         return True
 
     def state_dict(self) -> dict:
-        return {"params": self.params, "server": self.server_state, "buf_sum": self.buf_sum}
+        return {"params": self.params, "server": self.server_state.tree(),
+                "buf_sum": self.buf_sum}
 
     def meta(self) -> dict:
         return {"round": self.round, "b": self.b, "buf_count": self.buf_count}
 
     def load(self, tensors: dict, meta: dict) -> None:
-        self.params = tensors["params"]
-        srv = tensors.get("server", {})
-        self.server_state = {"opt": srv.get("opt", {}), "parts": srv.get("parts", {})}
-        self.buf_sum = tensors["buf_sum"]
+        template = self.params
+        self.params = restore_like(template, tensors["params"], "params")
+        self.server_state = self.algorithm.server.restore(template, tensors.get("server", {}))
+        self.buf_sum = restore_like(template, tensors["buf_sum"], "buffer")
         self.round, self.b, self.buf_count = meta["round"], meta["b"], meta["buf_count"]

@@ -13,7 +13,14 @@ from __future__ import annotations
 
 import torch
 
-from fedforge.core.tree import PyTree, flatten_dict, tree_leaves, tree_map, unflatten_dict
+from fedforge.core.tree import (
+    PyTree,
+    flatten_dict,
+    restore_like,
+    tree_leaves,
+    tree_map,
+    unflatten_dict,
+)
 
 
 class ClientStore:
@@ -63,4 +70,5 @@ class ClientStore:
         return flatten_dict(self.state)
 
     def load_state_dict(self, flat: dict[str, torch.Tensor]) -> None:
-        self.state = tree_map(lambda t: t.to(self.device), unflatten_dict(flat))
+        """Load a checkpoint's rows in this store's key order (refusing other layouts)."""
+        self.state = restore_like(self.state, unflatten_dict(dict(flat)), "client")

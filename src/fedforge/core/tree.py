@@ -7,7 +7,7 @@ helper here goes through ``torch.utils._pytree`` and works on any of them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -110,3 +110,37 @@ def unflatten_dict(flat: dict[str, torch.Tensor]) -> dict:
             node = node.setdefault(part, {})
         node[leaf] = value
     return out
+
+
+def restore_flat(template: dict[str, torch.Tensor], got: Mapping[str, torch.Tensor],
+                 what: str) -> dict[str, torch.Tensor]:
+    """``got`` in ``template``'s key order, dtype and device; one-line error on a mismatch."""
+    missing = [k for k in template if k not in got]
+    extra = [k for k in got if k not in template]
+    if missing or extra:
+        raise ValueError(f"checkpoint {what} state does not match this run's algorithm: "
+                         f"missing {missing[:5]}, unexpected {extra[:5]}")
+    out = {}
+    for key, ref in template.items():
+        value = got[key]
+        if tuple(value.shape) != tuple(ref.shape):
+            raise ValueError(f"checkpoint {what} tensor {key!r}: shape {tuple(value.shape)}, "
+                             f"this run expects {tuple(ref.shape)}")
+        out[key] = value.to(device=ref.device, dtype=ref.dtype)
+    return out
+
+
+def restore_like(template: dict, loaded: Mapping, what: str) -> dict:
+    """A loaded tensor tree in ``template``'s structure, key order, dtype and device.
+
+    Checkpoints come back in the file's (alphabetical) key order; the flatten order of a
+    state decides codec and noise order downstream, so it is rebuilt from a fresh template.
+    """
+    flat = restore_flat(flatten_dict(template), flatten_dict(dict(loaded)), what)
+
+    def build(node, prefix: str):
+        if isinstance(node, dict):
+            return {k: build(v, f"{prefix}{k}/") for k, v in node.items()}
+        return flat[prefix[:-1]]
+
+    return build(template, "")

@@ -17,11 +17,12 @@ from fedforge.core.tree import Params
 from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput
 from fedforge.engine.local import LossFn
 from fedforge.robust.divergence import check_model, rerun_fn, screen_cohort
+from fedforge.server.chain import Aggregate, ServerState
 
 
 class RoundResult(NamedTuple):
     params: Params
-    server_state: dict
+    server_state: ServerState
     cohort: CohortOutput
 
 
@@ -30,7 +31,7 @@ def federated_round(
     engine: ChunkedEngine,
     loss_fn: LossFn,
     params: Params,
-    server_state: dict,
+    server_state: ServerState,
     store: ClientStore,
     client_ids: torch.Tensor,
     x_all: torch.Tensor,
@@ -90,13 +91,9 @@ def federated_round(
         cohort = robust(cohort, client_ids, inputs.agg_weights, round_)
     cohort.metrics.update(prep_metrics)  # e.g. distill_s [C], server_distill_s (0-d)
     store.scatter(client_ids, cohort.client_states)
-    if algorithm.codec is not None:  # decode the averaged uplink message once (issue 6)
-        mean_delta, server_state = algorithm.decode_uplink(
-            cohort.mean_delta, server_state, params, round_)
-        cohort = cohort._replace(mean_delta=mean_delta)
-    new_params, new_server_state = algorithm.server_step(
-        params, server_state, cohort.mean_delta, cohort.mean_uploads, num_sampled, store.num_clients
-    )
+    aggregate = Aggregate(cohort.mean_delta, cohort.mean_uploads, num_sampled,
+                          store.num_clients, round_)
+    new_params, new_server_state = algorithm.server_step(params, server_state, aggregate)
     if divergence is not None:
         check_model(new_params, round_)
     return RoundResult(new_params, new_server_state, cohort)
