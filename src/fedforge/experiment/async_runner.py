@@ -25,7 +25,12 @@ from fedforge.asyncfl.distributed import (
     serve_jobs,
     stop_workers,
 )
-from fedforge.asyncfl.executor import TaskExecutor
+from fedforge.asyncfl.executor import (
+    ASYNC_SERVES,
+    SYNC_MULTITASK_SERVES,
+    TaskExecutor,
+    check_support,
+)
 from fedforge.asyncfl.fedast import ASYNC_METHODS, AsyncDriver, AsyncOptions
 from fedforge.asyncfl.partition import dirichlet_fixed_size
 from fedforge.asyncfl.server import BufferedServer
@@ -77,6 +82,12 @@ def build_tasks(cfg: MultiTaskConfig, device: torch.device,
                             **tc.model.options).to(device)
         alg = build_algorithm(tc.algorithm.name, **tc.algorithm.hparams)
         params = {k: v.detach().clone() for k, v in model.named_parameters()}
+        if cfg.method in ASYNC_METHODS:
+            check_support(alg, params, f"tasks[{m}].algorithm.name", "asynchronous",
+                          ASYNC_SERVES)
+        else:
+            check_support(alg, params, f"tasks[{m}].algorithm.name", f"{cfg.method}",
+                          SYNC_MULTITASK_SERVES)
         loss_fn = classification_loss(model, cfg.engine.precision)
         ex = executor_cls(m, alg, loss_fn, data.train_x, data.train_y, data.index_table,
                           data.client_sizes().cpu(), tc.client.local_steps, tc.client.batch_size,

@@ -18,7 +18,7 @@ import torch
 
 from fedforge.algorithms import Algorithm, build_algorithm
 from fedforge.core.store import ClientStore
-from fedforge.core.tree import Params, tree_nbytes
+from fedforge.core.tree import Params, restore_like, tree_nbytes
 from fedforge.data import FederatedDataset, build_federated_dataset, load_dataset
 from fedforge.data.batching import client_batches
 from fedforge.data.federated import gather_round_indices
@@ -44,6 +44,7 @@ from fedforge.models import build_model
 from fedforge.robust.divergence import DivergenceError, log_event, scale_lr
 from fedforge.robust.hook import RobustRound
 from fedforge.robust.setup import build_robust
+from fedforge.server.chain import ServerState
 from fedforge.sim.cost import build_cost_model
 from fedforge.sim.rounds import keep_clients, straggler_clock, straggler_round
 
@@ -180,13 +181,7 @@ def _run_experiment(
     distill_s = 0.0
     ckpt_dir = run_dir / "checkpoints"  # written by rank 0, read by every rank on resume
     if resume and (ckpt_dir / "latest.json").is_file():
-        tensors, meta = load_checkpoint(ckpt_dir, exp.device)
-        params, loaded = tensors["params"], tensors.get("server", {})
-        # parts with an empty server state are not in the file: keep their fresh (empty) state
-        server_state = {"opt": loaded.get("opt", {}),
-                        "parts": {**server_state["parts"], **loaded.get("parts", {})}}
-        if tensors.get("clients"):
-            store.load_state_dict(tensors["clients"])
+        params, server_state, store, meta = restore_or_init(exp, ckpt_dir, store)
         start, wall_offset = meta["round"] + 1, meta["wall_s"]
         bytes_up, bytes_down = meta["bytes_up"], meta["bytes_down"]
         sim_time_s = meta.get("sim_time_s", 0.0)
@@ -259,7 +254,7 @@ def _run_experiment(
             if (t % cfg.eval.every == 0 or t == cfg.rounds) and is_main_rank():
                 record = {"round": t, "train_loss": train_loss}
                 record.update(evaluate(
-                    exp.model, eval_params(exp.algorithm, params, server_state),
+                    exp.model, exp.algorithm.eval_params(params, server_state),
                     exp.data.test_x, exp.data.test_y, cfg.eval.batch_size,
                     exp.data.client_test_indices if cfg.eval.per_client else None,
                 ))
@@ -278,7 +273,7 @@ def _run_experiment(
                 if is_main_rank():
                     save_checkpoint(
                         ckpt_dir, t,
-                        {"params": params, "server": server_state, "clients": clients},
+                        {"params": params, "server": server_state.tree(), "clients": clients},
                         {"wall_s": time.perf_counter() - t0, "bytes_up": bytes_up,
                          "bytes_down": bytes_down, "seed": cfg.seed, "distill_s": distill_s,
                          "sim_time_s": sim_time_s,
@@ -294,29 +289,24 @@ def _run_experiment(
 
 def restore_or_init(
     exp: Experiment, ckpt_dir: Path, store: ClientStore
-) -> tuple[Params, dict, ClientStore, dict]:
+) -> tuple[Params, ServerState, ClientStore, dict]:
     """Load the last complete checkpoint into ``store``, or reset everything to the initial
-    state when there is none yet -> (params, server state, store, checkpoint meta or {})."""
-    params = exp.initial_params()
-    server_state = exp.algorithm.server_init(params)
+    state when there is none yet -> (params, server state, store, checkpoint meta or {}).
+
+    Resume and rollback both come here. Every tensor is rebuilt from a fresh state of this
+    run's algorithm, in the model's parameter order, so codec and part states are never
+    dropped and nothing depends on the file's key order."""
+    template = exp.initial_params()
     if not (ckpt_dir / "latest.json").is_file():
-        fresh = ClientStore(exp.data.num_clients, exp.algorithm.client_init(params), "cpu")
+        fresh = ClientStore(exp.data.num_clients, exp.algorithm.client_init(template), "cpu")
         if not fresh.empty:
             store.load_state_dict(fresh.state_dict())
-        return params, server_state, store, {}
+        return template, exp.algorithm.server_init(template), store, {}
     tensors, meta = load_checkpoint(ckpt_dir, exp.device)
-    server = tensors.get("server", {})
-    server_state = {"opt": server.get("opt", {}), "parts": server.get("parts", {})}
-    if tensors.get("clients"):
-        store.load_state_dict(tensors["clients"])
-    return tensors["params"], server_state, store, meta
-
-
-def eval_params(algorithm: Algorithm, params: Params, server_state: dict) -> Params:
-    """Where the model is evaluated: ``params`` unless the algorithm says otherwise (FedExP:
-    the average of the last two iterates)."""
-    hook = getattr(algorithm, "eval_params", None)
-    return params if hook is None else hook(params, server_state)
+    params = restore_like(template, tensors["params"], "params")
+    server_state = exp.algorithm.server.restore(template, tensors.get("server", {}))
+    store.load_state_dict(tensors.get("clients", {}))
+    return params, server_state, store, meta
 
 
 def distill_seconds(metrics: dict) -> float:
