@@ -119,17 +119,18 @@ class _Projector(Part):
 
     def _template(self, params: Params) -> dict:
         m = self.cfg.window
+        dtype = next(iter(params.values())).dtype  # synthetic set and lr in the model's dtype
         state = {
             "window": {
                 k: torch.zeros((m + 1, *v.shape), dtype=v.dtype, device=v.device)
                 for k, v in params.items()
             },
             "seen": torch.zeros(()),
-            "syn_lr": torch.tensor(self.cfg.syn_lr),
+            "syn_lr": torch.tensor(self.cfg.syn_lr, dtype=dtype),
         }
         if self.input_shape is not None:
             n = self.cfg.ipc * self.num_classes
-            state["syn_x"] = torch.zeros((n, *self.input_shape))
+            state["syn_x"] = torch.zeros((n, *self.input_shape), dtype=dtype)
         return state
 
     def _labels(self, device) -> torch.Tensor:

@@ -188,7 +188,8 @@ def scale_by_adam(
 
     def init(params, ctx):
         v = initial_v(ctx) if initial_v is not None else tree_zeros_like(params)
-        state = {"m": tree_zeros_like(params), "v": v, "count": torch.zeros(())}
+        dtype = next(iter(params.values())).dtype  # the step count t of β^t, in the model's
+        state = {"m": tree_zeros_like(params), "v": v, "count": torch.zeros((), dtype=dtype)}
         if amsgrad:
             state["vhat"] = v
         return state

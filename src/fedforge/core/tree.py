@@ -50,9 +50,14 @@ def tree_where(cond: torch.Tensor, a: PyTree, b: PyTree) -> PyTree:
     return tree_map2(lambda x, y: torch.where(cond, x, y), a, b)
 
 
+def upcast(x: torch.Tensor) -> torch.Tensor:
+    """Half-precision tensors to float32; float32 and float64 stay as they are."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
 def tree_sq_norm(a: PyTree) -> torch.Tensor:
-    """Squared global L2 norm of all leaves (a 0-d tensor)."""
-    return sum((x.float() ** 2).sum() for x in tree_leaves(a))
+    """Squared global L2 norm of all leaves (a 0-d tensor; at least float32)."""
+    return sum((upcast(x) ** 2).sum() for x in tree_leaves(a))
 
 
 def tree_dot(a: PyTree, b: PyTree) -> torch.Tensor:

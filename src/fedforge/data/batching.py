@@ -42,7 +42,7 @@ def client_batches(
     batch_size: int,
     generator: torch.Generator,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Local minibatch positions for a cohort: ``pos`` int64 and ``mask`` float32, both
+    """Local minibatch positions for a cohort: ``pos`` int64 and ``mask`` (default dtype), both
     ``[clients, max_steps, batch_size]``; ``pos`` indexes into each client's own samples.
 
     * ``steps``: every client runs exactly ``steps`` batches. Draws cycle through a fresh random
@@ -91,4 +91,4 @@ def client_batches(
         pos = torch.zeros_like(flat)
     else:
         pos = torch.where(valid, pool[flat], 0)
-    return pos, valid.to(torch.float32)
+    return pos, valid.to(torch.get_default_dtype())

@@ -6,6 +6,7 @@ round gather every client's minibatches with a single indexing op through ``inde
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 
@@ -108,6 +109,13 @@ class FederatedDataset:
         out = torch.zeros(self.num_clients, self.num_classes, dtype=torch.int64, device=self.device)
         out.index_put_((rows[mask], y[mask]), torch.ones_like(y[mask]), accumulate=True)
         return out
+
+    def with_float_dtype(self, dtype: torch.dtype) -> FederatedDataset:
+        """A copy whose floating inputs have ``dtype`` (token inputs are left alone)."""
+        if not self.train_x.is_floating_point() or self.train_x.dtype == dtype:
+            return self
+        return dataclasses.replace(self, train_x=self.train_x.to(dtype),
+                                   test_x=self.test_x.to(dtype))
 
     def to(self, device: torch.device | str) -> FederatedDataset:
         """A copy with every tensor (data, indices, index table) on ``device``."""

@@ -17,7 +17,14 @@ from torch import nn
 
 from fedforge.algorithms.base import Algorithm, FinalizeInputs
 from fedforge.client.transforms import RoundContext
-from fedforge.core.tree import Params, tree_map2, tree_sub, tree_where, tree_zeros_like
+from fedforge.core.tree import (
+    Params,
+    tree_map2,
+    tree_sub,
+    tree_where,
+    tree_zeros_like,
+    upcast,
+)
 
 LossFn = Callable[[Params, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -47,7 +54,7 @@ def classification_loss(model: nn.Module, precision: str = "fp32") -> LossFn:
     def loss_fn(params, x, y, w):
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
             logits = torch.func.functional_call(model, params, (x,))  # [B, classes]
-        per_sample = F.cross_entropy(logits.float(), y, reduction="none")  # [B]
+        per_sample = F.cross_entropy(upcast(logits), y, reduction="none")  # [B]
         return (per_sample * w).sum() / w.sum().clamp_min(1.0)
 
     return loss_fn
@@ -76,8 +83,9 @@ def make_local_update(algorithm: Algorithm, loss_fn: LossFn, *, masked: bool) ->
         ctx = RoundContext(global_params, broadcast, client_state, info)
         state = opt.init(global_params, ctx)
         params = global_params
-        loss_sum = torch.zeros((), device=ws.device)
-        steps = torch.zeros((), device=ws.device)
+        dtype = next(iter(global_params.values())).dtype  # float64 runs count in float64
+        loss_sum = torch.zeros((), dtype=dtype, device=ws.device)
+        steps = torch.zeros((), dtype=dtype, device=ws.device)
         grad_sum = tree_zeros_like(global_params) if keep_grad_sum else None
         for k in range(xs.shape[0]):
             grads, loss = grad_and_loss(params, xs[k], ys[k], ws[k])

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedforge.core.tree import Params
+from fedforge.core.tree import Params, upcast
 
 
 @torch.no_grad()
@@ -30,7 +30,7 @@ def evaluate(
     """Accuracy and mean cross-entropy on ``(x, y)``; with ``client_indices`` also the
     unweighted mean over clients of each client's accuracy on its own samples."""
     logits = predict(model, params, x, batch_size)
-    losses = F.cross_entropy(logits.float(), y, reduction="none")
+    losses = F.cross_entropy(upcast(logits), y, reduction="none")
     correct = (logits.argmax(-1) == y).float()
     out = {"test_accuracy": correct.mean().item(), "test_loss": losses.mean().item()}
     if client_indices:

@@ -111,8 +111,9 @@ def _adaptive(
         denom = v
         if amsgrad:
             denom = tree_map2(torch.maximum, state["vhat"], v)
-            if floor is not None:
-                denom = tree_map(lambda x: x.clamp_min(floor), denom)
+        if floor is not None:  # max(v̂, v, floor): never a 0/0 where a coordinate of Δ is 0
+            denom = tree_map(lambda x: x.clamp_min(floor), denom)
+        if amsgrad:
             new_state["vhat"] = denom
         if floor is not None:
             updates = {k: -eta * m[k] / denom[k].sqrt() for k in m}
