@@ -52,7 +52,7 @@ def train(msg: Message, context: Context) -> Message:
         loss.backward()
         opt.step()
     content = RecordDict({"arrays": ArrayRecord(model.state_dict()),
-                          "metrics": MetricRecord({"train_loss": float(loss),
+                          "metrics": MetricRecord({"train_loss": loss.item(),
                                                    "num-examples": len(x)})})
     return Message(content=content, reply_to=msg)
 

@@ -153,3 +153,26 @@ def test_round_bytes_match_the_simulator(algo, tmp_path):
         assert per_client == model_bytes == seen[0]["array_bytes_up"] / 3
     else:
         assert per_client < model_bytes / 5 and seen[0]["array_bytes_up"] > 0
+
+
+@pytest.mark.parametrize("aggregator", [
+    "median", "trimmed_mean", "krum", "norm_clip"])
+def test_robust_aggregator_equals_simulation(aggregator, tmp_path):
+    """``server.aggregator`` (and its options) mean the same in a deployment as in simulation:
+    the bridge's median / trimmed mean / Krum / norm clip over the same honest replies give
+    the simulator's model."""
+    options = {"trimmed_mean": ["server.aggregator_options.beta=0.2"],
+               "krum": ["server.aggregator_options.f=1"],
+               "norm_clip": ["server.aggregator_options.max_norm=0.05"]}.get(aggregator, [])
+    cfg = tiny_cfg(f"server.aggregator={aggregator}", "server.clients_per_round=5", *options)
+    seen = []
+    got = run_server(FakeGrid(client_app(cfg), NUM_CLIENTS), cfg,
+                     on_round=lambda t, p, info: seen.append(info))
+    assert all(not i["rejected"] and len(i["accepted"]) == 5 for i in seen)
+    if aggregator == "krum":
+        assert all(len(i["robust_selected"]) == 1 for i in seen)
+    if aggregator == "norm_clip":  # the bound bites
+        assert all(i["robust_clipped"] > 0 for i in seen)
+    if aggregator == "trimmed_mean":
+        assert all(i["robust_trimmed"] == 1.0 for i in seen)
+    assert_close(got, simulator_params(cfg, tmp_path))

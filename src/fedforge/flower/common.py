@@ -53,6 +53,6 @@ def standard_message_support(exp: Experiment) -> str | None:
     alg = exp.algorithm
     if alg.parts or alg.codec is not None:
         what = "uplink codec" if alg.codec is not None else f"parts {[p.name for p in alg.parts]}"
-        return (f"algorithm {exp.cfg.algorithm.name!r}: its {what} need fedforge's own "
-                "protocol; Flower's standard messages carry only the model")
+        return (f"algorithm {exp.cfg.algorithm.name!r} needs fedforge's own protocol (its "
+                f"{what}); Flower's standard messages carry only the model")
     return None

@@ -393,7 +393,8 @@ def run_server(grid: Grid, cfg: RunConfig, options: ServerOptions | None = None,
                             for r in accepted]
         info["nodes"] = len(list(grid.get_node_ids()))
         weights = [r.target.weight if nodes is not None
-                   else float(r.num_examples) if cfg.server.aggregation == "num_samples"
+                   else float(r.num_examples)
+                   if (cfg.server.aggregation or exp.algorithm.aggregation) == "num_samples"
                    else 1.0 for r in accepted]
         new = None
         if len(accepted) < options.min_replies or sum(weights) <= 0:
