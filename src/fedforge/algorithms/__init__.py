@@ -18,7 +18,7 @@ from fedforge.algorithms.scaffold import scaffold
 
 ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
     "fedavg": fedavg,
-    "fedavgm": fedavgm,
+    "fedavg_server_momentum": fedavgm,
     "fedprox": fedprox,
     "scaffold": scaffold,
     "fedadam": fedadam,
@@ -29,7 +29,7 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
     "fadamgc": fadamgc.fadamgc,
     "fa_nt": fadamgc.fa_nt,
     "localadam": fadamgc.localadam,
-    "fedavg_m": momentum.fedavg_m,
+    "fedavg_global_momentum": momentum.fedavg_m,
     "scaffold_m": momentum.scaffold_m,
     "feddyn": feddyn,
     "feddc": feddc,
@@ -41,6 +41,17 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
     "onebit_adam": onebit_adam,
     "marina": marina,
 }
+
+
+ALIASES: dict[str, str] = {
+    "fedavgm": "fedavg_server_momentum",  # Hsu et al. 2019's name
+    "fedavg_m": "fedavg_global_momentum",  # Cheng et al. 2024's name
+}
+"""Older or paper names that stay accepted; ``fedforge algorithms`` lists the canonical ones."""
+
+
+def canonical_name(name: str) -> str:
+    return ALIASES.get(name, name)
 
 
 def register(name: str, factory: Callable[..., Algorithm]) -> None:
@@ -58,6 +69,7 @@ def algorithm_hparams(name: str) -> dict[str, object]:
 
 
 def _factory(name: str) -> Callable[..., Algorithm]:
+    name = canonical_name(name)
     if name not in ALGORITHMS:
         raise ValueError(f"algorithm.name: unknown algorithm {name!r}; expected one of "
                          f"{sorted(ALGORITHMS)}")
@@ -82,5 +94,5 @@ def describe_algorithms() -> dict[str, str]:
     return {name: build_algorithm(name).description for name in sorted(ALGORITHMS)}
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "FinalizeInputs", "Part", "algorithm_hparams",
-           "build_algorithm", "describe_algorithms", "register"]
+__all__ = ["ALGORITHMS", "ALIASES", "Algorithm", "FinalizeInputs", "Part", "algorithm_hparams",
+           "build_algorithm", "canonical_name", "describe_algorithms", "register"]

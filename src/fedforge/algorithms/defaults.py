@@ -142,7 +142,7 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Default]] = {
         "local_momentum": ours(0.9, "torch's usual heavy-ball β, read only with "
                                     "client_optimizer='momentum'"),
     },
-    "fedavgm": {
+    "fedavg_server_momentum": {
         **_sgd_client(),
         "client_optimizer": paper("sgd", "McMahan et al. 2017, Alg. 1: local SGD (FedAvgM "
                                                 "changes the server only)"),
@@ -193,7 +193,7 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Default]] = {
         "bias_correction": paper(False, f"{FADAMGC}, Alg. 1: no bias correction"),
         "carry_v": paper(True, f"{FADAMGC}, Alg. 1: v_i kept per client across rounds"),
     },
-    "fedavg_m": dict(_MOMENTUM_BASELINE),
+    "fedavg_global_momentum": dict(_MOMENTUM_BASELINE),
     "scaffold_m": dict(_MOMENTUM_BASELINE),
     "feddyn": {
         **_FEDPTR_LOCAL,
@@ -325,11 +325,11 @@ METHOD_DESCRIPTIONS = {
 # --- queries --------------------------------------------------------------------------------
 def method_kind(name: str) -> str:
     """``sync`` (one task, ``fedforge.algorithms``), ``async`` or ``multi-task baseline``."""
-    from fedforge.algorithms import ALGORITHMS
+    from fedforge.algorithms import ALGORITHMS, canonical_name
     from fedforge.asyncfl.fedast import ASYNC_METHODS
     from fedforge.asyncfl.sync import SYNC_METHODS
 
-    if name in ALGORITHMS:
+    if canonical_name(name) in ALGORITHMS:
         return "sync"
     if name in ASYNC_METHODS:
         return ASYNC
@@ -360,7 +360,10 @@ def describe(name: str) -> str:
 
 def defaults_of(name: str) -> dict[str, Default]:
     """The table's entries of one method (hyper-parameters or multi-task options)."""
+    from fedforge.algorithms import canonical_name
+
     table = ALGORITHM_DEFAULTS if method_kind(name) == "sync" else METHOD_DEFAULTS
+    name = canonical_name(name)
     if name not in table:
         raise KeyError(f"{name!r} has no entry in fedforge.algorithms.defaults")
     return table[name]

@@ -32,6 +32,7 @@ def fedavg(
                         momentum=local_momentum, max_grad_norm=max_grad_norm, nar=nar),
         server_sgd(server_lr),
         description="FedAvg (McMahan et al. 2017): local SGD, average of client models",
+        aggregation="num_samples",  # McMahan et al. 2017, Alg. 1: n_k / n
     )
 
 
@@ -42,11 +43,12 @@ def fedavgm(
 ) -> Algorithm:
     """FedAvgM: server heavy-ball momentum on the pseudo-gradient (Hsu et al. 2019)."""
     return Algorithm(
-        "fedavgm",
+        "fedavg_server_momentum",
         local_optimizer(client_optimizer, local_lr, weight_decay=weight_decay,
                         max_grad_norm=max_grad_norm, nar=nar),
         server_sgd(server_lr, momentum=server_momentum),
-        description="FedAvgM (Hsu et al. 2019): FedAvg with server momentum",
+        description="FedAvgM (Hsu et al. 2019): FedAvg with server momentum; alias fedavgm",
+        aggregation="num_samples",  # n_i / n, as FedAvg
     )
 
 
@@ -64,4 +66,5 @@ def fedprox(
                                             max_grad_norm=max_grad_norm, nar=nar)),
         server_sgd(server_lr),
         description="FedProx (Li et al. 2020): FedAvg + proximal term mu/2 ||x - x_global||^2",
+        aggregation="num_samples",  # the FedProx code (flearn) weights by samples
     )

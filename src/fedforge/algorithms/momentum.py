@@ -13,7 +13,8 @@ control variates are the mean raw local gradients ``c_i = (1/K) Σ_k g_i^k`` of 
 client, ``c += (1/n) Σ_{i∈S} (c_i+ - c_i)`` (the FAdamGC tracking part with S̃ = S).
 
 β weights the fresh gradient (β = 1 is FedAvg / SCAFFOLD). Not to be confused with
-``fedavgm`` (server heavy-ball momentum, Hsu et al. 2019). Choices (``docs/fadamgc.md``):
+``fedavg_server_momentum`` (alias ``fedavgm``: server heavy-ball momentum, Hsu et al. 2019).
+Registered as ``fedavg_global_momentum``, alias ``fedavg_m``. Choices (``docs/fadamgc.md``):
 ``g^1 = 0``; K per client is the number of steps it took; default β = 0.1 (the FAdamGC paper
 gives no value).
 """
@@ -78,11 +79,12 @@ def fedavg_m(local_lr: float = 1e-2, server_lr: float = 1.0, beta: float = 0.1) 
     _check_beta(beta)
     mom = GlobalMomentum(local_lr)
     return Algorithm(
-        "fedavg_m",
+        "fedavg_global_momentum",
         chain(mix_global_momentum(mom.name, beta), scale_by_learning_rate(local_lr)),
         server_sgd(server_lr),
         parts=(mom,),
-        description="FedAvg-M (Cheng et al. 2023): local steps mix in a broadcast global momentum",
+        description="FedAvg-M (Cheng et al. 2023): local steps mix in a broadcast global "
+                    "momentum; alias fedavg_m",
     )
 
 

@@ -92,7 +92,8 @@ class ClientConfig(_Section):
 
 class ServerConfig(_Section):
     clients_per_round: int = Field(default=10, ge=1)
-    aggregation: Literal["uniform", "num_samples"] = "uniform"
+    # None: the algorithm's own (FedAvg: num_samples, n_i / n; SCAFFOLD, FedOpt: uniform 1/S)
+    aggregation: Literal["uniform", "num_samples"] | None = None
     # robust aggregation of the client deltas (fedforge.robust): mean | median | trimmed_mean |
     # norm_clip | krum | multi_krum, with its options (beta, max_norm, f, m)
     aggregator: str = "mean"

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedforge.algorithms import Algorithm, build_algorithm
+from fedforge.algorithms import Algorithm, build_algorithm, canonical_name
+from fedforge.algorithms.defaults import resolved_hparams
 from fedforge.core.store import ClientStore
 from fedforge.core.tree import Params, restore_like, tree_nbytes
 from fedforge.data import FederatedDataset, build_federated_dataset, load_dataset
@@ -35,7 +36,7 @@ from fedforge.experiment.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from fedforge.experiment.config import RunConfig, algorithm_kwargs, dump_config
+from fedforge.experiment.config import AlgorithmConfig, RunConfig, algorithm_kwargs, dump_config
 from fedforge.experiment.evaluate import evaluate
 from fedforge.experiment.metrics import MetricsWriter
 from fedforge.experiment.round import federated_round
@@ -86,7 +87,10 @@ class Experiment:
         splits = load_dataset(cfg.data.dataset, cfg.data.root, **cfg.data.options)
         data = build_federated_dataset(
             splits, cfg.data.partition, cfg.data.num_clients, cfg.seed, **cfg.data.partition_options
-        ).to(device)
+        ).to(device).with_float_dtype(torch.get_default_dtype())  # float64 runs: float64 data
+        if cfg.server.clients_per_round > data.num_clients:
+            raise ValueError(f"server.clients_per_round: {cfg.server.clients_per_round} is more "
+                             f"than the {data.num_clients} clients of this dataset")
         torch.manual_seed(cfg.seed)
         model = build_model(cfg.model.name, data.input_shape, data.num_classes, **cfg.model.options)
         model = model.to(device)
@@ -129,7 +133,7 @@ def sample_round(exp: Experiment, round_: int):
     )
     sample_idx = gather_round_indices(data.index_table, client_ids, pos)  # [C, steps, batch]
     info = exp.algorithm.round_info(num, gen)
-    if cfg.server.aggregation == "num_samples":
+    if (cfg.server.aggregation or exp.algorithm.aggregation) == "num_samples":
         agg = sizes.double() / sizes.sum().clamp_min(1)
     else:
         agg = torch.full((num,), 1.0 / num, dtype=torch.float64)
@@ -138,7 +142,22 @@ def sample_round(exp: Experiment, round_: int):
             agg = nonempty / nonempty.sum().clamp_min(1)
     dev = exp.device
     info = {k: v.to(dev) for k, v in info.items()}
-    return (client_ids, sample_idx.to(dev), weights.to(dev), agg.to(dev, torch.float32), info)
+    dtype = torch.get_default_dtype()  # the model's dtype: float64 runs stay float64
+    return (client_ids, sample_idx.to(dev), weights.to(dev), agg.to(dev, dtype), info)
+
+
+def resolve_config(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with every default it relies on written out: the algorithm's canonical name and
+    hyper-parameters (those not set through ``client.*``) and the aggregation weighting."""
+    kwargs = algorithm_kwargs(cfg)
+    from_client = set(kwargs) - set(cfg.algorithm.hparams)
+    full = resolved_hparams(cfg.algorithm.name, kwargs)
+    hparams = {k: v for k, v in full.items() if k not in from_client and v is not None}
+    algorithm = AlgorithmConfig(name=canonical_name(cfg.algorithm.name), **hparams)
+    aggregation = (cfg.server.aggregation
+                   or build_algorithm(cfg.algorithm.name, **kwargs).aggregation)
+    server = cfg.server.model_copy(update={"aggregation": aggregation})
+    return cfg.model_copy(update={"algorithm": algorithm, "server": server})
 
 
 def run_experiment(
@@ -149,6 +168,7 @@ def run_experiment(
 
     The folder is locked while the run writes it; one that holds an earlier run needs
     ``resume`` or ``overwrite`` (fedforge.experiment.rundir); RunDirError otherwise."""
+    cfg = resolve_config(cfg)  # config.resolved.toml records every default the run uses
     out = Path(out_dir)
     if cfg.engine.name == "distributed" and init_distributed() and not is_main_rank():
         out = out / f"rank{torch.distributed.get_rank()}"  # each rank claims what it writes

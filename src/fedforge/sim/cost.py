@@ -81,7 +81,8 @@ def model_train_flops(model: torch.nn.Module, input_shape: Sequence[int]) -> flo
     param = next(iter(model.parameters()), None)
     # token models (an Embedding anywhere) take integer ids, everything else floats
     tokens = any(isinstance(m, torch.nn.Embedding) for m in model.modules())
-    x = torch.zeros(1, *input_shape, dtype=torch.long if tokens else getattr(param, "dtype", torch.float32),
+    dtype = torch.long if tokens else getattr(param, "dtype", torch.get_default_dtype())
+    x = torch.zeros(1, *input_shape, dtype=dtype,
                     device=param.device if param is not None else "cpu")
     try:
         with torch.no_grad():

@@ -1,0 +1,58 @@
+"""What a run records and how it weights clients: every default written out, names, weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import tomllib
+import torch
+
+from fedforge.algorithms import ALIASES, build_algorithm
+from fedforge.algorithms.defaults import resolved_hparams
+from fedforge.experiment.config import load_config
+from fedforge.experiment.runner import Experiment, resolve_config, run_experiment, sample_round
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICK = ROOT / "examples/quickstart.toml"
+
+
+def test_resolved_config_records_every_default(tmp_path):
+    cfg = load_config(QUICK, ["rounds=1", "algorithm.name=fedadam"])
+    run_experiment(cfg, tmp_path / "run", progress=False)
+    saved = tomllib.loads((tmp_path / "run/config.resolved.toml").read_text())
+    want = {k: v for k, v in resolved_hparams("fedadam", {"local_lr": 0.01}).items()
+            if v is not None}
+    assert {k: v for k, v in saved["algorithm"].items() if k != "name"} == want
+    assert saved["server"]["aggregation"] == "uniform"  # Reddi et al.: 1/|S|
+
+
+@pytest.mark.parametrize(("alias", "canonical"), sorted(ALIASES.items()))
+def test_old_names_are_aliases_of_unambiguous_ones(alias, canonical):
+    assert build_algorithm(alias).name == canonical
+    cfg = resolve_config(load_config(QUICK, [f"algorithm.name={alias}"]))
+    assert cfg.algorithm.name == canonical
+
+
+def test_fedavg_weights_by_samples_and_scaffold_uniformly():
+    """McMahan et al. weight client deltas by n_i / n; SCAFFOLD averages uniformly."""
+    for name, uniform in (("fedavg", False), ("scaffold", True)):
+        exp = Experiment.from_config(load_config(QUICK, [f"algorithm.name={name}"]))
+        ids, _, _, agg, _ = sample_round(exp, 1)
+        sizes = exp.client_sizes[ids].double()
+        want = torch.full_like(sizes, 1 / len(ids)) if uniform else sizes / sizes.sum()
+        torch.testing.assert_close(agg.double().cpu(), want, rtol=1e-6, atol=0)
+        assert uniform or not torch.allclose(want, torch.full_like(want, 1 / len(ids)))
+
+
+def test_explicit_aggregation_overrides_the_algorithm():
+    cfg = load_config(QUICK, ["server.aggregation=uniform"])
+    exp = Experiment.from_config(cfg)
+    _, _, _, agg, _ = sample_round(exp, 1)
+    assert torch.all(agg == agg[0])
+
+
+def test_more_clients_per_round_than_clients_is_an_error():
+    cfg = load_config(QUICK, ["server.clients_per_round=500"])
+    with pytest.raises(ValueError, match=r"^server.clients_per_round: 500 is more than the 30 "):
+        Experiment.from_config(cfg)
