@@ -65,7 +65,9 @@ def run(
                                  overwrite=overwrite)
     except (DatasetError, ValueError, OSError, FloatingPointError) as exc:
         _fail(str(exc))
-    last = history[-1] if history else {}
+    if not history:  # ranks > 0 of a torchrun job: rank 0 reports
+        return
+    last = history[-1]
     console.print(
         f"[bold green]done[/bold green] {cfg.algorithm.name} on {cfg.data.dataset}: round "
         f"{last.get('round')} test_accuracy={last.get('test_accuracy', float('nan')):.4f} "
