@@ -202,10 +202,10 @@ def test_resume_matches_uninterrupted_run(tmp_path, name):
         )
 
     def strip(h):
-        return [{k: v for k, v in r.items() if k not in ("wall_s", "distill_s")} for r in h]
+        return [{k: v for k, v in r.items() if k not in ("wall_s", "prep_s")} for r in h]
 
     full = run_experiment(cfg(), tmp_path / "full", progress=False)
-    assert full[-1]["distill_s"] > 0  # MTT ran (rounds 3-4) and its time is reported
+    assert full[-1]["prep_s"] > 0  # MTT ran (rounds 3-4) and its time is reported
     run_experiment(cfg(rounds=2), tmp_path / "r", progress=False)
     resumed = run_experiment(cfg(), tmp_path / "r", resume=True, progress=False)
     assert strip(resumed) == strip(full)

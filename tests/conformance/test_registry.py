@@ -61,7 +61,7 @@ def _stop_round(name: str) -> int:
 
 
 def _no_wall(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k not in ("wall_s", "distill_s")} for r in records]
+    return [{k: v for k, v in r.items() if k not in ("wall_s", "prep_s")} for r in records]
 
 
 def _final_tensors(run: Path) -> dict:

@@ -62,6 +62,13 @@ class PrepareInputs(NamedTuple):
     weights: torch.Tensor  # [C, steps, batch], 0 = padding
 
 
+# Extra work done around the local round (FedPTR's trajectory matching): wall seconds and
+# per-sample gradients, per client ``[C]`` and on the server (0-d). The runner charges the
+# samples to simulated time and logs the cumulative seconds as ``prep_s``.
+PREP_SECONDS, PREP_SAMPLES = "prep_s", "prep_samples"
+SERVER_PREP_SECONDS, SERVER_PREP_SAMPLES = "server_prep_s", "server_prep_samples"
+
+
 class Part:
     """A stateful add-on; subclasses override what they need. Default: stateless."""
 
@@ -81,6 +88,16 @@ class Part:
     def finalize(self, fin: FinalizeInputs) -> tuple[dict, dict]:
         """-> (this client's new persistent state, uploads to be averaged over the cohort)."""
         return fin.ctx.client_state.get(self.name, {}), {}
+
+    def client_metrics(self, fin: FinalizeInputs) -> dict:
+        """Per-client diagnostics (0-d tensors) at the end of the local round; the runner logs
+        their mean over the clients that trained under the same keys."""
+        return {}
+
+    def server_metrics(self, server_state: dict, client_states: dict) -> dict:
+        """Diagnostics at evaluation time from this part's server state and every client's
+        stored state (``client_states`` stacked ``[N, ...]``; a rank's rows under torchrun)."""
+        return {}
 
     def server_update(self, server_state: dict, mean_uploads: dict, agg: Aggregate) -> dict:
         """This part's new server state from the mean of its uploads over the aggregate."""
@@ -102,7 +119,7 @@ class Part:
         """Before local training, per cohort, eagerly (not vmapped, same for every engine).
 
         -> (this part's new stacked client states, extra per-client info [C, ...] merged into
-        the round's info, metrics such as ``{"distill_s": [C]}``).
+        the round's info, metrics: :data:`PREP_SECONDS` and :data:`PREP_SAMPLES`, ``[C]``).
         """
         return prep.client_states.get(self.name, {}), {}, {}
 
@@ -111,7 +128,8 @@ class Part:
     ) -> tuple[dict, dict]:
         """At the start of a round, on the server, seeing the current global model x^t.
 
-        -> (this part's new server state, metrics such as ``{"server_distill_s": 0-d}``).
+        -> (this part's new server state, metrics: :data:`SERVER_PREP_SECONDS` and
+        :data:`SERVER_PREP_SAMPLES`, 0-d).
         """
         return server_state, {}
 
@@ -185,6 +203,20 @@ class Algorithm:
             if up:
                 uploads[p.name] = up
         return states, uploads
+
+    def client_metrics(self, fin: FinalizeInputs) -> dict:
+        out: dict = {}
+        for p in self.parts:
+            out.update(p.client_metrics(fin))
+        return out
+
+    def server_metrics(self, server_state: ServerState, client_states: dict) -> dict:
+        """Every part's evaluation-time diagnostics as floats."""
+        out: dict = {}
+        for p in self.parts:
+            m = p.server_metrics(server_state["parts"][p.name], client_states.get(p.name, {}))
+            out.update({k: float(v) for k, v in m.items()})
+        return out
 
     def round_info(self, num_sampled: int, generator: torch.Generator) -> dict:
         info: dict = {}

@@ -31,7 +31,15 @@ from dataclasses import dataclass
 
 import torch
 
-from fedforge.algorithms.base import Algorithm, Part, PrepareInputs
+from fedforge.algorithms.base import (
+    PREP_SAMPLES,
+    PREP_SECONDS,
+    SERVER_PREP_SAMPLES,
+    SERVER_PREP_SECONDS,
+    Algorithm,
+    Part,
+    PrepareInputs,
+)
 from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import RoundContext, Transform, chain
 from fedforge.core.schedules import ScheduleLike
@@ -240,7 +248,7 @@ class ClientProjection(_Projector):
             "fedptr_anchor": tree_stack(anchors),  # [C, ...]
             "fedptr_lam": torch.tensor(lams, dtype=dtype, device=dev),  # [C]
         }
-        metrics = {"distill_s": torch.tensor(secs), "distill_samples": torch.tensor(works)}
+        metrics = {PREP_SECONDS: torch.tensor(secs), PREP_SAMPLES: torch.tensor(works)}
         return tree_stack(states), info, metrics
 
 
@@ -264,8 +272,8 @@ class ServerProjection(_Projector):
         state, anchor, _active, sec, work = self._advance(server_state, params, loss_fn, seed)
         state["anchor"] = {k: v.detach() for k, v in anchor.items()}
         return state, {
-            "server_distill_s": torch.tensor(sec),
-            "server_distill_samples": torch.tensor(work),
+            SERVER_PREP_SECONDS: torch.tensor(sec),
+            SERVER_PREP_SAMPLES: torch.tensor(work),
         }
 
 

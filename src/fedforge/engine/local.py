@@ -111,6 +111,9 @@ def make_local_update(algorithm: Algorithm, loss_fn: LossFn, *, masked: bool) ->
             if codec_state:
                 new_client_state = {**new_client_state, "codec": codec_state}
         metrics = {"loss": loss_sum / steps.clamp_min(1.0), "steps": steps}
+        diagnostics = algorithm.client_metrics(fin)
+        if diagnostics:  # parts' per-client diagnostics, logged as cohort means
+            metrics["parts"] = diagnostics
         return LocalResult(delta, new_client_state, uploads, metrics)
 
     return local_update

@@ -89,7 +89,7 @@ def federated_round(
         num_sampled = int(client_ids.numel())
     if robust is not None:  # attackers' updates, then median / trimmed mean / Krum / clip
         cohort = robust(cohort, client_ids, inputs.agg_weights, round_)
-    cohort.metrics.update(prep_metrics)  # e.g. distill_s [C], server_distill_s (0-d)
+    cohort.metrics.update(prep_metrics)  # prep_s, prep_samples [C]; server_prep_* (0-d)
     store.scatter(client_ids, cohort.client_states)
     aggregate = Aggregate(cohort.mean_delta, cohort.mean_uploads, num_sampled,
                           store.num_clients, round_)

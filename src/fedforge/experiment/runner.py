@@ -17,6 +17,12 @@ import numpy as np
 import torch
 
 from fedforge.algorithms import Algorithm, build_algorithm, canonical_name
+from fedforge.algorithms.base import (
+    PREP_SAMPLES,
+    PREP_SECONDS,
+    SERVER_PREP_SAMPLES,
+    SERVER_PREP_SECONDS,
+)
 from fedforge.algorithms.defaults import resolved_hparams
 from fedforge.core.store import ClientStore
 from fedforge.core.tree import Params, restore_like, tree_nbytes
@@ -198,14 +204,14 @@ def _run_experiment(
     start, wall_offset, bytes_up, bytes_down = 1, 0.0, 0, 0
     sim_time_s = 0.0  # simulated seconds (fedforge.sim.cost), cumulative
     lr_scale, rollbacks = 1.0, 0  # divergence rollbacks so far and the local-lr factor
-    distill_s = 0.0
+    prep_s = 0.0  # wall seconds of work around local rounds (FedPTR: trajectory matching)
     ckpt_dir = run_dir / "checkpoints"  # written by rank 0, read by every rank on resume
     if resume and (ckpt_dir / "latest.json").is_file():
         params, server_state, store, meta = restore_or_init(exp, ckpt_dir, store)
         start, wall_offset = meta["round"] + 1, meta["wall_s"]
         bytes_up, bytes_down = meta["bytes_up"], meta["bytes_down"]
         sim_time_s = meta.get("sim_time_s", 0.0)
-        distill_s = meta.get("distill_s", 0.0)
+        prep_s = meta.get("prep_s", 0.0)
         lr_scale, rollbacks = meta.get("lr_scale", 1.0), meta.get("rollbacks", 0)
         exp.scale_local_lr(lr_scale)
     metrics = MetricsWriter(out / "metrics.jsonl", truncate_after=start - 1)
@@ -244,7 +250,7 @@ def _run_experiment(
                 t = meta.get("round", 0)
                 bytes_up, bytes_down = meta.get("bytes_up", 0), meta.get("bytes_down", 0)
                 sim_time_s = meta.get("sim_time_s", 0.0)
-                distill_s = meta.get("distill_s", 0.0)
+                prep_s = meta.get("prep_s", 0.0)
                 metrics = MetricsWriter(out / "metrics.jsonl", truncate_after=t)
                 history = metrics.records
                 log_event(out, {**event, "action": f"rollback to round {t}",
@@ -258,15 +264,15 @@ def _run_experiment(
                     params, server_state, round_=t)
             bytes_down += down_per_client * len(client_ids)
             bytes_up += up_per_client * len(client_ids)
-            client_steps, server_steps = distill_steps(cohort.metrics, cfg.client.batch_size)
+            client_steps, server_steps = prep_steps(cohort.metrics, cfg.client.batch_size)
             sim_time_s += round_s if stragglers is not None else cost.round_seconds(
                 cohort.metrics["steps"].cpu().numpy() + client_steps, down_per_client,
                 up_per_client)
-            sim_time_s += server_steps * cost.step_time_s  # FedPTR-S: server MTT before broadcast
+            sim_time_s += server_steps * cost.step_time_s  # server work before the broadcast
             trained = cohort.metrics["steps"] > 0  # empty clients report no loss
             train_loss = (cohort.metrics["loss"][trained].mean().item() if bool(trained.any())
                           else 0.0)
-            distill_s += distill_seconds(cohort.metrics)
+            prep_s += prep_seconds(cohort.metrics)
             if not np.isfinite(train_loss):
                 raise FloatingPointError(f"round {t}: training loss is {train_loss} (diverged); "
                                          f"{last_checkpoint_note(ckpt_dir)}")
@@ -285,8 +291,10 @@ def _run_experiment(
                                "bytes_down_round": down_per_client * len(client_ids),
                                "sim_time_s": round(sim_time_s, 3),
                                "wall_s": round(time.perf_counter() - t0, 3)})
-                if exp.algorithm.prepares:  # FedPTR's MTT: server + all clients, wall seconds
-                    record["distill_s"] = round(distill_s, 3)
+                if exp.algorithm.prepares:  # work around the local rounds, wall seconds
+                    record["prep_s"] = round(prep_s, 3)
+                record.update(cohort_means(cohort.metrics.get("parts", {}), trained))
+                record.update(exp.algorithm.server_metrics(server_state, store.state))
                 metrics.write(record)
             if t % cfg.checkpoint.every == 0 or t == cfg.rounds:
                 clients = store.state_dict()  # a collective when sharded: every rank
@@ -295,7 +303,7 @@ def _run_experiment(
                         ckpt_dir, t,
                         {"params": params, "server": server_state.tree(), "clients": clients},
                         {"wall_s": time.perf_counter() - t0, "bytes_up": bytes_up,
-                         "bytes_down": bytes_down, "seed": cfg.seed, "distill_s": distill_s,
+                         "bytes_down": bytes_down, "seed": cfg.seed, "prep_s": prep_s,
                          "sim_time_s": sim_time_s,
                          "sim_clock": stragglers.state_dict() if stragglers is not None else None,
                          "lr_scale": lr_scale, "rollbacks": rollbacks,
@@ -329,18 +337,26 @@ def restore_or_init(
     return params, server_state, store, meta
 
 
-def distill_seconds(metrics: dict) -> float:
-    """Wall seconds a round spent on trajectory matching (FedPTR: clients; FedPTR-S: server)."""
-    return sum(float(metrics[k].sum()) for k in ("distill_s", "server_distill_s") if k in metrics)
+def prep_seconds(metrics: dict) -> float:
+    """Wall seconds a round spent on work around the local rounds (clients and server)."""
+    keys = (PREP_SECONDS, SERVER_PREP_SECONDS)
+    return sum(float(metrics[k].sum()) for k in keys if k in metrics)
 
 
-def distill_steps(metrics: dict, batch_size: int) -> tuple[np.ndarray | float, float]:
-    """Trajectory-matching work in local-step equivalents (per-sample gradients / batch size)
-    for the simulated clock: ``([C] per client, or 0.0; server)``."""
-    client = metrics.get("distill_samples")
-    server = metrics.get("server_distill_samples")
+def prep_steps(metrics: dict, batch_size: int) -> tuple[np.ndarray | float, float]:
+    """That work in local-step equivalents (per-sample gradients / batch size) for the
+    simulated clock: ``([C] per client, or 0.0; server)``."""
+    client = metrics.get(PREP_SAMPLES)
+    server = metrics.get(SERVER_PREP_SAMPLES)
     return (0.0 if client is None else client.cpu().numpy() / batch_size,
             0.0 if server is None else float(server) / batch_size)
+
+
+def cohort_means(per_client: dict, trained: torch.Tensor) -> dict[str, float]:
+    """Parts' per-client diagnostics -> their mean over the clients that trained."""
+    if not bool(trained.any()):
+        return {}
+    return {k: float(v[trained].double().mean()) for k, v in per_client.items()}
 
 
 def model_nbytes(params: Params) -> int:
