@@ -27,8 +27,9 @@ SECTIONS = {
     "attack": ["kind", "fraction", "scale", "noise_std"],
 }
 KNOWN_KEYS = [f"{s}.{k}" if s else k for s, ks in SECTIONS.items() for k in ks]
-# "<field path>: <message>", or "override '<item>': ..." / "config file <path>: ..."
-_PART = r"""(?:[\w\-]+|'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")"""
+# "<field path>: <message>", or "override '<item>': ..." / "config file <path>: ..."; list
+# items are indexed: "sim.speed_classes[1][0]: ..."
+_PART = r"""(?:[\w\-]+|'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")(?:\[\d*\])*"""
 FIELD = re.compile(rf"^(override {_PART}|config file .+?|{_PART}(?:\.{_PART})*): \S")
 
 scalars = st.one_of(

@@ -304,23 +304,24 @@ def apply_overrides(raw: dict, overrides: list[str], schema: type[BaseModel] | N
         raise ConfigError(f"{where.rstrip('.') or 'config'}: expected a table of sections")
     out = copy.deepcopy(raw)
     for item in overrides:
+        shown = repr(_short(item, 60))
         if "=" not in item:
-            raise ConfigError(f"override {item!r}: expected key=value, e.g. client.batch_size=32")
+            raise ConfigError(f"override {shown}: expected key=value, e.g. client.batch_size=32")
         key, text = item.split("=", 1)
         parts = [p.strip() for p in key.strip().split(".") if p.strip()]
         if not parts:
-            raise ConfigError(f"override {item!r}: empty key")
+            raise ConfigError(f"override {shown}: empty key")
         try:
             value = _parse_value(text)
         except InputError as exc:
-            raise ConfigError(f"override {item!r}: {exc}") from None
+            raise ConfigError(f"override {shown}: {exc}") from None
         if _text_field(schema, parts):
             stripped = text.strip()
             quoted = isinstance(value, str) and stripped[:1] in ("'", '"')
             if not quoted and not (value is None and stripped in _NULLS):
                 value = stripped
         if len(parts) + depth(value) > MAX_DEPTH:
-            raise ConfigError(f"override {item!r}: nested deeper than {MAX_DEPTH} levels")
+            raise ConfigError(f"override {shown}: nested deeper than {MAX_DEPTH} levels")
         node = out
         for i, part in enumerate(parts[:-1]):
             child = node.setdefault(part, {})

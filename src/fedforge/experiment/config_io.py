@@ -92,6 +92,17 @@ for _tag, _pattern, _first in _RESOLVERS:
                                   list(_first))
 
 
+def _refuse_tag(loader: _Loader, node: yaml.Node) -> None:
+    raise yaml.constructor.ConstructorError(None, None, f"tag {node.tag} is not allowed in a "
+                                            "config", node.start_mark)
+
+
+for _tag in ("timestamp", "binary", "set", "omap", "pairs"):  # not plain data
+    _Loader.add_constructor(f"tag:yaml.org,2002:{_tag}", _refuse_tag)
+# PyYAML's scalar constructors raise these on explicit tags with bad values (``!!int ''``)
+_CONSTRUCT_ERRORS = (ValueError, TypeError, AttributeError, IndexError, KeyError, OverflowError)
+
+
 def parse_yaml(text: str) -> Any:
     """One YAML document (``None`` if empty), bounded and checked to be plain data."""
     try:
@@ -99,9 +110,13 @@ def parse_yaml(text: str) -> Any:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise Unparsable(f"cannot parse: {exc.problem or exc.context}{where}") from None
+        raise Unparsable(f"invalid YAML: {exc.problem or exc.context}{where}") from None
     except yaml.YAMLError as exc:
-        raise Unparsable(f"cannot parse: {exc}") from None
+        raise Unparsable(f"invalid YAML: {exc}") from None
+    except InputError:  # a limit of _Loader (a ValueError, so before the next clause)
+        raise
+    except _CONSTRUCT_ERRORS as exc:
+        raise Unparsable(f"invalid YAML value ({type(exc).__name__}: {exc})") from None
     except RecursionError:
         raise InputError(f"nested deeper than {MAX_DEPTH} levels") from None
     check_plain(data)
@@ -112,7 +127,7 @@ def parse_toml(text: str) -> dict:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise Unparsable(f"cannot parse: {exc}") from None
+        raise Unparsable(f"invalid TOML: {exc}") from None
     except RecursionError:
         raise InputError(f"nested deeper than {MAX_DEPTH} levels") from None
     check_plain(data)
