@@ -15,9 +15,8 @@ After K local steps with lr η: ``h_i <- h_i + (θ_i - w)`` and
 
 from __future__ import annotations
 
-import torch
-
 from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
+from fedforge.client.control_variates import option_ii
 from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import Transform, _stateless, at_round, chain
 from fedforge.core.schedules import ScheduleLike, as_schedule
@@ -57,12 +56,8 @@ class DriftCorrection(Part):
 
     def finalize(self, fin: FinalizeInputs) -> tuple[dict, dict]:
         st, G = fin.ctx.client_state[self.name], fin.ctx.broadcast[self.name]["G"]
-        steps = fin.num_steps
-        scale = 1.0 / (steps.clamp_min(1.0) * at_round(self.local_lr, fin.ctx))
-        trained = steps > 0  # a client with no data keeps G_i (its delta, so dh, is 0)
-        new_g = {
-            k: torch.where(trained, st["G"][k] - G[k] + fin.delta[k] * scale, st["G"][k]) for k in G
-        }
+        # SCAFFOLD's option II; a client with no data keeps G_i (its delta, so dh, is 0)
+        new_g = option_ii(st["G"], G, fin.delta, fin.num_steps, at_round(self.local_lr, fin.ctx))
         new_h = tree_sub(st["h"], fin.delta)  # h_i + (θ_i - w)
         uploads = {"dG": tree_sub(new_g, st["G"]), "delta": fin.delta}
         return {"h": new_h, "G": new_g}, uploads

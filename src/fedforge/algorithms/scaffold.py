@@ -9,9 +9,8 @@ Server:     ``x <- x + η_g mean_i (x_i - x)``,  ``c <- c + (|S|/N) mean_i (c_i+
 
 from __future__ import annotations
 
-import torch
-
 from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
+from fedforge.client.control_variates import option_ii
 from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import add_correction, at_round, chain
 from fedforge.core.schedules import ScheduleLike, as_schedule
@@ -40,10 +39,7 @@ class ControlVariates(Part):
 
     def finalize(self, fin: FinalizeInputs) -> tuple[dict, dict]:
         ci, c = fin.ctx.client_state[self.name]["c"], fin.ctx.broadcast[self.name]["c"]
-        steps = fin.num_steps
-        scale = 1.0 / (steps.clamp_min(1.0) * at_round(self.local_lr, fin.ctx))
-        trained = steps > 0  # a client with no data keeps its c_i
-        new_ci = {k: torch.where(trained, ci[k] - c[k] + fin.delta[k] * scale, ci[k]) for k in ci}
+        new_ci = option_ii(ci, c, fin.delta, fin.num_steps, at_round(self.local_lr, fin.ctx))
         return {"c": new_ci}, {"dc": {k: new_ci[k] - ci[k] for k in ci}}
 
     def server_update(self, server_state, mean_uploads, agg) -> dict:

@@ -20,6 +20,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from fedforge.core.moments import ema, ema_sq, heavy_ball
+from fedforge.core.moments import nesterov as nesterov_step
 from fedforge.core.schedules import ScheduleLike, as_schedule, is_zero, value_at
 from fedforge.core.tree import Params, tree_map, tree_map2, tree_sq_norm, tree_zeros_like
 
@@ -158,8 +160,8 @@ def trace(momentum: float, nesterov: bool = False, name: str = "momentum") -> Tr
         return {"m": tree_zeros_like(params)}
 
     def update(g, state, params, ctx):
-        m = tree_map2(lambda mi, gi: momentum * mi + gi, state["m"], g)
-        out = tree_map2(lambda gi, mi: gi + momentum * mi, g, m) if nesterov else m
+        m = heavy_ball(state["m"], g, momentum)
+        out = nesterov_step(g, m, momentum) if nesterov else m
         return out, {"m": m}
 
     return Transform(name, init, update)
@@ -196,8 +198,8 @@ def scale_by_adam(
 
     def update(g, state, params, ctx):
         count = state["count"] + 1
-        m = tree_map2(lambda mi, gi: b1 * mi + (1 - b1) * gi, state["m"], g)
-        v = tree_map2(lambda vi, gi: b2 * vi + (1 - b2) * gi * gi, state["v"], g)
+        m = ema(state["m"], g, b1)
+        v = ema_sq(state["v"], g, b2)
         new_state = {"m": m, "v": v, "count": count}
         e = at_round(eps, ctx)
         denom_v = v

@@ -19,6 +19,8 @@ from typing import NamedTuple
 
 import torch
 
+from fedforge.core.moments import ema, ema_sq, heavy_ball
+from fedforge.core.moments import nesterov as nesterov_step
 from fedforge.core.schedules import Schedule, ScheduleLike, as_schedule, value_at
 from fedforge.core.tree import Params, tree_map, tree_map2, tree_zeros_like
 
@@ -64,8 +66,8 @@ def server_sgd(
         eta = value_at(lr, clock.round(state))
         if not momentum:
             return tree_map(lambda x: -eta * x, g), clock.tick(state, dict(state))
-        v = tree_map2(lambda vi, gi: momentum * vi + gi, state["v"], g)
-        step = tree_map2(lambda gi, vi: gi + momentum * vi, g, v) if nesterov else v
+        v = heavy_ball(state["v"], g, momentum)
+        step = nesterov_step(g, v, momentum) if nesterov else v
         return tree_map(lambda x: -eta * x, step), clock.tick(state, {"v": v})
 
     return ServerOptimizer("sgd", init, update)
@@ -73,7 +75,7 @@ def server_sgd(
 
 def _adaptive(
     name: str,
-    second_moment: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    second_moment: Callable[[Params, Params], Params],
     lr: ScheduleLike,
     b1: float,
     tau: ScheduleLike,
@@ -99,14 +101,14 @@ def _adaptive(
         del params
         t = clock.round(state)
         eta, eps = value_at(lr, t), value_at(tau, t)
-        m = tree_map2(lambda mi, gi: b1 * mi + (1 - b1) * gi, state["m"], g)
+        m = ema(state["m"], g, b1)
         if rule == "fednar_code":
             # ljb121002/fednar main.py: v from the new momentum m (not from Δ), both moments
             # rescaled by 1/(1-β) (not a bias correction), ε inside the square root.
-            v = tree_map2(lambda vi, mi: b2 * vi + (1 - b2) * mi * mi, state["v"], m)
+            v = ema_sq(state["v"], m, b2)
             updates = {k: -eta * (m[k] / (1 - b1)) / (v[k] / (1 - b2) + eps).sqrt() for k in m}
             return updates, clock.tick(state, {"m": m, "v": v})
-        v = tree_map2(second_moment, state["v"], g)
+        v = second_moment(state["v"], g)
         new_state = {"m": m, "v": v}
         denom = v
         if amsgrad:
@@ -150,7 +152,7 @@ def server_adam(
     ``initial_accumulator`` is v_{-1} (Reddi: any value ≥ τ² is allowed; 0 by default).
     """
     return _adaptive(
-        "adam", lambda v, g: b2 * v + (1 - b2) * g * g, lr, b1, tau, initial_accumulator,
+        "adam", lambda v, g: ema_sq(v, g, b2), lr, b1, tau, initial_accumulator,
         amsgrad, floor, rule, b2,
     )
 
@@ -162,8 +164,11 @@ def server_yogi(
     """FedYogi: ``v <- v - (1-β2) Δ² sign(v - Δ²)`` (Reddi et al. 2021, Alg. 2)."""
 
     def second(v, g):
-        g2 = g * g
-        return v - (1 - b2) * g2 * torch.sign(v - g2)
+        def one(vi, gi):
+            g2 = gi * gi
+            return vi - (1 - b2) * g2 * torch.sign(vi - g2)
+
+        return tree_map2(one, v, g)
 
     return _adaptive("yogi", second, lr, b1, tau, initial_accumulator, False, None)
 
@@ -173,5 +178,6 @@ def server_adagrad(
 ) -> ServerOptimizer:
     """FedAdagrad: ``v <- v + Δ²`` (Reddi et al. 2021, Alg. 2; β1 = 0 by default)."""
     return _adaptive(
-        "adagrad", lambda v, g: v + g * g, lr, b1, tau, initial_accumulator, False, None
+        "adagrad", lambda v, g: tree_map2(lambda vi, gi: vi + gi * gi, v, g), lr, b1, tau,
+        initial_accumulator, False, None
     )
