@@ -1,15 +1,22 @@
-"""A real localhost Flower deployment: SuperLink + 2 SuperNodes started as subprocesses on
-127.0.0.1, ``flwr run`` of a generated app directory, 3 rounds of FedAvg through the bridge;
-the final model equals the fedforge simulator's. Run twice: ``--insecure`` and TLS with a
-throwaway CA made here with ``cryptography`` (no openssl CLI needed). 40-65 s each (every
-ClientApp call starts a fresh ``flwr-clientapp`` process that imports torch); they run in CI
-because the issue asks for a deployment test there (flwr is a test extra).
+"""Real localhost Flower deployments: a SuperLink and SuperNodes started as subprocesses on
+127.0.0.1 and ``flwr run`` of generated app directories.
+
+* 3 rounds of FedAvg through the bridge equal the fedforge simulator, ``--insecure`` and over
+  TLS with SuperNode authentication (a throwaway CA and node keys made here with
+  ``cryptography``, no openssl CLI): the registered nodes train, a node with an unregistered
+  key is turned away by the SuperLink;
+* interoperability: fedforge's ClientApp under Flower's ``FedAvg`` ServerApp, and a plain
+  Flower ClientApp under fedforge's ServerApp, each equal to the same run in-process.
+
+40-120 s each (every ClientApp call starts a fresh ``flwr-clientapp`` process that imports
+torch); they run in CI (flwr is a test extra).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import json
 import os
 import shutil
 import signal
@@ -29,10 +36,16 @@ from cryptography import x509  # noqa: E402  (a dependency of flwr)
 from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID  # noqa: E402
+from flwr.app import ArrayRecord  # noqa: E402
+from flwr.serverapp.strategy import FedAvg  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from fedforge.experiment.config import load_config  # noqa: E402
+from fedforge.flower import ServerOptions, client_app, run_server  # noqa: E402
+from fedforge.flower.common import experiment  # noqa: E402
 
+from . import interop_app  # noqa: E402
+from .fakegrid import FakeGrid  # noqa: E402
 from .test_bridge import assert_close, simulator_params  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,14 +71,17 @@ packages = ["."]
 publisher = "fedforge"
 
 [tool.flwr.app.components]
-serverapp = "fedforge.flower.app:server"
-clientapp = "fedforge.flower.app:client"
+serverapp = "{serverapp}"
+clientapp = "{clientapp}"
 
 [tool.flwr.app.config]
 fedforge-config = "{config}"
 fedforge-overrides = "{overrides}"
 fedforge-out = "{out}"
+fedforge-round-timeout = 300
 """
+FEDFORGE_APPS = {"serverapp": "fedforge.flower.app:server",
+                 "clientapp": "fedforge.flower.app:client"}
 
 
 def make_certs(folder: Path) -> tuple[Path, Path, Path]:
@@ -156,60 +172,160 @@ def stop(procs: list[subprocess.Popen]) -> None:
             p.wait(timeout=5)
 
 
-@pytest.mark.parametrize("mode", ["insecure", "tls"])
-def test_localhost_deployment_three_rounds(tmp_path: Path, mode: str) -> None:
-    """Same deployment, same checks; only the SuperLink link's transport differs by mode."""
-    config = REPO / "examples" / "quickstart.toml"
-    out = tmp_path / "model.safetensors"
-    app = tmp_path / "app"
-    app.mkdir()
-    (app / "pyproject.toml").write_text(
-        PYPROJECT.format(config=config, overrides=OVERRIDES, out=out))
-    link = free_port()
-    if mode == "tls":
-        ca, cert, key = make_certs(tmp_path / "certs")
-        link_flags = ["--ssl-ca-certfile", str(ca), "--ssl-certfile", str(cert),
-                      "--ssl-keyfile", str(key)]
-        node_flags = ["--root-certificates", str(ca)]
-        connection = f'root-certificates = "{ca}"'  # flwr wants an absolute path here
-    else:
-        link_flags = node_flags = ["--insecure"]
-        connection = "insecure = true"
-    home = tmp_path / "flwr_home"
-    home.mkdir()
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
-        f'address = "127.0.0.1:{link}"\n{connection}\n')
-    env = {**os.environ, "FLWR_HOME": str(home), "OMP_NUM_THREADS": "1"}
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    procs: list[subprocess.Popen] = []
 
-    def start(name: str, *args: str) -> None:
-        procs.append(subprocess.Popen(args, env=env, cwd=tmp_path, start_new_session=True,
-                                      stdout=(logs / f"{name}.log").open("w"),
-                                      stderr=subprocess.STDOUT))
 
-    try:
-        start("superlink", "flower-superlink", *link_flags, "--port", str(link),
-              "--database", str(tmp_path / "state.db"))
-        wait_port(link, 30)
-        if mode == "tls":
-            tls_handshake(link, ca)
-        for i in range(2):
-            start(f"supernode{i}", "flower-supernode", *node_flags,
-                  "--superlink", f"127.0.0.1:{link}", "--port", str(free_port()),
-                  "--node-config", f"partition-id={i} num-partitions=2")
-        run = subprocess.run(["flwr", "run", ".", "local", "--stream"], cwd=app, env=env,
-                             capture_output=True, text=True, timeout=240)
+def node_key(folder: Path, name: str) -> tuple[Path, Path]:
+    """A SuperNode's EC P-256 key pair in OpenSSH format (what ``flower-supernode
+    --auth-supernode-private-key`` and ``flwr supernode register`` read)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    private, public = folder / f"{name}.key", folder / f"{name}.pub"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                          serialization.PrivateFormat.OpenSSH,
+                                          serialization.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                                     serialization.PublicFormat.OpenSSH))
+    return private, public
+
+
+class Deployment:
+    """A SuperLink and SuperNodes on 127.0.0.1 (subprocesses, own process groups), and the
+    ``flwr`` CLI pointed at them through ``$FLWR_HOME/config.toml``."""
+
+    def __init__(self, tmp_path: Path, *, secure: bool, auth: bool = False) -> None:
+        self.tmp, self.procs, self.link = tmp_path, [], free_port()
+        self.logs = tmp_path / "logs"
+        self.logs.mkdir()
+        if secure:
+            ca, cert, key = make_certs(tmp_path / "certs")
+            link_flags = ["--ssl-ca-certfile", str(ca), "--ssl-certfile", str(cert),
+                          "--ssl-keyfile", str(key)]
+            self.node_flags = ["--root-certificates", str(ca)]
+            connection = f'root-certificates = "{ca}"'  # flwr wants an absolute path here
+        else:
+            link_flags = self.node_flags = ["--insecure"]
+            connection = "insecure = true"
+        if auth:
+            link_flags.append("--enable-supernode-auth")
+        home = tmp_path / "flwr_home"
+        home.mkdir()
+        (home / "config.toml").write_text(
+            f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
+            f'address = "127.0.0.1:{self.link}"\n{connection}\n')
+        self.env = {**os.environ, "FLWR_HOME": str(home), "OMP_NUM_THREADS": "1"}
+        self.start("superlink", "flower-superlink", *link_flags, "--port", str(self.link),
+                   "--database", str(tmp_path / "state.db"))
+        wait_port(self.link, 30)
+        if secure:
+            tls_handshake(self.link, ca)
+
+    def start(self, name: str, *args: str) -> subprocess.Popen:
+        proc = subprocess.Popen(args, env=self.env, cwd=self.tmp, start_new_session=True,
+                                stdout=(self.logs / f"{name}.log").open("w"),
+                                stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def node(self, name: str, partition: int, partitions: int, *auth: str) -> subprocess.Popen:
+        return self.start(name, "flower-supernode", *self.node_flags, *auth,
+                          "--superlink", f"127.0.0.1:{self.link}", "--port", str(free_port()),
+                          "--node-config", f"partition-id={partition} num-partitions={partitions}")
+
+    def register(self, public_key: Path) -> None:
+        """``flwr supernode register``: the SuperLink will accept this key's node."""
+        out = subprocess.run(["flwr", "supernode", "register", str(public_key), "local"],
+                             env=self.env, cwd=self.tmp, capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 0 and "registered" in out.stdout, out.stdout + out.stderr
+
+    def run(self, app: Path, out: Path) -> None:
+        """``flwr run`` the app directory; wait for the ServerApp to write ``out``."""
+        run = subprocess.run(["flwr", "run", ".", "local", "--stream"], cwd=app, env=self.env,
+                             capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stdout + run.stderr
         end = time.monotonic() + 60
         while not out.exists() and time.monotonic() < end:
             time.sleep(0.5)
-        assert out.exists(), (logs / "superlink.log").read_text()[-3000:]
+        assert out.exists(), run.stdout[-3000:] + self.log("superlink")[-3000:]
+
+    def log(self, name: str) -> str:
+        return (self.logs / f"{name}.log").read_text()
+
+    def close(self) -> None:
+        stop(self.procs)
+
+
+def make_app(folder: Path, out: Path, overrides: str = OVERRIDES, **components: str) -> Path:
+    """An app directory: ``pyproject.toml`` (fedforge's apps unless ``components`` name
+    others) and a copy of ``interop_app.py`` as module ``interop``."""
+    folder.mkdir()
+    (folder / "pyproject.toml").write_text(PYPROJECT.format(
+        config=REPO / "examples" / "quickstart.toml", overrides=overrides, out=out,
+        **{**FEDFORGE_APPS, **components}))
+    shutil.copy(Path(interop_app.__file__), folder / "interop.py")
+    return folder
+
+
+@pytest.mark.parametrize("mode", ["insecure", "tls_auth"])
+def test_localhost_deployment_three_rounds(tmp_path: Path, mode: str) -> None:
+    """Same run, same checks; ``tls_auth`` adds TLS, SuperNode authentication (the two nodes'
+    public keys registered with ``flwr supernode register``) and a rogue node whose key is
+    not registered, claiming partition 0: the SuperLink never lets it in."""
+    out = tmp_path / "model.safetensors"
+    app = make_app(tmp_path / "app", out)
+    d = Deployment(tmp_path, secure=mode == "tls_auth", auth=mode == "tls_auth")
+    try:
+        if mode == "tls_auth":
+            for i in range(2):
+                private, public = node_key(tmp_path / "keys", f"node{i}")
+                d.register(public)
+                d.node(f"supernode{i}", i, 2, "--auth-supernode-private-key", str(private))
+            rogue_key, _ = node_key(tmp_path / "keys", "rogue")
+            rogue = d.node("rogue", 0, 2, "--auth-supernode-private-key", str(rogue_key))
+        else:
+            for i in range(2):
+                d.node(f"supernode{i}", i, 2)
+        d.run(app, out)
+        if mode == "tls_auth":
+            assert rogue.wait(timeout=60) != 0
+            assert "Failed to activate SuperNode" in d.log("rogue")
     finally:
-        stop(procs)
-    rounds = (tmp_path / "model.rounds.jsonl").read_text().splitlines()
-    assert len(rounds) == 3 and all('"rejected": []' in r for r in rounds)
-    cfg = load_config(str(config), OVERRIDES.split())
+        d.close()
+    rounds = [json.loads(r) for r in (tmp_path / "model.rounds.jsonl").read_text().splitlines()]
+    assert len(rounds) == 3
+    assert all(r["accepted"] == [0, 1] and not r["rejected"] and r["nodes"] == 2 for r in rounds)
+    assert not rounds[0]["refused_nodes"]
+    cfg = load_config(str(REPO / "examples" / "quickstart.toml"), OVERRIDES.split())
     assert_close(load_file(out), simulator_params(cfg, tmp_path))
+
+
+def test_flower_interop_on_localhost(tmp_path: Path) -> None:
+    """One SuperLink, two SuperNodes, two runs: (a) Flower's ``FedAvg`` ServerApp with
+    fedforge's ClientApp, (b) fedforge's ServerApp (``fedforge-protocol = "flower"``) with a
+    plain Flower ClientApp. Each equals the same apps run in-process (1e-5)."""
+    fedavg = OVERRIDES + " server.aggregation=num_samples"
+    out_a, out_b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    app_a = make_app(tmp_path / "app_a", out_a, fedavg, serverapp="interop:flower_server")
+    app_b = make_app(tmp_path / "app_b", out_b, fedavg, clientapp="interop:plain_client")
+    with (app_b / "pyproject.toml").open("a") as f:
+        f.write('fedforge-protocol = "flower"\n')
+    d = Deployment(tmp_path, secure=False)
+    try:
+        for i in range(2):
+            d.node(f"supernode{i}", i, 2)
+        d.run(app_a, out_a)
+        d.run(app_b, out_b)
+    finally:
+        d.close()
+    cfg = load_config(str(REPO / "examples" / "quickstart.toml"), fedavg.split())
+    strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=2,
+                      min_available_nodes=2)
+    ref_a = strategy.start(grid=FakeGrid(client_app(cfg), 2), num_rounds=cfg.rounds,
+                           initial_arrays=ArrayRecord(experiment(cfg)[0].initial_params()))
+    assert_close(load_file(out_a), ref_a.arrays.to_torch_state_dict())
+    ref_b = run_server(FakeGrid(interop_app.plain_client, 2), cfg,
+                       ServerOptions(protocol="flower"))
+    assert_close(load_file(out_b), ref_b)
+    rounds = [json.loads(r) for r in (tmp_path / "b.rounds.jsonl").read_text().splitlines()]
+    assert len(rounds) == 3 and all(len(r["accepted"]) == 2 and not r["rejected"]
+                                    for r in rounds)
