@@ -339,6 +339,73 @@ def _wait_for_nodes(grid: Grid, count: int, timeout: float | None) -> None:
         time.sleep(1.0)
 
 
+def _screen(replies, targets: list[Target], template: dict, view: ServerView,
+            options: ServerOptions, info: dict, round_: int) -> list[Reply]:
+    """Validate every reply and bound its norm; rejections and silent nodes go to ``info``
+    and the log. Returns the accepted replies in the simulator's order."""
+    pending = {tg.node: tg for tg in targets}
+    params_flat = {k: v.cpu() for k, v in flatten_dict(view.params).items()}
+    accepted: list[Reply] = []
+    for reply in replies:
+        node = reply.metadata.src_node_id
+        target = pending.pop(node, None)
+        if target is None:
+            _reject(info, round_, node, None,
+                    "unexpected reply (node not asked, or a second reply)")
+            continue
+        try:
+            got = _parse(reply, target, template, params_flat, options.protocol)
+        except Exception as exc:  # whatever a hostile reply holds, never crash
+            got = f"malformed reply ({type(exc).__name__}: {exc})"
+        if isinstance(got, str):
+            _reject(info, round_, node, target.client, got)
+        else:
+            accepted.append(got)
+    for r, why in _screen_norms(accepted, options):
+        _reject(info, round_, r.target.node, r.target.client, why)
+    info["silent"] = sorted(pending)  # asked, no reply within the round timeout
+    for node, target in pending.items():
+        logger.warning("round %d: no reply from %s within %s s", round_,
+                       _who(node, target.client), options.round_timeout)
+    accepted.sort(key=lambda r: r.target.node if r.target.client is None else r.target.client)
+    return accepted
+
+
+def _weights(cfg: RunConfig, accepted: list[Reply]) -> list[float]:
+    """Native: the server's own weights; Flower's protocol: ``num-examples`` (reported by
+    the node) when ``server.aggregation = "num_samples"``, else uniform."""
+    if cfg.server.aggregation != "num_samples":
+        return [r.target.weight for r in accepted]
+    return [r.target.weight if r.target.client is not None else float(r.num_examples)
+            for r in accepted]
+
+
+def _step(exp: Experiment, view: ServerView, accepted: list[Reply], options: ServerOptions,
+          info: dict, round_: int) -> ServerView:
+    """Aggregate and step, or skip the round (too few replies) or roll it back (non-finite)."""
+    weights = _weights(exp.cfg, accepted)
+    if len(accepted) < options.min_replies or sum(weights) <= 0:
+        info["skipped"] = (f"{len(accepted)} valid replies of {info['asked']} asked "
+                           f"(min_replies {options.min_replies})")
+        logger.warning("round %d: %s within the %s s round timeout; the round is skipped and "
+                       "the model is unchanged", round_, info["skipped"], options.round_timeout)
+        return _server_update(exp, view.params, view.state, round_=round_)
+    if exp.robust is not None:
+        mean_delta, mean_uploads, robust_info = _robust_mean(exp, accepted, weights)
+        info.update(robust_info)
+    else:
+        mean_delta, mean_uploads = aggregate(
+            [(r.delta, r.uploads, w) for r, w in zip(accepted, weights)], exp.device)
+    new = _server_update(exp, view.params, view.state, mean_delta, mean_uploads, len(accepted),
+                         exp.data.num_clients, round_)
+    if bad := _non_finite(new):
+        logger.error("round %d: the server step made %s non-finite; rolled back to the "
+                     "previous model", round_, bad[:3])
+        info["rolled_back"] = True
+        return _server_update(exp, view.params, view.state, round_=round_)
+    return new
+
+
 def run_server(grid: Grid, cfg: RunConfig, options: ServerOptions | None = None, *,
                on_round: Callable[[int, Params, dict], None] | None = None) -> Params:
     """The server loop; returns the final model. ``on_round(t, params, info)`` sees each
@@ -347,12 +414,11 @@ def run_server(grid: Grid, cfg: RunConfig, options: ServerOptions | None = None,
     exp, _ = experiment(cfg)
     _check_supported(exp, options)
     view = _server_update(exp, exp.initial_params(), None)
-    params_flat = {k: v.cpu() for k, v in flatten_dict(view.params).items()}
     if options.protocol == "flower":
-        template, nodes = {"arrays": params_flat}, None
+        template = {"arrays": {k: v.cpu() for k, v in flatten_dict(view.params).items()}}
+        nodes = None
     else:
         template, nodes = _reply_template(exp, view), PartitionMap(exp.data.num_clients)
-    num_clients = exp.data.num_clients
     totals = {"bytes_up_total": 0, "bytes_down_total": 0}
     for t in range(1, cfg.rounds + 1):
         _wait_for_nodes(grid, options.min_replies, options.query_timeout)
@@ -360,62 +426,12 @@ def run_server(grid: Grid, cfg: RunConfig, options: ServerOptions | None = None,
         if nodes is not None:
             info["refused_nodes"] = nodes.refresh(grid, options.query_timeout, t)
         targets = _targets(exp, grid, nodes, t)
-        by_node = {tg.node: tg for tg in targets}
         msgs = [_message(view, tg, t, options) for tg in targets]
         replies = grid.send_and_receive(msgs, timeout=options.round_timeout) if msgs else []
-        params_flat = {k: v.cpu() for k, v in flatten_dict(view.params).items()}
-        accepted: list[Reply] = []
-
-        for reply in replies:
-            node = reply.metadata.src_node_id
-            target = by_node.pop(node, None)
-            if target is None:
-                _reject(info, t, node, None,
-                        "unexpected reply (node not asked, or a second reply)")
-                continue
-            try:
-                got = _parse(reply, target, template, params_flat, options.protocol)
-            except Exception as exc:  # whatever a hostile reply holds, never crash
-                got = f"malformed reply ({type(exc).__name__}: {exc})"
-            if isinstance(got, str):
-                _reject(info, t, node, target.client, got)
-            else:
-                accepted.append(got)
-        for r, why in _screen_norms(accepted, options):
-            _reject(info, t, r.target.node, r.target.client, why)
-        info["silent"] = sorted(by_node)  # asked, no reply within the round timeout
-        for node in by_node:
-            logger.warning("round %d: no reply from %s within %s s", t,
-                           _who(node, by_node[node].client), options.round_timeout)
-        accepted.sort(key=lambda r: (r.target.client if r.target.client is not None
-                                     else r.target.node))
-        info["accepted"] = [r.target.client if nodes is not None else r.target.node
+        accepted = _screen(replies, targets, template, view, options, info, t)
+        info["asked"], info["nodes"] = len(msgs), len(list(grid.get_node_ids()))
+        info["accepted"] = [r.target.node if nodes is None else r.target.client
                             for r in accepted]
-        info["nodes"] = len(list(grid.get_node_ids()))
-        weights = [r.target.weight if nodes is not None
-                   else float(r.num_examples)
-                   if (cfg.server.aggregation or exp.algorithm.aggregation) == "num_samples"
-                   else 1.0 for r in accepted]
-        new = None
-        if len(accepted) < options.min_replies or sum(weights) <= 0:
-            info["skipped"] = (f"{len(accepted)} valid replies of {len(msgs)} asked "
-                               f"(min_replies {options.min_replies})")
-            logger.warning("round %d: %s within the %s s round timeout; the round is skipped "
-                           "and the model is unchanged", t, info["skipped"],
-                           options.round_timeout)
-        else:
-            if exp.robust is not None:
-                mean_delta, mean_uploads, robust_info = _robust_mean(exp, accepted, weights)
-                info.update(robust_info)
-            else:
-                mean_delta, mean_uploads = aggregate(
-                    [(r.delta, r.uploads, w) for r, w in zip(accepted, weights)], exp.device)
-            new = _server_update(exp, view.params, view.state, mean_delta, mean_uploads,
-                                 len(accepted), num_clients, t)
-            if bad := _non_finite(new):
-                logger.error("round %d: the server step made %s non-finite; rolled back to "
-                             "the previous model", t, bad[:3])
-                info["rolled_back"], new = True, None
         info["bytes_down"] = view.bytes_down * len(msgs)
         info["bytes_up"] = view.bytes_up * len(accepted)
         info["array_bytes_up"] = sum(tree_nbytes(r.delta) + tree_nbytes(r.uploads)
@@ -423,8 +439,7 @@ def run_server(grid: Grid, cfg: RunConfig, options: ServerOptions | None = None,
         totals["bytes_up_total"] += info["bytes_up"]
         totals["bytes_down_total"] += info["bytes_down"]
         info.update(totals)
-        view = new if new is not None else _server_update(exp, view.params, view.state,
-                                                          round_=t)
+        view = _step(exp, view, accepted, options, info, t)
         if on_round is not None:
             on_round(t, view.params, info)
     return view.params
