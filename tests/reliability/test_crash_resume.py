@@ -34,7 +34,7 @@ options = {{ num_clients = 12, alpha = 0.5, beta = 0.5 }}
 [model]
 name = "logreg"
 [algorithm]
-name = "scaffold"
+name = "{algorithm}"
 local_lr = 0.05
 [client]
 batch_size = 8
@@ -47,7 +47,12 @@ per_client = false
 [checkpoint]
 every = 3
 keep = 2
-"""
+{extra}"""
+VARIANTS = {  # extra config tables: random attackers under a median, straggler rounds
+    "plain": "",
+    "random_attack": '[attack]\nkind = "random"\nfraction = 0.25\n',
+    "stragglers": "[sim]\nstragglers = true\nstraggler_k = 3\n",
+}
 
 
 def _env() -> dict:
@@ -96,7 +101,8 @@ def _kill_at(cfg: Path, out: Path, resume: bool, after_lines: int | None, delay:
 
 
 def _final(out: Path, rounds: int) -> tuple[list[dict], dict]:
-    records = [{k: v for k, v in json.loads(x).items() if k != "wall_s"} for x in _lines(out)]
+    records = [{k: v for k, v in json.loads(x).items() if k not in ("wall_s", "prep_s")}
+               for x in _lines(out)]
     tensors = load_file(str(out / "checkpoints" / f"round_{rounds:05d}.safetensors"))
     return records, tensors
 
@@ -114,9 +120,10 @@ def _reference(tmp_path: Path, cfg: Path, rounds: int, in_process: bool):
 
 
 def _crash_and_compare(tmp_path: Path, rounds: int, kills: int, seed: int, in_process: bool,
-                       startup_kill: bool = False) -> int:
+                       startup_kill: bool = False, algorithm: str = "scaffold",
+                       variant: str = "plain") -> int:
     cfg = tmp_path / "crash.toml"
-    cfg.write_text(CONFIG.format(rounds=rounds))
+    cfg.write_text(CONFIG.format(rounds=rounds, algorithm=algorithm, extra=VARIANTS[variant]))
     rng = random.Random(seed)
     out = tmp_path / "killed"
     killed, resume = 0, False
@@ -154,3 +161,24 @@ def test_sigkill_many_times_bit_exact(tmp_path, seed):
     """Six kills (one during start-up) of a 60-round run; reference is a subprocess too."""
     assert _crash_and_compare(tmp_path, rounds=60, kills=5, seed=seed, in_process=False,
                               startup_kill=True) >= 3
+
+
+def _registry_cases():
+    from fedforge.algorithms import ALGORITHMS
+
+    cases = [(name, "plain") for name in sorted(ALGORITHMS)]
+    # attackers and stragglers change who is aggregated: one stateless, one stateful with
+    # per-client state, one codec algorithm
+    cases += [(name, v) for name in ("fedavg", "scaffold", "topk_ef")
+              for v in ("random_attack", "stragglers")]
+    return cases
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("algorithm", "variant"), _registry_cases(),
+                         ids=[f"{a}-{v}" for a, v in _registry_cases()])
+def test_sigkill_and_resume_bit_exact_for_every_algorithm(tmp_path, algorithm, variant):
+    """One kill at a random moment of a 12-round run, for every registered algorithm."""
+    seed = sum(map(ord, algorithm + variant))
+    _crash_and_compare(tmp_path, rounds=12, kills=1, seed=seed, in_process=True,
+                       algorithm=algorithm, variant=variant)

@@ -22,7 +22,7 @@ def run_w3(config: str | Path, out: str | Path, target: float = 0.8,
            overrides: list[str] | None = None) -> list[object]:
     """Row ``[config, target, round reached, wall s to target, final accuracy, total wall s]``."""
     cfg = load_config(config, overrides or [])
-    history = run_experiment(cfg, out, progress=False)
+    history = run_experiment(cfg, out, progress=False, overwrite=True)
     hit = first_reaching(history, target)
     return [Path(config).name, target, hit and hit["round"], hit and hit["wall_s"],
             history[-1]["test_accuracy"], history[-1]["wall_s"]]

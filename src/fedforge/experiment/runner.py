@@ -206,20 +206,19 @@ def _run_experiment(
     lr_scale, rollbacks = 1.0, 0  # divergence rollbacks so far and the local-lr factor
     prep_s = 0.0  # wall seconds of work around local rounds (FedPTR: trajectory matching)
     ckpt_dir = run_dir / "checkpoints"  # written by rank 0, read by every rank on resume
+    meta: dict = {}
     if resume and (ckpt_dir / "latest.json").is_file():
         params, server_state, store, meta = restore_or_init(exp, ckpt_dir, store)
         start, wall_offset = meta["round"] + 1, meta["wall_s"]
         bytes_up, bytes_down = meta["bytes_up"], meta["bytes_down"]
-        sim_time_s = meta.get("sim_time_s", 0.0)
-        prep_s = meta.get("prep_s", 0.0)
-        lr_scale, rollbacks = meta.get("lr_scale", 1.0), meta.get("rollbacks", 0)
+        sim_time_s, prep_s = meta["sim_time_s"], meta["prep_s"]
+        lr_scale, rollbacks = meta["lr_scale"], meta["rollbacks"]
         exp.scale_local_lr(lr_scale)
     metrics = MetricsWriter(out / "metrics.jsonl", truncate_after=start - 1)
     t0 = time.perf_counter() - wall_offset
     down_per_client, up_per_client = exp.algorithm.message_nbytes(params, server_state)
     cost = build_cost_model(cfg.sim, exp.model, exp.data.input_shape, cfg.client.batch_size)
-    stragglers = straggler_clock(cfg.sim, exp.data.num_clients, cfg.seed,
-                                 ckpt_dir if resume else None)
+    stragglers = straggler_clock(cfg.sim, exp.data.num_clients, cfg.seed, meta.get("sim_clock"))
     history = metrics.records
     with RoundProgress(cfg.rounds, start, enabled=progress) as bar:
         t = start - 1
@@ -251,6 +250,8 @@ def _run_experiment(
                 bytes_up, bytes_down = meta.get("bytes_up", 0), meta.get("bytes_down", 0)
                 sim_time_s = meta.get("sim_time_s", 0.0)
                 prep_s = meta.get("prep_s", 0.0)
+                stragglers = straggler_clock(cfg.sim, exp.data.num_clients, cfg.seed,
+                                             meta.get("sim_clock"))
                 metrics = MetricsWriter(out / "metrics.jsonl", truncate_after=t)
                 history = metrics.records
                 log_event(out, {**event, "action": f"rollback to round {t}",
@@ -331,10 +332,28 @@ def restore_or_init(
             store.load_state_dict(fresh.state_dict())
         return template, exp.algorithm.server_init(template), store, {}
     tensors, meta = load_checkpoint(ckpt_dir, exp.device)
+    check_meta(meta, ckpt_dir)
     params = restore_like(template, tensors["params"], "params")
     server_state = exp.algorithm.server.restore(template, tensors.get("server", {}))
     store.load_state_dict(tensors.get("clients", {}))
     return params, server_state, store, meta
+
+
+RUN_META = {"round": int, "wall_s": (int, float), "bytes_up": int, "bytes_down": int,
+            "sim_time_s": (int, float), "prep_s": (int, float), "lr_scale": (int, float),
+            "rollbacks": int}
+"""What a sync checkpoint's JSON must hold for a resume to continue the run's counters."""
+
+
+def check_meta(meta: dict, ckpt_dir: Path) -> None:
+    """One-line error naming the checkpoint field that is missing or of the wrong type."""
+    for key, kind in RUN_META.items():
+        value = meta.get(key)
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise ValueError(f"{ckpt_dir}: checkpoint field {key!r} is missing or not a "
+                             f"number ({value!r})")
+    if meta.get("sim_clock") is not None and not isinstance(meta["sim_clock"], dict):
+        raise ValueError(f"{ckpt_dir}: checkpoint field 'sim_clock' is not a table")
 
 
 def prep_seconds(metrics: dict) -> float:

@@ -78,24 +78,18 @@ def keep_clients(keep: np.ndarray, client_ids, sample_idx, weights, agg_weights,
     return client_ids[k.to(client_ids.device)], sample_idx[kd], weights[kd], agg, info
 
 
-def straggler_clock(sim, num_clients: int, seed: int, ckpt_dir=None) -> SyncRoundClock | None:
+def straggler_clock(sim, num_clients: int, seed: int,
+                    state: dict | None = None) -> SyncRoundClock | None:
     """The runner's straggler clock from the ``sim`` config section (None unless
-    ``sim.stragglers``); with ``ckpt_dir``, the queue tails saved in its latest checkpoint."""
+    ``sim.stragglers``); with ``state``, the queue tails a checkpoint saved."""
     if not getattr(sim, "stragglers", False):
         return None
-    import json
-    from pathlib import Path
-
     from fedforge.sim.delays import build_delay
 
     pop = Population.build(num_clients, [tuple(c) for c in sim.speed_classes], sim.speed_seed)
     clock = SyncRoundClock(pop, build_delay(sim.delay), sim.straggler_k, seed=seed)
-    latest = Path(ckpt_dir) / "latest.json" if ckpt_dir is not None else None
-    if latest is not None and latest.is_file():
-        meta = json.loads((latest.parent / json.loads(latest.read_text())["checkpoint"])
-                          .read_text())
-        if meta.get("sim_clock"):
-            clock.load_state_dict(meta["sim_clock"])
+    if state:
+        clock.load_state_dict(state)
     return clock
 
 
