@@ -105,20 +105,25 @@ _CONSTRUCT_ERRORS = (ValueError, TypeError, AttributeError, IndexError, KeyError
 
 def parse_yaml(text: str) -> Any:
     """One YAML document (``None`` if empty), bounded and checked to be plain data."""
+    loader = None
     try:
-        data = yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+        loader = _Loader(text)  # a SafeLoader: no Python objects
+        data = loader.get_single_data()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise Unparsable(f"invalid YAML: {exc.problem or exc.context}{where}") from None
-    except yaml.YAMLError as exc:
-        raise Unparsable(f"invalid YAML: {exc}") from None
+    except yaml.YAMLError as exc:  # e.g. a control character (ReaderError)
+        raise Unparsable(f"invalid YAML: {str(exc).splitlines()[0]}") from None
     except InputError:  # a limit of _Loader (a ValueError, so before the next clause)
         raise
     except _CONSTRUCT_ERRORS as exc:
         raise Unparsable(f"invalid YAML value ({type(exc).__name__}: {exc})") from None
     except RecursionError:
         raise InputError(f"nested deeper than {MAX_DEPTH} levels") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
     check_plain(data)
     return data
 
