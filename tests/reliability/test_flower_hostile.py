@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 import torch
 
 pytest.importorskip("flwr", reason="the Flower bridge needs `pip install 'fedforge[flower]'`")
 
 from flwr.app import (  # noqa: E402
+    Array,
     ArrayRecord,
     ConfigRecord,
     Context,
@@ -224,6 +226,20 @@ def _int_delta(content):
     return rewrite_delta(lambda v: v.to(torch.int32))(content)
 
 
+def _garbage_bytes(content):
+    """An array whose bytes are not a NumPy file (np.load without pickles refuses them)."""
+    flat = content["delta"].to_torch_state_dict()
+    bad = {k: Array(dtype="float32", shape=tuple(v.shape), stype="numpy.ndarray",
+                    data=b"\x80\x04pickle?") for k, v in flat.items()}
+    return RecordDict({**content, "delta": ArrayRecord(bad)})
+
+
+def _string_array(content):
+    flat = content["delta"].to_torch_state_dict()
+    return RecordDict({**content, "delta": ArrayRecord(
+        {k: Array(np.array(["a"] * v.numel())) for k, v in flat.items()})})
+
+
 def _no_metrics(content):
     return RecordDict({k: v for k, v in content.items() if k != "metrics"})
 
@@ -241,6 +257,8 @@ def _metrics_as_config(content):
     (rewrite_delta(lambda v: v.reshape(-1)), "shape"),
     (_wrong_dtype, "dtype torch.float64"),
     (_int_delta, "dtype torch.int32"),
+    (_garbage_bytes, "cannot decode arrays"),
+    (_string_array, "cannot decode arrays"),
     (_no_metrics, "missing record 'metrics'"),
     (_metrics_as_config, "missing record 'metrics'"),
     (_extra_record, "unexpected records ['config']"),
@@ -251,9 +269,10 @@ def _metrics_as_config(content):
     (rewrite_metrics(**{"num-examples": [1, 2]}), "not a non-negative integer"),
     (rewrite_metrics(loss=float("inf")), "metrics/loss: not a finite number"),
     (lambda c: RecordDict({**c, "metrics": MetricRecord({"loss": 1.0})}), "missing 'num-examples'"),
-], ids=["names", "shape", "float64", "int32", "no_metrics", "metrics_wrong_type", "extra_record",
-        "negative_examples", "nan_examples", "fractional_examples", "lying_examples",
-        "list_examples", "inf_metric", "no_num_examples"])
+], ids=["names", "shape", "float64", "int32", "garbage_bytes", "string_array", "no_metrics",
+        "metrics_wrong_type", "extra_record", "negative_examples", "nan_examples",
+        "fractional_examples", "lying_examples", "list_examples", "inf_metric",
+        "no_num_examples"])
 def test_hostile_train_reply_is_rejected(tamper, reason, caplog):
     cfg = every_client()
     grid = FakeGrid(client_app(cfg), NUM_CLIENTS, {102: tamper})
