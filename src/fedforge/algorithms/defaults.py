@@ -87,6 +87,8 @@ _FADAMGC_LRS = {
     "server_lr": paper(1.0, f"{FADAMGC}, App. H Table 4: η_g = 1 on CIFAR-10/100"),
 }
 _TRACKING = paper(0.5, f"{FADAMGC}, experiments (spec §3.1): S̃ = S/2 on the image tasks")
+_TRACKING_INIT = ours("zeros", "Alg. 1 gives no initial y, y_i; zeros keep y = mean_i y_i with "
+                      "no warm-up; 'full_gradient' is the theory's y_i = ∇f_i(x¹) (Thm 5.2 proof)")
 _MOMENTUM_BASELINE = {
     "local_lr": paper(1e-2, f"{FADAMGC}, App. H Table 4: FedAvg-M/SCAFFOLD-M η_l = 1e-2"),
     "server_lr": paper(1.0, f"{FADAMGC}, App. H Table 4: FedAvg-M/SCAFFOLD-M η_g = 1"),
@@ -184,8 +186,10 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Default]] = {
         "eps": code(1e-3, "Divyansh03/FedExP main.py: epsilon_fedexp = 0.001 on CIFAR-10 "
                           "(FedNAR's scripts pass 0)"),
     },
-    "fadamgc": {**_FADAMGC_LRS, **_FADAMGC_ADAM, "tracking_fraction": _TRACKING},
-    "fa_nt": {**_FADAMGC_LRS, **_FADAMGC_ADAM, "tracking_fraction": _TRACKING},
+    "fadamgc": {**_FADAMGC_LRS, **_FADAMGC_ADAM, "tracking_fraction": _TRACKING,
+                "tracking_init": _TRACKING_INIT},
+    "fa_nt": {**_FADAMGC_LRS, **_FADAMGC_ADAM, "tracking_fraction": _TRACKING,
+              "tracking_init": _TRACKING_INIT},
     "localadam": {
         **_FADAMGC_LRS,
         **_FADAMGC_ADAM,
@@ -268,7 +272,7 @@ _REQUESTS = code(96, f"{FEDAST_CODE} fedast_het_demo.json: nb_of_active_works = 
 _RB = code(32.0, f"{FEDAST_CODE} server.py: R_bs_ratio = 32")
 _BUFFER = ours(None, "b from R/rb_ratio; set it to fix b for every task")
 _MAX_BATCH = ours(64, "jobs per vmapped call; changes speed only, never the result "
-                      "(tests/asyncfl/test_batched.py)")
+                      "(tests/engine/test_jobs.py)")
 _K = paper(30, f"{FEDAST}, App. D.1: the first k = 30 updates per task are kept")
 _PER_ROUND = ours(None, "the availability cap (system.available_fraction of the clients)")
 
@@ -326,8 +330,8 @@ METHOD_DESCRIPTIONS = {
 def method_kind(name: str) -> str:
     """``sync`` (one task, ``fedforge.algorithms``), ``async`` or ``multi-task baseline``."""
     from fedforge.algorithms import ALGORITHMS, canonical_name
-    from fedforge.asyncfl.fedast import ASYNC_METHODS
-    from fedforge.asyncfl.sync import SYNC_METHODS
+    from fedforge.sim.fedast import ASYNC_METHODS
+    from fedforge.sim.multitask_sync import SYNC_METHODS
 
     if canonical_name(name) in ALGORITHMS:
         return "sync"
@@ -341,8 +345,8 @@ def method_kind(name: str) -> str:
 def all_methods() -> dict[str, str]:
     """Every method the CLI accepts -> its kind (algorithms first, then multi-task ones)."""
     from fedforge.algorithms import ALGORITHMS
-    from fedforge.asyncfl.fedast import ASYNC_METHODS
-    from fedforge.asyncfl.sync import SYNC_METHODS
+    from fedforge.sim.fedast import ASYNC_METHODS
+    from fedforge.sim.multitask_sync import SYNC_METHODS
 
     out = {name: "sync" for name in ALGORITHMS}
     out.update({name: ASYNC for name in ASYNC_METHODS})

@@ -38,10 +38,18 @@ Choices the paper leaves open (see ``docs/fadamgc.md``):
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 
-from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
+from fedforge.algorithms.base import (
+    PREP_SAMPLES,
+    PREP_SECONDS,
+    Algorithm,
+    FinalizeInputs,
+    Part,
+    PrepareInputs,
+)
 from fedforge.client.transforms import (
     RoundContext,
     Transform,
@@ -50,7 +58,7 @@ from fedforge.client.transforms import (
     scale_by_adam,
     scale_by_learning_rate,
 )
-from fedforge.core.tree import Params, tree_zeros_like
+from fedforge.core.tree import Params, tree_add, tree_nbytes, tree_zeros_like
 from fedforge.server.chain import population_mean_step
 from fedforge.server.optimizers import server_sgd
 
@@ -75,6 +83,26 @@ def sample_tracking(num_sampled: int, fraction: float, generator: torch.Generato
     return mask
 
 
+TRACKING_INITS = ("zeros", "full_gradient")
+
+
+def _sq_norm(tree: Params) -> torch.Tensor:
+    return sum(t.double().pow(2).sum() for t in tree.values())
+
+
+def _grad_at(loss_fn, params: Params, x: torch.Tensor, y: torch.Tensor,
+             chunk: int = 1024) -> Params:
+    """``∇ (1/|x|) Σ_j loss(params; x_j, y_j)`` in chunks (a full local gradient)."""
+    grads = {k: torch.zeros_like(v) for k, v in params.items()}
+    for start in range(0, len(x), chunk):
+        xb, yb = x[start:start + chunk], y[start:start + chunk]
+        w = torch.ones(len(xb), dtype=params[next(iter(params))].dtype, device=xb.device)
+        g = torch.func.grad(loss_fn)(params, xb, yb, w)
+        for k in grads:
+            grads[k] += g[k] * (len(xb) / len(x))
+    return grads
+
+
 class GradientTracking(Part):
     """Tracked correction ``y`` (server) and ``y_i`` (client) for a subset S̃ of the cohort.
 
@@ -83,9 +111,22 @@ class GradientTracking(Part):
     FA-NT). Non-tracking clients keep ``y_i`` and upload ``dy = 0``; the server adds
     ``(1/n) Σ_{i∈S̃} dy_i`` to ``y`` (= ``(S/n)`` times the cohort mean of ``dy``).
     The tracking mask arrives as ``ctx.info[info_key]`` (from :meth:`round_info`).
+
+    ``init="full_gradient"`` starts from the theory's ``y_i = ∇f_i(x^1)`` instead of zeros.
+    A client computes it when it is first sampled (a preparation before its local round, at
+    the initial model x^1, which every client knows from the shared seed, on the samples of
+    that round's schedule: its whole dataset when it holds at most K·B samples), so an
+    unsampled client never pays for it; the samples are charged to simulated time. It
+    uploads ``∇f_i(x^1)`` once; until every client has done so the server estimates
+    ``(1/n) Σ_i ∇f_i(x^1)`` by the mean over the clients that have, and sets ``y`` to that
+    estimate plus the tracking increments ``(1/n) Σ dy``; once all n clients have joined,
+    ``y = (1/n) Σ_i y_i`` exactly.
+
+    Each client also counts how often it tracked (``count``), for the diagnostics.
     """
 
     info_key = "tracking"
+    fresh_key = "tracking_fresh"  # per-client info: initialised its y_i this round
 
     def __init__(
         self,
@@ -93,6 +134,7 @@ class GradientTracking(Part):
         mode: str = "gradient",
         fraction: float = 0.5,
         local_lr: float | None = None,
+        init: str = "zeros",
     ) -> None:
         if mode not in ("gradient", "delta"):
             raise ValueError(f"GradientTracking: mode must be 'gradient' or 'delta', got {mode!r}")
@@ -100,19 +142,37 @@ class GradientTracking(Part):
             raise ValueError(f"algorithm.tracking_fraction: expected 0 <= f <= 1, got {fraction}")
         if mode == "delta" and not local_lr:
             raise ValueError("GradientTracking(mode='delta') needs local_lr")
+        if init not in TRACKING_INITS:
+            raise ValueError(f"algorithm.tracking_init: expected one of {TRACKING_INITS}, "
+                             f"got {init!r}")
         self.name = name
         self.mode = mode
         self.fraction = fraction
         self.local_lr = local_lr
-        self.needs_grad_sum = mode == "gradient"
-        # expected extra model-sized uploads per sampled client (byte accounting)
+        self.init = init
+        self.prepares = init == "full_gradient"
+        # raw gradients: the tracking target (gradient mode) and the diagnostics' reference
+        self.needs_grad_sum = True
+        # expected extra model-sized uploads per sampled client (byte accounting); the
+        # one-off ∇f_i(x^1) uploads of full_gradient are logged as ``<name>_init_bytes_up``
         self.uplink_models = fraction
+        self._x1: Params | None = None  # the initial model (full_gradient init)
 
     def client_init(self, params: Params) -> dict:
-        return {"y": tree_zeros_like(params)}
+        ref = next(iter(params.values()))
+        state = {"y": tree_zeros_like(params), "count": ref.new_zeros(())}
+        if self.init == "full_gradient":
+            state["ready"] = ref.new_zeros(())
+        return state
 
     def server_init(self, params: Params) -> dict:
-        return {"y": tree_zeros_like(params)}
+        state = {"y": tree_zeros_like(params)}
+        if self.init == "full_gradient":
+            self._x1 = {k: v.detach().clone() for k, v in params.items()}
+            ref = next(iter(params.values()))
+            state.update(increments=tree_zeros_like(params), g0_sum=tree_zeros_like(params),
+                         joined=ref.new_zeros(()))
+        return state
 
     def broadcast(self, server_state: dict) -> dict:
         return {"y": server_state["y"]}
@@ -120,8 +180,35 @@ class GradientTracking(Part):
     def round_info(self, num_sampled: int, generator: torch.Generator) -> dict:
         return {self.info_key: sample_tracking(num_sampled, self.fraction, generator)}
 
+    def prepare_cohort(self, prep: PrepareInputs) -> tuple[dict, dict, dict]:
+        """``full_gradient``: a client sampled for the first time sets ``y_i = ∇f_i(x^1)``."""
+        state = dict(prep.client_states[self.name])
+        if self._x1 is None:
+            raise RuntimeError(f"{self.name}: server_init must run before prepare_cohort")
+        num = prep.sample_idx.shape[0]
+        fresh = torch.zeros(num, dtype=torch.bool, device=prep.sample_idx.device)
+        secs, samples = torch.zeros(num), torch.zeros(num)
+        y = {k: v.clone() for k, v in state["y"].items()}
+        for c in range(num):
+            if bool(state["ready"][c] > 0):
+                continue
+            idx = prep.sample_idx[c][prep.weights[c] > 0].unique()
+            if idx.numel() == 0:  # a client without data keeps y_i = 0
+                continue
+            t0 = time.perf_counter()
+            g = _grad_at(prep.loss_fn, self._x1, prep.x_all[idx], prep.y_all[idx])
+            for k in y:
+                y[k][c] = g[k]
+            fresh[c] = True
+            secs[c], samples[c] = time.perf_counter() - t0, float(idx.numel())
+        state["y"] = y
+        state["ready"] = torch.where(fresh, torch.ones_like(state["ready"]), state["ready"])
+        metrics = {PREP_SECONDS: secs, PREP_SAMPLES: samples}
+        return state, {self.fresh_key: fresh}, metrics
+
     def finalize(self, fin: FinalizeInputs) -> tuple[dict, dict]:
-        yi = fin.ctx.client_state[self.name]["y"]
+        state = fin.ctx.client_state[self.name]
+        yi = state["y"]
         if self.info_key not in fin.ctx.info:
             raise KeyError(f"{self.name}: ctx.info[{self.info_key!r}] missing; pass "
                            "info=algorithm.round_info(num_sampled, generator) to the round")
@@ -135,11 +222,53 @@ class GradientTracking(Part):
             scale = 1.0 / (k * self.local_lr)
             target = {n: yi[n] - y[n] + fin.delta[n] * scale for n in yi}
         new_yi = {n: torch.where(update, target[n], yi[n]) for n in yi}
-        return {"y": new_yi}, {"dy": {n: new_yi[n] - yi[n] for n in yi}}
+        new_state = {**state, "y": new_yi, "count": state["count"] + update.to(yi_dtype(yi))}
+        uploads = {"dy": {n: new_yi[n] - yi[n] for n in yi}}
+        if self.init == "full_gradient":  # y_i was set to ∇f_i(x^1) just before this round
+            fresh = fin.ctx.info[self.fresh_key]
+            uploads["g0"] = {n: torch.where(fresh, yi[n], torch.zeros_like(yi[n])) for n in yi}
+            uploads["joined"] = fresh.to(yi_dtype(yi))
+        return new_state, uploads
 
     def server_update(self, server_state, mean_uploads, agg) -> dict:
-        # (1/n) Σ_{S̃} dy = (S/n) mean_S dy
-        return {"y": population_mean_step(server_state["y"], mean_uploads["dy"], agg)}
+        if self.init == "zeros":  # (1/n) Σ_{S̃} dy = (S/n) mean_S dy
+            return {"y": population_mean_step(server_state["y"], mean_uploads["dy"], agg)}
+        increments = population_mean_step(server_state["increments"], mean_uploads["dy"], agg)
+        g0_sum = tree_add(server_state["g0_sum"], mean_uploads["g0"], alpha=agg.num_sampled)
+        joined = server_state["joined"] + mean_uploads["joined"] * agg.num_sampled
+        g0_mean = {k: v / joined.clamp_min(1.0) for k, v in g0_sum.items()}
+        y = tree_add(increments, g0_mean)
+        return {"y": y, "increments": increments, "g0_sum": g0_sum, "joined": joined}
+
+    def client_metrics(self, fin: FinalizeInputs) -> dict:
+        """``‖y − y_i‖`` this round and its size relative to the mean raw gradient."""
+        yi = fin.ctx.client_state[self.name]["y"]
+        y = fin.ctx.broadcast[self.name]["y"]
+        corr = _sq_norm({n: y[n] - yi[n] for n in yi}).sqrt()
+        k = fin.num_steps.clamp_min(1.0)
+        grad = _sq_norm({n: fin.grad_sum[n] / k for n in yi}).sqrt()
+        return {f"{self.name}_corr_norm": corr,
+                f"{self.name}_corr_rel": corr / grad.clamp_min(1e-12)}
+
+    def server_metrics(self, server_state: dict, client_states: dict) -> dict:
+        """Over all clients: mean ``‖y − y_i‖``, share tracked at least once, mean count."""
+        if not client_states:
+            return {}
+        y = server_state["y"]
+        yi = client_states["y"]
+        dev = sum((yi[n] - y[n].unsqueeze(0)).double().pow(2).flatten(1).sum(1) for n in yi)
+        count = client_states["count"].double()
+        out = {f"{self.name}_dev_all": dev.sqrt().mean(),
+               f"{self.name}_tracked_share": (count > 0).double().mean(),
+               f"{self.name}_tracked_mean": count.mean()}
+        if self.init == "full_gradient":  # the one-off ∇f_i(x^1) uploads so far
+            out[f"{self.name}_joined"] = server_state["joined"]
+            out[f"{self.name}_init_bytes_up"] = server_state["joined"] * tree_nbytes(y)
+        return out
+
+
+def yi_dtype(tree: Params) -> torch.dtype:
+    return next(iter(tree.values())).dtype
 
 
 class CarriedSecondMoment(Part):
@@ -181,10 +310,10 @@ def _local_adam(
 
 def fadamgc(
     local_lr: float = 1e-3, server_lr: float = 1.0, b1: float = 0.9, b2: float = 0.99,
-    eps: float = 1e-8, tracking_fraction: float = 0.5,
+    eps: float = 1e-8, tracking_fraction: float = 0.5, tracking_init: str = "zeros",
 ) -> Algorithm:
     """FAdamGC (Algorithm 1): correction ``y - y_i`` on the raw gradient before local AMSGrad."""
-    tracking = GradientTracking("tracking", "gradient", tracking_fraction)
+    tracking = GradientTracking("tracking", "gradient", tracking_fraction, init=tracking_init)
     v_part = CarriedSecondMoment()
     return Algorithm(
         "fadamgc",
@@ -198,10 +327,11 @@ def fadamgc(
 
 def fa_nt(
     local_lr: float = 1e-3, server_lr: float = 1.0, b1: float = 0.9, b2: float = 0.99,
-    eps: float = 1e-8, tracking_fraction: float = 0.5,
+    eps: float = 1e-8, tracking_fraction: float = 0.5, tracking_init: str = "zeros",
 ) -> Algorithm:
     """FA-NT (Algorithm 2): local AMSGrad, correction added to the Adam direction afterwards."""
-    tracking = GradientTracking("tracking", "delta", tracking_fraction, local_lr=local_lr)
+    tracking = GradientTracking("tracking", "delta", tracking_fraction, local_lr=local_lr,
+                                init=tracking_init)
     v_part = CarriedSecondMoment()
     return Algorithm(
         "fa_nt",

@@ -1,0 +1,105 @@
+"""What a reproduction is: a claim, a grid of conditions, seeds, a target and comparisons.
+
+A :class:`Reproduction` is plain data. The grid runner (:mod:`.grid`) turns it into runs, and
+the report (:mod:`.report`) turns the runs' ``metrics.jsonl`` into tables, figures and a
+verdict. Every paper registers one spec under a short name (``fedforge reproduce NAME``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One cell of the grid: an algorithm on the spec's config plus dotted overrides.
+
+    The config's ``[compare.<algorithm>]`` table is merged in first (per-method learning
+    rates), then ``algorithm.name``, the spec's overrides, then these."""
+
+    name: str
+    algorithm: str
+    overrides: tuple[str, ...] = ()
+    label: str | None = None
+    config: str | None = None  # default: the spec's config
+
+    @property
+    def title(self) -> str:
+        return self.label or self.name
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """``a - b`` on ``metric``, paired by seed; ``expect`` is the paper's sign of the
+    difference (``"<"``: a is lower, e.g. fewer rounds; ``">"``: a is higher)."""
+
+    a: str
+    b: str
+    metric: str  # "rounds" | "sim_time" | "final_acc"
+    expect: str = "<"
+
+    def __post_init__(self) -> None:
+        if self.expect not in ("<", ">"):
+            raise ValueError(f"Comparison.expect: '<' or '>', got {self.expect!r}")
+
+
+@dataclass(frozen=True)
+class Reproduction:
+    """A falsifiable claim and the grid that tests it (see ``REPRODUCING.md``)."""
+
+    name: str
+    claim: str  # the claim, with its citation (table or figure)
+    config: str  # base config, relative to the repository root
+    conditions: tuple[Condition, ...]
+    seeds: tuple[int, ...]
+    target: float | None  # threshold on ``metric`` for rounds / time to target
+    comparisons: tuple[Comparison, ...] = ()
+    overrides: tuple[str, ...] = ()  # applied to every condition (the CPU scale)
+    metric: str = "test_accuracy"
+    diagnostics: tuple[str, ...] = ()  # metrics.jsonl keys plotted per condition
+    curves: tuple[str, ...] = ()  # conditions in the accuracy figure (default: all)
+    paper: dict[str, str] = field(default_factory=dict)  # condition -> the paper's number
+    notes: str = ""  # scale, target choice, caveats (markdown, shown above the tables)
+    paper_commands: tuple[str, ...] = ()  # what a GPU run at the paper's scale would execute
+    paper_compute: str = ""  # the estimate printed with --scale paper
+    ablations: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (title, conditions) tables
+    # run these conditions for every seed before the rest (the claim's core), then the rest
+    first: tuple[str, ...] = ()
+
+    def condition(self, name: str) -> Condition:
+        for c in self.conditions:
+            if c.name == name:
+                return c
+        raise KeyError(f"{self.name}: no condition {name!r}")
+
+    def __post_init__(self) -> None:
+        names = [c.name for c in self.conditions]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{self.name}: duplicate condition names")
+        for comp in self.comparisons:
+            for side in (comp.a, comp.b):
+                if side not in names:
+                    raise ValueError(f"{self.name}: comparison names unknown condition {side!r}")
+
+
+REPRODUCTIONS: dict[str, Callable[[], Reproduction]] = {}
+
+
+def register(name: str) -> Callable:
+    """Decorator: register a zero-argument function building the spec under ``name``."""
+
+    def wrap(fn: Callable[[], Reproduction]) -> Callable[[], Reproduction]:
+        REPRODUCTIONS[name] = fn
+        return fn
+
+    return wrap
+
+
+def get_reproduction(name: str) -> Reproduction:
+    """The registered spec ``name`` (built-in specs are imported on first use)."""
+    from fedforge.reproduce import papers  # noqa: F401  (registers the built-in specs)
+
+    if name not in REPRODUCTIONS:
+        raise KeyError(f"unknown reproduction {name!r}; known: {', '.join(sorted(REPRODUCTIONS))}")
+    return REPRODUCTIONS[name]()
