@@ -22,7 +22,8 @@ OUT="${MUTATION_OUT:-$ROOT/.mutation}"
 WORK="${MUTATION_WORK:-${TMPDIR:-/tmp}/fedforge-mutation}"
 # modules mutation testing is configured for (globs relative to the repository root)
 CONFIGURED=(src/fedforge/algorithms/*.py src/fedforge/client/*.py src/fedforge/server/*.py
-            src/fedforge/comm/*.py src/fedforge/sim/*.py src/fedforge/experiment/round.py)
+            src/fedforge/comm/*.py src/fedforge/sim/*.py src/fedforge/core/moments.py
+            src/fedforge/experiment/round.py)
 
 # The pytest arguments (test files, -k filters) that exercise one module. Slow Monte Carlo
 # and end-to-end tests are left out; the *_mutants.py files hold the fast exact checks.
@@ -31,10 +32,15 @@ tests_for() {
     src/fedforge/client/nar.py)
       echo "tests/client/test_nar.py tests/client/test_nar_mutants.py" \
            "tests/algorithms/test_fednar_backbones.py" ;;
+    src/fedforge/client/control_variates.py)
+      echo "tests/algorithms/test_multiround_sgd.py tests/algorithms/test_multiround_adam.py" \
+           "tests/algorithms/test_fedavg_family.py" ;;
+    src/fedforge/client/optimizers.py)
+      echo "tests/client tests/algorithms/test_fednar_backbones.py" ;;
     src/fedforge/client/*)
-      echo "tests/client tests/algorithms/test_fedavg_family.py" \
-           "tests/algorithms/test_fadamgc.py tests/algorithms/test_multiround_sgd.py" \
-           "tests/algorithms/test_multiround_adam.py" ;;
+      echo "tests/client tests/algorithms/test_fedavg_family.py" ;;
+    src/fedforge/core/moments.py)
+      echo "tests/client tests/server tests/algorithms/test_fedopt.py" ;;
     src/fedforge/comm/sketch.py)
       echo "tests/comm/test_sketch.py tests/comm/test_sketch_mutants.py" \
            "tests/algorithms/test_safl.py -k 'not unbiased_mean_of_RtR'" ;;
