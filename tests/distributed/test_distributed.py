@@ -55,6 +55,8 @@ def test_shard_bounds_cover_cohort():
     assert [shard_bounds(1, r, 2) for r in range(2)] == [(0, 1), (1, 1)]
 
 
+@pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
+                    reason="this torch build has no torch.distributed gloo backend")
 @pytest.mark.parametrize("name", ALGOS)
 def test_two_gloo_ranks_equal_one_process(name, tmp_path):
     """Every registered algorithm: 2 gloo ranks give the one-process model."""
