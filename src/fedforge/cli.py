@@ -1,4 +1,5 @@
-"""``fedforge`` command line: run | compare | plot | bench | algorithms | datasets | models."""
+"""``fedforge`` command line: run | compare | reproduce | plot | bench | algorithms | datasets
+| models."""
 
 from __future__ import annotations
 
@@ -168,6 +169,41 @@ def _print_rows(table_rows: list[dict], out: Path) -> None:
     for row in table_rows:
         table.add_row(*[str(v) for v in row.values()])
     console.print(table)
+
+
+@app.command()
+def reproduce(
+    name: Annotated[str, typer.Argument(help="registered reproduction, e.g. fadamgc")],
+    scale: Annotated[str, typer.Option(
+        "--scale", help="cpu: run the grid here; paper: print the paper-scale commands")
+    ] = "cpu",
+    report_only: Annotated[bool, typer.Option(
+        "--report-only", help="regenerate the report from docs/data without running")
+    ] = False,
+    runs: Annotated[Path, typer.Option("--runs", help="run folders")] = Path("runs/reproduce"),
+    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+) -> None:
+    """Run a paper's reproduction grid (resuming what exists) and write its table, figures
+    and verdict to docs/reproductions/NAME.md (raw metrics in docs/data/NAME/)."""
+    from fedforge.experiment.config import ConfigError
+    from fedforge.reproduce import get_reproduction
+    from fedforge.reproduce import reproduce as run_reproduction
+    from fedforge.reproduce.report import paper_scale
+
+    if scale not in ("cpu", "paper"):
+        _fail(f"--scale: expected cpu or paper, got {scale!r}")
+    try:
+        spec = get_reproduction(name)
+    except KeyError as exc:
+        _fail(str(exc.args[0]))
+    if scale == "paper":
+        console.print(paper_scale(spec), highlight=False, soft_wrap=True)
+        return
+    try:
+        page = run_reproduction(spec, runs=runs, report_only=report_only, progress=not quiet)
+    except (ConfigError, ValueError, OSError, FloatingPointError) as exc:
+        _fail(str(exc))
+    console.print(f"report: {page}")
 
 
 @app.command()

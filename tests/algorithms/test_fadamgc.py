@@ -363,3 +363,148 @@ def test_fedavg_m_with_beta_one_is_fedavg():
     b, _, _ = run(build_algorithm("fedavg", local_lr=0.1, local_momentum=0.0), ROWS, [0.0, 0.0],
                   masks=[None] * 3, steps=2)
     torch.testing.assert_close(a["w"], b["w"])
+
+
+# --------------------------------------------------------------------------- tracking_init
+# two rows per client: client 0 = {a=1, b=(1,0)}, {a=1, b=(3,0)}; client 1 = {a=3, b=(0,2)},
+# {a=1, b=(2,2)}. At w = 0 the per-sample gradients a (w - b) are (-1,0), (-3,0) and
+# (0,-6), (-2,-2): ∇f_0(x¹) = (-2, 0), ∇f_1(x¹) = (-1, -4), their mean (-1.5, -2).
+ROWS2 = [[1.0, 1.0, 0.0], [1.0, 3.0, 0.0], [3.0, 0.0, 2.0], [1.0, 2.0, 2.0]]
+
+
+def _round_loop(algo, rows, ids, masks, *, num_clients, per_client=2, steps=2):
+    """Rounds on ``ids`` (client i owns rows [2i, 2i+2)), returning every cohort output."""
+    x_all = torch.tensor(rows, dtype=F64)
+    y_all = torch.zeros(len(rows), dtype=torch.long)
+    params = {"w": torch.zeros(2, dtype=F64)}
+    server_state = algo.server_init(params)
+    store = ClientStore(num_clients, algo.client_init(params))
+    cohorts = []
+    for cohort_ids, mask in zip(ids, masks, strict=True):
+        cids = torch.tensor(cohort_ids)
+        sample_idx = torch.tensor(
+            [[[i * per_client + k % per_client] for k in range(steps)] for i in cohort_ids])
+        weights = torch.ones(sample_idx.shape, dtype=F64)
+        params, server_state, cohort = federated_round(
+            algo, ENGINES["loop"](), quadratic_loss, params, server_state, store, cids, x_all,
+            y_all, sample_idx, weights, info={"tracking": torch.tensor(mask)})
+        cohorts.append(cohort)
+    return params, server_state, store, cohorts
+
+
+@pytest.mark.parametrize("name", ["fadamgc", "fa_nt"])
+def test_full_gradient_init_by_hand(name):
+    """No tracker in round 1: y_i = ∇f_i(x¹) and y = (1/n) Σ y_i, computed before training."""
+    algo = build_algorithm(name, local_lr=0.1, tracking_init="full_gradient")
+    _, server_state, store, (cohort,) = _round_loop(algo, ROWS2, [[0, 1]], [[False, False]],
+                                                    num_clients=2)
+    torch.testing.assert_close(store.state["tracking"]["y"]["w"],
+                               torch.tensor([[-2.0, 0.0], [-1.0, -4.0]], dtype=F64))
+    torch.testing.assert_close(server_state["parts"]["tracking"]["y"]["w"],
+                               torch.tensor([-1.5, -2.0], dtype=F64))
+    assert store.state["tracking"]["ready"].tolist() == [1.0, 1.0]
+    assert store.state["tracking"]["count"].tolist() == [0.0, 0.0]
+    # the two samples per client are charged to the clock (prep samples), once
+    assert cohort.metrics["prep_samples"].tolist() == [2.0, 2.0]
+    diag = algo.server_metrics(server_state, store.state)
+    assert diag["tracking_joined"] == 2.0
+    assert diag["tracking_init_bytes_up"] == 2 * 2 * 8  # two float64 2-vectors
+
+
+def test_full_gradient_init_is_lazy_and_keeps_y_the_mean_of_y_i():
+    """Client 1 joins in round 2 at x¹ (not at x²); the server's y is the mean over the
+    clients that joined until all did, and y = (1/n) Σ_i y_i afterwards, trackers included."""
+    algo = build_algorithm("fadamgc", local_lr=0.1, tracking_init="full_gradient")
+    _, server_state, store, cohorts = _round_loop(
+        algo, ROWS2, [[0], [1], [0, 1]], [[False], [False], [True, False]], num_clients=2)
+    yi = store.state["tracking"]["y"]["w"]
+    torch.testing.assert_close(yi[1], torch.tensor([-1.0, -4.0], dtype=F64))  # at x¹
+    assert cohorts[1].metrics["prep_samples"].tolist() == [2.0]
+    assert cohorts[2].metrics["prep_samples"].tolist() == [0.0, 0.0]  # nobody pays twice
+    torch.testing.assert_close(server_state["parts"]["tracking"]["y"]["w"], yi.mean(0))
+    assert store.state["tracking"]["count"].tolist() == [1.0, 0.0]
+
+
+def test_full_gradient_estimate_before_everyone_joined():
+    algo = build_algorithm("fadamgc", local_lr=0.1, tracking_init="full_gradient")
+    _, server_state, store, _ = _round_loop(algo, ROWS2, [[1]], [[False]], num_clients=2)
+    torch.testing.assert_close(server_state["parts"]["tracking"]["y"]["w"],
+                               torch.tensor([-1.0, -4.0], dtype=F64))  # mean over joined
+    assert store.state["tracking"]["ready"].tolist() == [0.0, 1.0]
+
+
+def test_unknown_tracking_init_is_an_error():
+    with pytest.raises(ValueError, match="tracking_init"):
+        build_algorithm("fadamgc", tracking_init="ones")
+
+
+# --------------------------------------------------------------------------- diagnostics
+def test_tracking_diagnostics_by_hand():
+    """The setting of test_fadamgc_first_step_by_hand, then a second round.
+
+    Round 1: y = y_i = 0, so the correction is 0. After it y = (-0.5, -3), y_0 = (-1, 0),
+    y_1 = (0, -6): ‖y - y_i‖ = √9.25 for both clients. Round 2 starts at x = (0.05, 0.05),
+    where the raw gradients are (-0.95, 0.05) and (0.15, -5.85) (K = 1)."""
+    algo = build_algorithm("fadamgc", local_lr=0.1, tracking_fraction=1.0)
+    x_all = torch.tensor(ROWS, dtype=F64)
+    y_all = torch.zeros(2, dtype=torch.long)
+    params = {"w": torch.zeros(2, dtype=F64)}
+    server_state = algo.server_init(params)
+    store = ClientStore(2, algo.client_init(params))
+    ids, sample_idx = torch.arange(2), torch.tensor([[[0]], [[1]]])
+    weights = torch.ones(sample_idx.shape, dtype=F64)
+    out = []
+    for _ in range(2):
+        params, server_state, cohort = federated_round(
+            algo, ENGINES["loop"](), quadratic_loss, params, server_state, store, ids, x_all,
+            y_all, sample_idx, weights, info={"tracking": torch.tensor([True, True])})
+        out.append(cohort.metrics["parts"])
+    assert out[0]["tracking_corr_norm"].tolist() == [0.0, 0.0]
+    root = 9.25 ** 0.5
+    torch.testing.assert_close(out[1]["tracking_corr_norm"], _t([root, root]))
+    g = [np.hypot(-0.95, 0.05), np.hypot(0.15, -5.85)]
+    torch.testing.assert_close(out[1]["tracking_corr_rel"], _t([root / g[0], root / g[1]]))
+    diag = algo.server_metrics(server_state, store.state)
+    assert diag["tracking_tracked_share"] == 1.0 and diag["tracking_tracked_mean"] == 2.0
+    yi = store.state["tracking"]["y"]["w"]
+    y = server_state["parts"]["tracking"]["y"]["w"]
+    assert diag["tracking_dev_all"] == pytest.approx(float((yi - y).norm(dim=1).mean()))
+
+
+def test_tracked_share_counts_clients_tracked_at_least_once():
+    algo = build_algorithm("fadamgc", local_lr=0.1, tracking_fraction=0.5)
+    _, server_state, store, _ = _round_loop(algo, ROWS2, [[0, 1], [0, 1]],
+                                            [[True, False], [True, False]], num_clients=4)
+    diag = algo.server_metrics(server_state, store.state)
+    assert diag["tracking_tracked_share"] == 0.25  # client 0 of 4
+    assert diag["tracking_tracked_mean"] == 0.5
+
+
+# --------------------------------------------------------------------------- S̃ ablation
+@pytest.mark.parametrize("engine", ENGINES)
+def test_no_trackers_is_localadam_exactly(engine):
+    """S̃ = 0: y and every y_i stay 0, so FAdamGC is LocalAdam bit for bit."""
+    assert not sample_tracking(10, 0.0, torch.Generator().manual_seed(0)).any()
+    masks = [[False, False]] * 3
+    p_gc, _, s_gc = run(build_algorithm("fadamgc", local_lr=0.1, tracking_fraction=0.0),
+                        ROWS, [0.0, 0.0], masks=masks, steps=3, engine=engine)
+    p_la, _, s_la = run(build_algorithm("localadam", local_lr=0.1), ROWS, [0.0, 0.0],
+                        masks=[None] * 3, steps=3, engine=engine)
+    assert torch.equal(p_gc["w"], p_la["w"])
+    assert torch.equal(s_gc.state["adam_v"]["v"]["w"], s_la.state["adam_v"]["v"]["w"])
+
+
+@pytest.mark.slow
+def test_no_trackers_equals_localadam_end_to_end(tmp_path):
+    """Same seed, same config: FAdamGC with S̃ = 0 logs LocalAdam's losses and accuracies."""
+    from fedforge.experiment.config import load_config
+    from fedforge.experiment.runner import run_experiment
+
+    base = ["rounds=3", "eval.every=1", "checkpoint.every=100", "algorithm.local_lr=0.01"]
+    runs = {}
+    for name, extra in (("fadamgc", ["algorithm.tracking_fraction=0.0"]), ("localadam", [])):
+        cfg = load_config("examples/quickstart.toml", [*base, f"algorithm.name={name}", *extra])
+        runs[name] = run_experiment(cfg, tmp_path / name, progress=False)
+    keys = ("round", "train_loss", "test_accuracy", "test_loss")
+    assert ([{k: r[k] for k in keys} for r in runs["fadamgc"]]
+            == [{k: r[k] for k in keys} for r in runs["localadam"]])

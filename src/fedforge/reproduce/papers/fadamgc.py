@@ -94,9 +94,9 @@ def fadamgc_spec() -> Reproduction:
             "engine.device=cuda --target 0.75 --seeds 0,1,2,3 --out runs/fadamgc_c10_gpu",
         ),
         paper_compute=(
-            "7 methods × 4 seeds × up to 3000 rounds × 10 clients × 60 steps of ResNet-18 "
-            "(batch 32, ≈ 3.3 GFLOP per training sample): ≈ 5.3 PFLOP per 1000 rounds per "
-            "run, about 2–3 A100-hours per 1000 rounds at realistic utilisation; the paper's "
-            "rounds to target (310–2533) put the whole table near 150–250 A100-hours."
+            "one run = 10 clients × 60 steps × 32 samples × ≈ 3.3 GFLOP (ResNet-18 training, "
+            "per sample) ≈ 63 PFLOP per 1000 rounds: about 1 A100-hour at fp32 peak, 2–3 at "
+            "realistic utilisation. 7 methods × 4 seeds stopped at the paper's rounds to "
+            "target (310–2533) ≈ 31 k rounds ≈ 80 A100-hours; all to 3000 rounds ≈ 210."
         ),
     )

@@ -1,0 +1,248 @@
+"""Tables, figures and the verdict of a reproduction, from the committed raw metrics.
+
+Reads ``<data>/<name>/<condition>/seed<k>.jsonl`` only, so ``--report-only`` regenerates
+everything on a machine that never ran the grid. Writes ``docs/reproductions/<name>.md``
+(included by ``docs/reproductions.md``) and ``docs/img/<name>_*.png``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedforge.reproduce.grid import read_metrics
+from fedforge.reproduce.spec import Comparison, Reproduction
+from fedforge.reproduce.stats import (
+    INCONCLUSIVE,
+    Interval,
+    detectable_effect,
+    paired_difference,
+    t_interval,
+    verdict,
+)
+
+METRICS = {  # key -> (column title, format, higher is better)
+    "rounds": ("rounds to target", "{:.1f}", False),
+    "sim_time": ("sim. s to target", "{:.3g}", False),
+    "final_acc": ("final acc. (mean of last 5 evals)", "{:.4f}", True),
+}
+FINAL_EVALS = 5
+
+
+@dataclass
+class RunSummary:
+    """One finished run's numbers; ``reached`` False means rounds/time are censored at the
+    budget (the run's last round and simulated time)."""
+
+    seed: int
+    rounds: float
+    sim_time: float
+    final_acc: float
+    reached: bool
+    sim_per_round: float
+    history: list[dict]
+
+
+def summarize(history: list[dict], seed: int, target: float | None, key: str) -> RunSummary:
+    evals = [r for r in history if key in r]
+    last = history[-1]
+    final = sum(r[key] for r in evals[-FINAL_EVALS:]) / max(1, len(evals[-FINAL_EVALS:]))
+    hit = None if target is None else next((r for r in evals if r[key] >= target), None)
+    rounds = float(hit["round"] if hit else last["round"])
+    sim = float((hit or last).get("sim_time_s", math.nan))
+    per_round = float(last.get("sim_time_s", math.nan)) / max(1, last["round"])
+    return RunSummary(seed, rounds, sim, final, hit is not None, per_round, history)
+
+
+def load_runs(spec: Reproduction, data: Path) -> dict[str, dict[int, RunSummary]]:
+    """Every finished run found under ``data`` -> ``{condition: {seed: summary}}``."""
+    out: dict[str, dict[int, RunSummary]] = {}
+    for cond in spec.conditions:
+        runs = {}
+        for seed in spec.seeds:
+            hist = read_metrics(data / spec.name / cond.name / f"seed{seed}.jsonl")
+            if hist:
+                runs[seed] = summarize(hist, seed, spec.target, spec.metric)
+        out[cond.name] = runs
+    return out
+
+
+def _cell(runs: dict[int, RunSummary], metric: str) -> str:
+    fmt = METRICS[metric][1]
+    vals = [getattr(r, metric) for r in runs.values()]
+    text = t_interval(vals).format(fmt)
+    if metric in ("rounds", "sim_time") and runs:
+        k = sum(r.reached for r in runs.values())
+        if k < len(runs):
+            text = f"≥ {text} ({k}/{len(runs)} reached)"
+    return text
+
+
+def condition_table(spec: Reproduction, runs: dict, names: list[str] | None = None) -> str:
+    names = names or [c.name for c in spec.conditions]
+    target = "–" if spec.target is None else f"{spec.target:g}"
+    head = ["method", "paper rounds", f"rounds to {target}", f"sim. s to {target}",
+            "final acc.", "sim. s / round", "seeds"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in names:
+        r = runs.get(name, {})
+        per_round = t_interval([x.sim_per_round for x in r.values()]).format("{:.4f}")
+        cells = [spec.condition(name).title, spec.paper.get(name, "–"),
+                 _cell(r, "rounds"), _cell(r, "sim_time"), _cell(r, "final_acc"),
+                 per_round if r else "–", ", ".join(str(s) for s in sorted(r)) or "none"]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def compare(spec: Reproduction, runs: dict, comp: Comparison) -> tuple[Interval, str, float]:
+    """Paired difference over the seeds both conditions finished -> (CI, verdict, MDE)."""
+    a, b = runs.get(comp.a, {}), runs.get(comp.b, {})
+    seeds = sorted(set(a) & set(b))
+    diff = paired_difference([getattr(a[s], comp.metric) for s in seeds],
+                             [getattr(b[s], comp.metric) for s in seeds])
+    return diff, verdict(diff, comp.expect), detectable_effect(diff)
+
+
+def comparison_table(spec: Reproduction, runs: dict) -> str:
+    head = ["difference (paired by seed)", "metric", "paper's sign", "mean ± 95 % CI",
+            "seeds", "verdict", "detectable effect"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for comp in spec.comparisons:
+        diff, call, mde = compare(spec, runs, comp)
+        fmt = METRICS[comp.metric][1]
+        ci = "–" if diff.n == 0 else diff.format(fmt)
+        if diff.n >= 2:
+            ci += f" [{fmt.format(diff.low)}, {fmt.format(diff.high)}]"
+        mde_txt = "–" if math.isnan(mde) else fmt.format(mde)
+        rows.append("| " + " | ".join([
+            f"{spec.condition(comp.a).title} − {spec.condition(comp.b).title}",
+            METRICS[comp.metric][0], f"{comp.expect} 0", ci, str(diff.n),
+            f"**{call}**" if call != INCONCLUSIVE else call, mde_txt]) + " |")
+    return "\n".join(rows)
+
+
+def _mean_curve(runs: dict[int, RunSummary], key: str) -> tuple[list[float], list[float]]:
+    by_round: dict[int, list[float]] = {}
+    for r in runs.values():
+        for rec in r.history:
+            if key in rec:
+                by_round.setdefault(rec["round"], []).append(float(rec[key]))
+    xs = sorted(by_round)
+    return xs, [sum(by_round[x]) / len(by_round[x]) for x in xs]
+
+
+def plot_accuracy(spec: Reproduction, runs: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name in spec.curves or [c.name for c in spec.conditions]:
+        if runs.get(name):
+            xs, ys = _mean_curve(runs[name], spec.metric)
+            ax.plot(xs, ys, label=f"{spec.condition(name).title} ({len(runs[name])} seeds)")
+    if spec.target is not None:
+        ax.axhline(spec.target, color="grey", ls="--", lw=0.8, label=f"target {spec.target:g}")
+    ax.set_xlabel("round")
+    ax.set_ylabel(f"{spec.metric} (mean over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_diagnostics(spec: Reproduction, runs: dict, path: Path) -> Path | None:
+    if not spec.diagnostics:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = list(spec.diagnostics)
+    fig, axes = plt.subplots(1, len(keys) + 1, figsize=(4 * (len(keys) + 1), 3.6))
+    for name, cond_runs in runs.items():
+        if not cond_runs or not any(k in cond_runs[s].history[-1] for s in cond_runs
+                                    for k in keys):
+            continue
+        title = spec.condition(name).title
+        xs, ys = _mean_curve(cond_runs, spec.metric)
+        axes[0].plot(xs, ys, label=title)
+        for ax, key in zip(axes[1:], keys, strict=True):
+            xs, ys = _mean_curve(cond_runs, key)
+            if xs:
+                ax.plot(xs, ys, label=title)
+    axes[0].set_title(spec.metric, fontsize=9)
+    for ax, key in zip(axes[1:], keys, strict=True):
+        ax.set_title(key, fontsize=9)
+    for ax in axes:
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=6)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def headline(spec: Reproduction, runs: dict) -> list[str]:
+    lines = []
+    for comp in spec.comparisons:
+        diff, call, mde = compare(spec, runs, comp)
+        if diff.n == 0:
+            continue
+        fmt = METRICS[comp.metric][1]
+        extra = "" if call != INCONCLUSIVE or math.isnan(mde) else (
+            f"; the design could detect a difference of about {fmt.format(mde)}")
+        lines.append(f"- {spec.condition(comp.a).title} − {spec.condition(comp.b).title}, "
+                     f"{METRICS[comp.metric][0]}: {diff.format(fmt)} over {diff.n} seeds "
+                     f"→ **{call}**{extra}.")
+    return lines
+
+
+def write_report(spec: Reproduction, data: Path, docs: Path, *, command: str = "") -> Path:
+    """Write ``docs/reproductions/<name>.md`` and ``docs/img/<name>_*.png``; -> the page."""
+    runs = load_runs(spec, data)
+    done = sum(len(r) for r in runs.values())
+    total = len(spec.conditions) * len(spec.seeds)
+    acc_png = plot_accuracy(spec, runs, docs / "img" / f"{spec.name}_accuracy.png")
+    diag_png = plot_diagnostics(spec, runs, docs / "img" / f"{spec.name}_diagnostics.png")
+    out = [f"<!-- generated by `fedforge reproduce {spec.name}`; do not edit by hand -->",
+           f"### Reproduction `{spec.name}` (generated)", ""]
+    if done < total:
+        out += [f"> **incomplete: {done} of {total} runs** finished; the tables use the "
+                "finished ones. Resume with the command below.", ""]
+    out += [f"**Claim.** {spec.claim}", "", spec.notes.strip(), ""]
+    if spec.target is None:
+        out += ["**Target:** not set yet (rounds and time to target are the run length).", ""]
+    out += [f"Seeds {', '.join(map(str, spec.seeds))}; mean ± 95 % t-interval over the seeds "
+            "that finished; \"≥\" marks runs that never reached the target (counted at the "
+            "budget, so the difference is a bound).", "",
+            condition_table(spec, runs, list(spec.curves) or None), ""]
+    for title, names in spec.ablations:
+        out += [f"**{title}.**", "", condition_table(spec, runs, list(names)), ""]
+    out += ["**Paired comparisons** (same seed = same partition, cohorts and batches).", "",
+            comparison_table(spec, runs), "", "**Verdict so far.**", "", *headline(spec, runs),
+            "", f"![accuracy](../img/{acc_png.name})", ""]
+    if diag_png is not None:
+        out += [f"![diagnostics](../img/{diag_png.name})", ""]
+    if command:
+        out += [f"Command: `{command}`", ""]
+    page = docs / "reproductions" / f"{spec.name}.md"
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text("\n".join(out).rstrip() + "\n", encoding="utf-8")
+    return page
+
+
+def paper_scale(spec: Reproduction) -> str:
+    """What ``--scale paper`` prints: the commands and the compute they need."""
+    lines = [f"# {spec.name} at the paper's scale (not run here)", *spec.paper_commands]
+    if spec.paper_compute:
+        lines += ["", f"# compute: {spec.paper_compute}"]
+    return "\n".join(lines)

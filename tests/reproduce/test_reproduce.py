@@ -1,0 +1,98 @@
+"""A tiny reproduction end to end: files land where promised, and resume skips finished runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fedforge.reproduce import REPRODUCTIONS, Comparison, Condition, Reproduction, reproduce
+from fedforge.reproduce.grid import grid_plan, run_grid
+from fedforge.reproduce.report import paper_scale, write_report
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny_spec() -> Reproduction:
+    return Reproduction(
+        name="tiny",
+        claim="A larger local learning rate helps on Synthetic(1, 1) (test only).",
+        config="examples/quickstart.toml",
+        conditions=(Condition("fast", "fedavg", ("algorithm.local_lr=0.05",), label="lr 0.05"),
+                    Condition("slow", "fedavg", ("algorithm.local_lr=0.001",), label="lr 0.001")),
+        seeds=(0, 1),
+        target=0.2,
+        overrides=("rounds=2", "eval.every=1", "checkpoint.every=1",
+                   "server.clients_per_round=4"),
+        comparisons=(Comparison("fast", "slow", "final_acc", ">"),
+                     Comparison("fast", "slow", "rounds", "<")),
+        diagnostics=("train_loss",),
+        paper={"fast": "1.0"},
+        paper_commands=("fedforge compare examples/quickstart.toml -a fedavg",),
+        paper_compute="seconds",
+        first=("slow",),
+    )
+
+
+def test_plan_runs_the_core_conditions_for_every_seed_first(tmp_path):
+    plan = [(c.name, cfg.seed) for c, cfg, _ in grid_plan(tiny_spec(), ROOT, tmp_path)]
+    assert plan == [("slow", 0), ("slow", 1), ("fast", 0), ("fast", 1)]
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    monkeypatch.setitem(REPRODUCTIONS, "tiny", tiny_spec)
+    return tiny_spec()
+
+
+def test_tiny_reproduction_end_to_end(tiny, tmp_path):
+    runs, data, docs = tmp_path / "runs", tmp_path / "data", tmp_path / "docs"
+    page = reproduce("tiny", root=ROOT, runs=runs, data=data, docs=docs, progress=False)
+    for cond in ("fast", "slow"):
+        for seed in (0, 1):
+            assert (runs / "tiny" / cond / f"seed{seed}" / "metrics.jsonl").is_file()
+            assert (data / "tiny" / cond / f"seed{seed}.jsonl").is_file()
+    assert page == docs / "reproductions" / "tiny.md"
+    assert (docs / "img" / "tiny_accuracy.png").is_file()
+    assert (docs / "img" / "tiny_diagnostics.png").is_file()
+    text = page.read_text()
+    assert "lr 0.05" in text and "incomplete" not in text
+    assert "(paired by seed)" in text and "Verdict so far" in text
+
+    # a second call runs nothing: every run is finished
+    stamp = {p: p.stat().st_mtime_ns for p in runs.rglob("metrics.jsonl")}
+    counts = run_grid(tiny, root=ROOT, runs=runs, data=data, progress=False)
+    assert counts == {"skipped": 4, "ran": 0, "total": 4}
+    assert stamp == {p: p.stat().st_mtime_ns for p in runs.rglob("metrics.jsonl")}
+
+    # the report needs only the copied metrics; a missing run is reported as such
+    (data / "tiny" / "fast" / "seed1.jsonl").unlink()
+    page = write_report(tiny, data, tmp_path / "docs2")
+    assert "incomplete: 3 of 4 runs" in page.read_text()
+
+
+def test_paper_scale_prints_commands_and_compute(tiny):
+    text = paper_scale(tiny)
+    assert "fedforge compare examples/quickstart.toml -a fedavg" in text
+    assert "compute: seconds" in text
+
+
+def test_fadamgc_spec_is_registered_and_valid():
+    from fedforge.reproduce import get_reproduction
+
+    spec = get_reproduction("fadamgc")
+    assert len(spec.conditions) == 11 and spec.seeds == (0, 1, 2)
+    plan = grid_plan(spec, ROOT, Path("runs"))
+    assert len(plan) == 33
+    cfgs = {c.name: cfg for c, cfg, _ in plan if cfg.seed == 0}
+    assert cfgs["fadamgc_st0"].algorithm.tracking_fraction == 0.0
+    assert cfgs["fadamgc_fullgrad"].algorithm.tracking_init == "full_gradient"
+    assert cfgs["fedadam"].algorithm.server_lr == 1e-3
+    assert cfgs["fadamgc"].client.local_steps == 60 and cfgs["fadamgc"].rounds >= 150
+
+
+def test_unknown_spec_is_an_error():
+    from fedforge.reproduce import get_reproduction
+
+    with pytest.raises(KeyError, match="unknown reproduction"):
+        get_reproduction("nope")

@@ -1,0 +1,81 @@
+"""t-intervals, paired differences and the protocol's verdict, checked by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fedforge.reproduce.stats import (
+    CONTRADICTED,
+    INCONCLUSIVE,
+    REPRODUCED,
+    Interval,
+    detectable_effect,
+    paired_difference,
+    t_interval,
+    t_quantile,
+    verdict,
+)
+
+
+def test_t_quantiles_match_the_table():
+    assert t_quantile(0.975, 2) == pytest.approx(4.302653, abs=1e-6)
+    assert t_quantile(0.975, 4) == pytest.approx(2.776445, abs=1e-6)
+    assert t_quantile(0.8, 2) == pytest.approx(1.060660, abs=1e-6)
+
+
+def test_t_interval_by_hand():
+    """[1, 2, 3]: mean 2, s = 1, half = t_{.975,2} / √3 = 4.302653 / 1.732051 = 2.484138."""
+    ci = t_interval([1.0, 2.0, 3.0])
+    assert (ci.mean, ci.sd, ci.n) == (2.0, 1.0, 3)
+    assert ci.half == pytest.approx(2.484138, abs=1e-6)
+    assert ci.format("{:.2f}") == "2.00 ± 2.48"
+
+
+def test_t_interval_of_one_or_no_value():
+    one = t_interval([5.0])
+    assert one.mean == 5.0 and math.isnan(one.half) and one.format() == "5.0"
+    assert t_interval([]).format() == "–"
+
+
+def test_paired_difference_by_hand():
+    """a - b = [2, 1, 4]: mean 7/3, s² = (1/9 + 16/9 + 25/9)/2 = 7/3, half = 4.302653 ·
+    √(7/3) / √3 = 3.794583; the CI [-1.461, 6.128] contains 0."""
+    diff = paired_difference([10.0, 12.0, 15.0], [8.0, 11.0, 11.0])
+    assert diff.mean == pytest.approx(7 / 3)
+    assert diff.sd == pytest.approx(math.sqrt(7 / 3))
+    assert diff.half == pytest.approx(3.794583, abs=1e-6)
+    assert verdict(diff, "<") == INCONCLUSIVE
+    # paired vs unpaired: a constant shift with noisy levels is still detected
+    shift = paired_difference([300.0, 500.0, 410.0], [310.0, 512.0, 419.0])
+    assert shift.high < 0 and verdict(shift, "<") == REPRODUCED
+
+
+def test_paired_difference_needs_equal_lengths():
+    with pytest.raises(ValueError):
+        paired_difference([1.0, 2.0], [1.0])
+
+
+@pytest.mark.parametrize(("low", "high", "expect", "call"), [
+    (-3.0, -1.0, "<", REPRODUCED),
+    (-3.0, -1.0, ">", CONTRADICTED),
+    (1.0, 3.0, ">", REPRODUCED),
+    (1.0, 3.0, "<", CONTRADICTED),
+    (-1.0, 3.0, "<", INCONCLUSIVE),
+    (-1.0, 3.0, ">", INCONCLUSIVE),
+])
+def test_verdict_rule(low, high, expect, call):
+    diff = Interval((low + high) / 2, (high - low) / 2, 3, 1.0)
+    assert verdict(diff, expect) == call
+
+
+def test_verdict_with_one_seed_is_inconclusive():
+    assert verdict(t_interval([-5.0]), "<") == INCONCLUSIVE
+
+
+def test_detectable_effect_by_hand():
+    """(t_{.975,2} + t_{.8,2}) s / √n = (4.302653 + 1.060660) · 1.5 / √3 = 4.644765."""
+    diff = Interval(0.0, 0.0, 3, 1.5)
+    assert detectable_effect(diff) == pytest.approx(4.644765, abs=1e-6)
+    assert math.isnan(detectable_effect(t_interval([1.0])))
