@@ -30,7 +30,7 @@ def tiny_spec() -> Reproduction:
         paper={"fast": "1.0"},
         paper_commands=("fedforge compare examples/quickstart.toml -a fedavg",),
         paper_compute="seconds",
-        first=("slow",),
+        stages=(("slow",),),
     )
 
 
@@ -84,6 +84,9 @@ def test_fadamgc_spec_is_registered_and_valid():
     assert len(spec.conditions) == 11 and spec.seeds == (0, 1, 2)
     plan = grid_plan(spec, ROOT, Path("runs"))
     assert len(plan) == 33
+    order = [c.name for c, _, _ in plan]
+    assert order[:9] == ["fadamgc", "localadam", "fa_nt"] * 3  # the core, every seed first
+    assert order[9:13] == ["scaffold_m", "fedavg_m", "fedams", "fedadam"]
     cfgs = {c.name: cfg for c, cfg, _ in plan if cfg.seed == 0}
     assert cfgs["fadamgc_st0"].algorithm.tracking_fraction == 0.0
     assert cfgs["fadamgc_fullgrad"].algorithm.tracking_init == "full_gradient"

@@ -41,14 +41,15 @@ def is_finished(run_dir: Path, rounds: int) -> bool:
 def grid_plan(
     spec: Reproduction, root: Path, runs: Path
 ) -> list[tuple[Condition, RunConfig, Path]]:
-    """``(condition, config, run folder)`` in execution order: the spec's ``first``
-    conditions for every seed, then the others; seed-major within each stage, so a stopped
-    grid holds whole seeds of the claim's core (the paired comparison needs whole seeds)."""
+    """``(condition, config, run folder)`` in execution order: stage after stage (the spec's
+    ``stages``, then the conditions in none), every seed of a stage before the next, so a
+    stopped grid holds whole seeds of the claim's core (paired comparisons need them)."""
     per_cond = {c.name: condition_configs(spec, c, root) for c in spec.conditions}
-    core = [c for c in spec.conditions if c.name in spec.first]
-    rest = [c for c in spec.conditions if c.name not in spec.first]
+    staged = [n for stage in spec.stages for n in stage]
+    stages = [[spec.condition(n) for n in stage] for stage in spec.stages]
+    stages.append([c for c in spec.conditions if c.name not in staged])
     plan = []
-    for stage in (core, rest):
+    for stage in stages:
         for i, seed in enumerate(spec.seeds):
             for cond in stage:
                 out = runs / spec.name / cond.name / f"seed{seed}"

@@ -64,8 +64,9 @@ class Reproduction:
     paper_commands: tuple[str, ...] = ()  # what a GPU run at the paper's scale would execute
     paper_compute: str = ""  # the estimate printed with --scale paper
     ablations: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (title, conditions) tables
-    # run these conditions for every seed before the rest (the claim's core), then the rest
-    first: tuple[str, ...] = ()
+    # execution order: each stage's conditions for every seed, stage after stage (the
+    # claim's core first); conditions in no stage run last
+    stages: tuple[tuple[str, ...], ...] = ()
 
     def condition(self, name: str) -> Condition:
         for c in self.conditions:

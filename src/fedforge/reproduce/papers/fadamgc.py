@@ -37,7 +37,7 @@ Accuracy: the global model on the full test set, every 2 rounds.
 
 @register("fadamgc")
 def fadamgc_spec() -> Reproduction:
-    adam = ("fadamgc", "fa_nt", "localadam")
+    adam = ("fadamgc", "localadam", "fa_nt")
     conditions = (
         Condition("fadamgc", "fadamgc", label="FAdamGC (S̃ = 5)"),
         Condition("localadam", "localadam", label="LocalAdam"),
@@ -62,7 +62,8 @@ def fadamgc_spec() -> Reproduction:
         conditions=conditions,
         seeds=(0, 1, 2),
         target=TARGET,
-        first=adam,
+        stages=(adam, ("scaffold_m", "fedavg_m", "fedams", "fedadam"),
+                ("fadamgc_fullgrad", "fa_nt_fullgrad"), ("fadamgc_st10", "fadamgc_st0")),
         comparisons=(
             Comparison("fadamgc", "localadam", "rounds", "<"),
             Comparison("fadamgc", "fa_nt", "rounds", "<"),
