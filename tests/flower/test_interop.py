@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("flwr", reason="the Flower bridge needs `pip install 'fedforge[flower]'`")
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict  # noqa: E402
-from flwr.serverapp.strategy import FedAvg  # noqa: E402
+from flwr.serverapp.strategy import FedAvg, FedMedian, FedTrimmedAvg, Krum  # noqa: E402
 
 from fedforge.flower import ServerOptions, client_app, run_server  # noqa: E402
 from fedforge.flower.common import experiment  # noqa: E402
@@ -28,11 +28,12 @@ from .test_bridge import NUM_CLIENTS, assert_close, tiny_cfg  # noqa: E402
 FLOWER = ServerOptions(protocol="flower")
 
 
-def flower_fedavg(grid, cfg, *, evaluate: bool = False):
-    """Flower's own FedAvg over every node of ``grid``, from fedforge's initial model."""
-    strategy = FedAvg(fraction_train=1.0, fraction_evaluate=1.0 if evaluate else 0.0,
-                      min_train_nodes=NUM_CLIENTS, min_evaluate_nodes=NUM_CLIENTS,
-                      min_available_nodes=NUM_CLIENTS)
+def flower_fedavg(grid, cfg, *, evaluate: bool = False, strategy=FedAvg, **options):
+    """Flower's own FedAvg (or ``strategy``) over every node of ``grid``, from fedforge's
+    initial model."""
+    strategy = strategy(fraction_train=1.0, fraction_evaluate=1.0 if evaluate else 0.0,
+                        min_train_nodes=NUM_CLIENTS, min_evaluate_nodes=NUM_CLIENTS,
+                        min_available_nodes=NUM_CLIENTS, **options)
     init = ArrayRecord(experiment(cfg)[0].initial_params())
     return strategy.start(grid=grid, initial_arrays=init, num_rounds=cfg.rounds, timeout=60)
 
@@ -94,3 +95,20 @@ def test_plain_flower_clients_with_a_server_optimizer_and_a_median():
     assert all(103 not in i["accepted"] and len(i["accepted"]) == 5 for i in seen)
     assert "median norm" in seen[0]["rejected"][0]["reason"]
     assert all(bool(torch.isfinite(v).all()) for v in got.values())
+
+
+@pytest.mark.parametrize("ours, strategy, options", [
+    (["server.aggregator=median"], FedMedian, {}),
+    (["server.aggregator=trimmed_mean", "server.aggregator_options.beta=0.2"], FedTrimmedAvg,
+     {"beta": 0.2}),
+    (["server.aggregator=krum", "server.aggregator_options.f=1"], Krum,
+     {"num_malicious_nodes": 1}),
+], ids=["median", "trimmed_mean", "krum"])
+def test_robust_aggregators_equal_flowers_strategies(ours, strategy, options):
+    """fedforge's median / trimmed mean / Krum (on deltas) over plain Flower clients give
+    Flower's FedMedian / FedTrimmedAvg / Krum (on models) to float32 rounding."""
+    cfg = all_clients_cfg(*ours)
+    got = run_server(FakeGrid(interop_app.plain_client, NUM_CLIENTS), cfg, FLOWER)
+    flower = flower_fedavg(FakeGrid(interop_app.plain_client, NUM_CLIENTS), cfg,
+                           strategy=strategy, **options)
+    assert_close(got, flower.arrays.to_torch_state_dict(), tol=1e-6)

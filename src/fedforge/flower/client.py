@@ -52,7 +52,8 @@ def _run_one(exp: Experiment, round_: int, params: Params, broadcast: dict, stat
     out = exp.engine.run_cohort(exp.algorithm, loss_fn, exp.data.train_x, exp.data.train_y,
                                 inputs)
     new_state = tree_map(lambda s: s[0], out.client_states)
-    metrics = {k: float(v[0]) for k, v in out.metrics.items() if v.ndim == 1}
+    metrics = {k: float(v[0]) for k, v in flatten_dict(out.metrics).items()
+               if isinstance(v, torch.Tensor) and v.ndim == 1}  # per-client values
     return out.mean_delta, out.mean_uploads, new_state, metrics
 
 
