@@ -24,9 +24,9 @@ from fedforge.algorithms.defaults import (
     markdown,
     resolved_hparams,
 )
-from fedforge.asyncfl.fedast import ASYNC_METHODS
-from fedforge.asyncfl.sync import SYNC_METHODS
 from fedforge.experiment.multitask import AsyncSection, SyncSection
+from fedforge.sim.fedast import ASYNC_METHODS
+from fedforge.sim.multitask_sync import SYNC_METHODS
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = {"async": AsyncSection, "sync": SyncSection}

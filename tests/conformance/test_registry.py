@@ -23,9 +23,9 @@ import pytest
 import torch
 
 from fedforge.algorithms import ALGORITHMS, build_algorithm
-from fedforge.asyncfl.executor import ASYNC_SERVES, check_async_support
 from fedforge.core.tree import flatten_dict
 from fedforge.engine.base import ChunkedEngine
+from fedforge.engine.jobs import ASYNC_SERVES, check_async_support
 from fedforge.experiment.checkpoint import load_checkpoint
 from fedforge.experiment.config import load_config
 from fedforge.experiment.runner import Experiment, restore_or_init, run_experiment

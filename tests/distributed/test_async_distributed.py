@@ -14,11 +14,11 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from fedforge.asyncfl.distributed import serve_jobs
+from fedforge.engine.scatter import serve_jobs
 from fedforge.experiment import async_runner
 from fedforge.experiment.async_runner import run_multitask
 from fedforge.experiment.multitask import load_multitask
-from tests.asyncfl.test_runner import CONFIG
+from tests.experiment.test_async_runner import CONFIG
 
 OVERRIDES = ["max_updates=48", "checkpoint.every=1000"]
 

@@ -1,12 +1,20 @@
-"""Batched async execution = one-at-a-time execution: same models, same event order."""
+"""Batched async execution = one-at-a-time execution: same models, same event order.
+
+Jobs run in the chunked engine's jobs mode, so its chunking and out-of-memory halving hold.
+"""
 
 import pytest
 import torch
 
-from fedforge.asyncfl.fedast import AsyncDriver, AsyncOptions
+from fedforge.core.tree import tree_stack
+from fedforge.engine import LoopEngine, VmapEngine
+from fedforge.engine.base import OOM_ERRORS
+from fedforge.engine.jobs import JobInputs, job_function, run_jobs
+from fedforge.sim.clock import Job
 from fedforge.sim.delays import ShiftedExponential
+from fedforge.sim.fedast import AsyncDriver, AsyncOptions
 from fedforge.sim.population import Population
-from tests.asyncfl.helpers import quadratic_task
+from tests.sim.async_helpers import quadratic_task
 
 CENTERS = [[[1, 2], [3, 4], [5, 6], [0, 1]], [[10, 0], [-10, 0], [0, 3], [1, 1]]]
 
@@ -56,3 +64,34 @@ def test_fedbuff_single_task_uses_idle_clients_only():
     d.run(lambda m, r: None, max_updates=60)
     assert d.c == 60 and task.server.round == 30
     assert all(row[4] == row[5] for row in d.clock.log)  # send == start
+
+
+def _job_inputs(task, n):
+    jobs = [Job(i, 0, i % 4, 0, 0.0, 0.0, 0.0) for i in range(n)]
+    idx, mask = task.executor.batch_inputs(jobs)
+    gen = torch.Generator().manual_seed(0)
+    params = {"w": torch.randn(n, 2, dtype=torch.float64, generator=gen)}  # a version per job
+    return JobInputs(params, tree_stack([task.broadcast()] * n), idx, mask)
+
+
+def test_jobs_mode_chunks_and_halves_on_out_of_memory():
+    task = quadratic_task(0, CENTERS[0])
+    ex = task.executor
+    inputs = _job_inputs(task, 8)
+    fn = job_function(ex.algorithm, ex.loss_fn, masked=False)
+    ref, ref_losses, calls = run_jobs(VmapEngine(), fn, ex.x_all, ex.y_all, inputs)
+    assert calls == 1 and ref["w"].shape == (8, 2)
+
+    def fits_two(*args):  # a device that holds two jobs at a time
+        if args[4].shape[0] > 2:
+            raise OOM_ERRORS[0]("fake out of memory")
+        return fn(*args)
+
+    engine = VmapEngine()
+    out, losses, calls = run_jobs(engine, fits_two, ex.x_all, ex.y_all, inputs, limit=8)
+    assert calls == 4 and engine.max_chunk == 2  # 8 -> 4 -> 2, remembered
+    assert torch.allclose(out["w"], ref["w"], atol=1e-12, rtol=0)
+    assert losses == pytest.approx(ref_losses, abs=1e-12)
+    assert run_jobs(engine, fn, ex.x_all, ex.y_all, inputs)[2] == 4  # stays at 2 per call
+    assert run_jobs(VmapEngine(), fn, ex.x_all, ex.y_all, inputs, limit=3)[2] == 3  # max_batch
+    assert run_jobs(LoopEngine(), fn, ex.x_all, ex.y_all, inputs)[2] == 8  # one job per call

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from fedforge.algorithms import build_algorithm
-from fedforge.asyncfl.executor import TaskExecutor
-from fedforge.asyncfl.server import BufferedServer
-from fedforge.asyncfl.task import Task
 from fedforge.data.federated import build_index_table
+from fedforge.engine.jobs import TaskExecutor
+from fedforge.server.buffered import BufferedServer
+from fedforge.sim.task import Task
 from tests.quadratic import quadratic_loss
 
 

@@ -3,17 +3,17 @@ import math
 import pytest
 import torch
 
-from fedforge.asyncfl.allocation import (
+from fedforge.sim.allocation import (
     buffer_size,
     estimate_variance,
     normalized_variance,
     proportional_split,
     realloc,
 )
-from fedforge.asyncfl.fedast import AsyncDriver, AsyncOptions
 from fedforge.sim.delays import ConstantDelay
+from fedforge.sim.fedast import AsyncDriver, AsyncOptions
 from fedforge.sim.population import Population
-from tests.asyncfl.helpers import quadratic_task
+from tests.sim.async_helpers import quadratic_task
 
 
 def test_normalized_variance_hand():

@@ -1,14 +1,13 @@
-"""Sync-ST rounds on the clock: k-th arrival per task, max over tasks; partition helper."""
+"""Sync-ST rounds on the clock: k-th arrival per task, max over tasks."""
 
 import numpy as np
 import pytest
 
-from fedforge.asyncfl.partition import dirichlet_fixed_size
-from fedforge.asyncfl.sync import SyncDriver, SyncOptions
 from fedforge.engine import LoopEngine
 from fedforge.sim.delays import ConstantDelay
+from fedforge.sim.multitask_sync import SyncDriver, SyncOptions
 from fedforge.sim.population import Population
-from tests.asyncfl.helpers import quadratic_task
+from tests.sim.async_helpers import quadratic_task
 
 
 def test_round_time_is_max_over_tasks_of_kth_arrival():
@@ -34,15 +33,6 @@ def test_no_mitigation_waits_for_everyone():
     d = SyncDriver(tasks, pop, ConstantDelay(), SyncOptions("sync_st_nosm", 4), 0, LoopEngine())
     d.step(lambda m, r: None)
     assert d.clock.now == pytest.approx(1.3) and d.c == 4
-
-
-def test_dirichlet_fixed_size():
-    labels = np.repeat(np.arange(10), 50)  # 500 samples; 40 clients x 30 needs refills
-    parts = dirichlet_fixed_size(labels, 40, 0.1, 30, np.random.default_rng(0))
-    sizes = [len(p) for p in parts]
-    assert all(abs(s - 30) <= 5 for s in sizes)
-    few = np.mean([len(np.unique(labels[p])) for p in parts])
-    assert few < 4  # alpha 0.1: few classes per client
 
 
 def test_sequential_and_ucb_counts():

@@ -9,7 +9,7 @@ Compares, in one process and interleaved (so machine load hits both alike):
   updates after 4 warm-up rounds).
 
 Both use tau = 9 steps of batch 32 on the same model, so an update costs the same compute.
-``python -m fedforge.asyncfl.bench [--reps 3]`` prints one JSON line.
+``python -m fedforge.bench.async_cost [--reps 3]`` prints one JSON line.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import time
 import torch
 
 from fedforge.engine import classification_loss
+from fedforge.engine.round import federated_round
 from fedforge.experiment.async_runner import build_driver, build_tasks
 from fedforge.experiment.config import load_config
 from fedforge.experiment.multitask import load_multitask
-from fedforge.experiment.round import federated_round
 from fedforge.experiment.runner import Experiment, sample_round
 
 ASYNC_OVERRIDES = ["tasks.1.name=mnist-mlp-2", "tasks.1.data.dataset=mnist",

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from fedforge.algorithms import build_algorithm
 from fedforge.core.store import ClientStore
 from fedforge.engine import LoopEngine, VmapEngine, classification_loss
-from fedforge.experiment.round import federated_round
+from fedforge.engine.round import federated_round
 from fedforge.models import build_model
 
 LR = 0.01

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import torch
 
@@ -19,6 +19,7 @@ from fedforge.core.tree import Params, tree_index, tree_map, tree_map2
 from fedforge.engine.local import LocalResult, LossFn, make_local_update
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 # torch >= 2.5 has torch.OutOfMemoryError; torch.cuda.OutOfMemoryError is the older alias
 OOM_ERRORS = tuple({getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError),
                     torch.cuda.OutOfMemoryError})
@@ -79,15 +80,21 @@ class ChunkedEngine:
         y_all: torch.Tensor,
         inputs: CohortInputs,
     ) -> CohortOutput:
-        """Run the cohort; on an out-of-memory error halve the chunk and start the cohort
-        again (nothing is kept from the failed attempt), remembering the smaller chunk."""
-        num_clients = inputs.sample_idx.shape[0]
-        chunk = max(1, min(self.chunk_size(inputs, x_all), num_clients))
+        """Run the cohort in chunks (see :meth:`run_chunked` for out-of-memory errors)."""
+        return self.run_chunked(
+            inputs.sample_idx.shape[0], self.chunk_size(inputs, x_all),
+            lambda chunk: self._run_chunks(algorithm, loss_fn, x_all, y_all, inputs, chunk))
+
+    def run_chunked(self, num_items: int, chunk: int, attempt: Callable[[int], T]) -> T:
+        """``attempt(chunk)`` for ``num_items`` items; on an out-of-memory error halve the
+        chunk and start again (nothing is kept from the failed attempt), remembering the
+        smaller chunk. Cohorts and batches of async jobs (``engine/jobs.py``) share it."""
+        chunk = max(1, min(chunk, num_items))
         if self.max_chunk is not None:
             chunk = min(chunk, self.max_chunk)
         while True:
             try:
-                return self._run_chunks(algorithm, loss_fn, x_all, y_all, inputs, chunk)
+                return attempt(chunk)
             except OOM_ERRORS:
                 if chunk == 1:
                     raise
@@ -96,7 +103,7 @@ class ChunkedEngine:
             self.max_chunk = chunk
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-            logger.warning("out of memory: retrying the cohort with chunks of %d", chunk)
+            logger.warning("out of memory: retrying with chunks of %d", chunk)
 
     def _run_chunks(
         self,

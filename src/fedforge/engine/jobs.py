@@ -1,14 +1,20 @@
 """Batched execution of dispatched jobs: many local rounds, each from its own model version.
 
 A job's result depends only on what was sent at dispatch (model version, client, its seed),
-so the executor may train every dispatched-but-not-yet-computed job of a task in one vmapped
-call (``in_dims=0`` on the global params: one model version per job) while the clock applies
-the results in arrival order. ``max_batch=1`` is the one-at-a-time reference; both give the
-same models and events (``tests/asyncfl/test_batched.py``). Local training is the library's
-own pure ``make_local_update``, with the task algorithm's local optimizer.
+so the executor may train every dispatched-but-not-yet-computed job of a task together while
+the clock applies the results in arrival order. This is the chunked engine's jobs mode
+(:func:`run_jobs`): the jobs run through ``torch.func.vmap`` with ``in_dims=0`` on the global
+params too (one model version per job), in chunks sized like a cohort's (free memory / model
+size, one job per call on the loop engine) and halved on out-of-memory errors, at most
+``max_batch`` jobs per call. ``max_batch=1`` is the one-at-a-time reference; both give the
+same models and events (``tests/engine/test_jobs.py``). Local training is the library's own
+pure ``make_local_update``, with the task algorithm's local optimizer.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -16,8 +22,53 @@ import torch
 from fedforge.algorithms.base import NEEDS, Algorithm
 from fedforge.core.tree import Params, tree_index, tree_stack
 from fedforge.data.batching import client_batches
+from fedforge.engine.base import ChunkedEngine, CohortInputs, _cat
 from fedforge.engine.local import LossFn, make_local_update
+from fedforge.engine.vmap import VmapEngine
 from fedforge.sim.clock import Job
+
+
+class JobInputs(NamedTuple):
+    """A batch of dispatched jobs; every leaf has a leading job axis ``J``."""
+
+    params: Params  # [J, ...] the model version each job was sent
+    broadcast: dict  # [J, ...] what was broadcast with it (round, parts' values)
+    sample_idx: torch.Tensor  # [J, tau, B] indices into the training set
+    weights: torch.Tensor  # [J, tau, B] 1 = real sample, 0 = padding
+
+
+def job_function(algorithm: Algorithm, loss_fn: LossFn, masked: bool) -> Callable:
+    """The local update vmapped over jobs: every argument, the model too, has a job axis."""
+    fn = make_local_update(algorithm, loss_fn, masked=masked)
+    return torch.func.vmap(fn, in_dims=(0, 0, 0, 0, 0, 0, 0))
+
+
+def run_jobs(engine: ChunkedEngine, fn: Callable, x_all: torch.Tensor, y_all: torch.Tensor,
+             inputs: JobInputs, limit: int | None = None) -> tuple[Params, list[float], int]:
+    """The chunked engine's jobs mode: ``fn`` (see :func:`job_function`) over the jobs in
+    chunks of ``engine.chunk_size`` (at most ``limit``), restarted with halved chunks on an
+    out-of-memory error -> (deltas ``[J, ...]``, mean local losses, vmapped calls made)."""
+    num_jobs = inputs.sample_idx.shape[0]
+    # sized like a cohort of J clients of one model: a job stacks its own model like a
+    # client stacks its weights, so the per-client memory estimate holds per job
+    like = CohortInputs(tree_index(inputs.params, 0), tree_index(inputs.broadcast, 0), {}, {},
+                        inputs.sample_idx, inputs.weights, inputs.weights.new_ones(num_jobs))
+    chunk = engine.chunk_size(like, x_all)
+    if limit is not None:
+        chunk = min(chunk, limit)
+
+    def attempt(chunk: int) -> list:
+        outs = []
+        for start in range(0, num_jobs, chunk):
+            sl = slice(start, start + chunk)
+            idx = inputs.sample_idx[sl]  # [c, tau, B]
+            outs.append(fn(tree_index(inputs.params, sl), tree_index(inputs.broadcast, sl),
+                           {}, {}, x_all[idx], y_all[idx], inputs.weights[sl]))
+        return outs
+
+    outs = engine.run_chunked(num_jobs, chunk, attempt)
+    losses = [x for o in outs for x in o.metrics["loss"].tolist()]
+    return _cat([o.delta for o in outs]), losses, len(outs)
 
 
 def job_generator(seed: int, task: int, job_id: int) -> torch.Generator:
@@ -58,12 +109,15 @@ class TaskExecutor:
       index_table: ``[num_data_clients, max_size]`` sample indices per data client.
       sizes: ``[num_data_clients]`` int64 on the CPU. Pool client ``i`` uses data client
         ``i % num_data_clients`` (the authors reuse roles when there are fewer than N).
-      max_batch: at most this many jobs per vmapped call (1 = one at a time).
+      max_batch: at most this many jobs per vmapped call (1 = one at a time); the engine
+        may use smaller chunks (memory, out-of-memory retries, the loop engine's 1).
+      engine: whose chunking runs the jobs (:func:`run_jobs`); default ``VmapEngine()``.
     """
 
     def __init__(self, task: int, algorithm: Algorithm, loss_fn: LossFn, x_all: torch.Tensor,
                  y_all: torch.Tensor, index_table: torch.Tensor, sizes: torch.Tensor, tau: int,
-                 batch_size: int, seed: int, template: Params, max_batch: int = 64) -> None:
+                 batch_size: int, seed: int, template: Params, max_batch: int = 64,
+                 engine: ChunkedEngine | None = None) -> None:
         self.task, self.algorithm, self.seed = task, algorithm, seed
         self.x_all, self.y_all, self.index_table, self.sizes = x_all, y_all, index_table, sizes
         self.tau, self.batch_size, self.max_batch = tau, batch_size, max(1, int(max_batch))
@@ -71,7 +125,8 @@ class TaskExecutor:
         self.refs: dict[int, int] = {}  # version -> jobs still needing it
         self.waiting: dict[int, Job] = {}  # dispatched, not yet computed
         self.results: dict[int, tuple[Params, float, Params]] = {}  # id -> (delta, loss, sent)
-        self._fns: dict[bool, object] = {}
+        self._fns: dict[bool, Callable] = {}
+        self.engine = engine if engine is not None else VmapEngine()
         self.loss_fn = loss_fn
         self.batches_run = 0
 
@@ -120,11 +175,9 @@ class TaskExecutor:
             masks.append(mask)
         return torch.cat(idx), torch.cat(masks).to(self.x_all.device)
 
-    def _fn(self, masked: bool):
+    def _fn(self, masked: bool) -> Callable:
         if masked not in self._fns:
-            fn = make_local_update(self.algorithm, self.loss_fn, masked=masked)
-            # one model version per job: every argument has a leading job axis
-            self._fns[masked] = torch.func.vmap(fn, in_dims=(0, 0, 0, 0, 0, 0, 0))
+            self._fns[masked] = job_function(self.algorithm, self.loss_fn, masked)
         return self._fns[masked]
 
     def _compute(self, jobs: list[Job]) -> None:
@@ -132,16 +185,16 @@ class TaskExecutor:
         self._store(jobs, deltas, losses)
 
     def train_jobs(self, jobs: list[Job], versions: dict) -> tuple[Params, list[float]]:
-        """Local rounds of ``jobs`` in one vmapped call -> (deltas ``[J, ...]``, losses)."""
+        """Local rounds of ``jobs`` in the engine's jobs mode -> (deltas ``[J, ...]``, losses)."""
         sample_idx, mask = self.batch_inputs(jobs)  # [J, tau, B]
         params = tree_stack([versions[j.version][0] for j in jobs])  # [J, ...]
         bcast = tree_stack([versions[j.version][1] for j in jobs])  # [J, ...] per leaf
-        empty: dict = {}
-        masked = bool((mask.sum(-1) == 0).any())
-        out = self._fn(masked)(params, bcast, empty, empty, self.x_all[sample_idx],
-                               self.y_all[sample_idx], mask)  # deltas [J, ...]
-        self.batches_run += 1
-        return out.delta, out.metrics["loss"].tolist()
+        masked = bool((mask.sum(-1) == 0).any())  # one function for the whole batch
+        deltas, losses, calls = run_jobs(self.engine, self._fn(masked), self.x_all, self.y_all,
+                                         JobInputs(params, bcast, sample_idx, mask),
+                                         self.max_batch)
+        self.batches_run += calls
+        return deltas, losses
 
     def _store(self, jobs: list[Job], deltas: Params, losses: list[float]) -> None:
         for i, j in enumerate(jobs):

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from fedforge.asyncfl.executor import TaskExecutor
-from fedforge.asyncfl.task import Task
 from fedforge.core.tree import tree_to
 from fedforge.engine.distributed import shard_bounds
+from fedforge.engine.jobs import TaskExecutor
 from fedforge.sim.clock import Job
+from fedforge.sim.task import Task
 
 
 def _exchange(executors: list[TaskExecutor], messages: list[dict] | None) -> tuple[bool, list]:

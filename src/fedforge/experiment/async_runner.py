@@ -11,7 +11,6 @@ log; a run resumed from a checkpoint continues exactly as the uninterrupted one.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -19,36 +18,37 @@ import numpy as np
 import torch
 
 from fedforge.algorithms import build_algorithm
-from fedforge.asyncfl.distributed import (
-    ScatteredExecutor,
-    link_executors,
-    serve_jobs,
-    stop_workers,
-)
-from fedforge.asyncfl.executor import (
+from fedforge.core.schedules import first_value
+from fedforge.data import FederatedDataset, build_federated_dataset, load_dataset
+from fedforge.data.partition import dirichlet_fixed_size
+from fedforge.engine import ChunkedEngine, build_engine, classification_loss
+from fedforge.engine.distributed import init_distributed, is_main_rank, world_size
+from fedforge.engine.jobs import (
     ASYNC_SERVES,
     SYNC_MULTITASK_SERVES,
     TaskExecutor,
     check_support,
 )
-from fedforge.asyncfl.fedast import ASYNC_METHODS, AsyncDriver, AsyncOptions
-from fedforge.asyncfl.partition import dirichlet_fixed_size
-from fedforge.asyncfl.server import BufferedServer
-from fedforge.asyncfl.state import driver_state, load_driver_state
-from fedforge.asyncfl.sync import SyncDriver, SyncOptions
-from fedforge.asyncfl.task import Task
-from fedforge.core.schedules import first_value
-from fedforge.data import FederatedDataset, build_federated_dataset, load_dataset
-from fedforge.engine import build_engine, classification_loss
-from fedforge.engine.distributed import init_distributed, is_main_rank, world_size
+from fedforge.engine.scatter import (
+    ScatteredExecutor,
+    link_executors,
+    serve_jobs,
+    stop_workers,
+)
 from fedforge.experiment.checkpoint import load_checkpoint, save_checkpoint
 from fedforge.experiment.evaluate import evaluate
+from fedforge.experiment.metrics import MetricsWriter
 from fedforge.experiment.multitask import MultiTaskConfig, TaskConfig, dump_multitask
 from fedforge.experiment.rundir import MULTITASK_MAY_CHANGE, claim_run_dir
 from fedforge.experiment.runner import resolve_device
 from fedforge.models import build_model
+from fedforge.server.buffered import BufferedServer
 from fedforge.sim.delays import build_delay
+from fedforge.sim.driver_state import driver_state, load_driver_state
+from fedforge.sim.fedast import ASYNC_METHODS, AsyncDriver, AsyncOptions
+from fedforge.sim.multitask_sync import SyncDriver, SyncOptions
 from fedforge.sim.population import Population
+from fedforge.sim.task import Task
 
 
 def build_task_data(t: TaskConfig, num_clients: int, seed: int) -> FederatedDataset:
@@ -71,10 +71,18 @@ def _scalar(hp: dict, key: str, default: float) -> float:
     return float(first_value(v)) if not isinstance(v, (int, float)) else float(v)
 
 
+def build_job_engine(cfg: MultiTaskConfig) -> ChunkedEngine:
+    """The engine whose jobs mode trains a task's dispatched jobs (one per task, so an
+    out-of-memory retry of one model does not shrink another's chunks). Under torchrun each
+    rank trains its shard of jobs with its own vmap engine."""
+    if cfg.engine.name == "loop":
+        return build_engine("loop")
+    return build_engine("vmap", chunk_size=cfg.engine.chunk_size)
+
+
 def build_tasks(cfg: MultiTaskConfig, device: torch.device,
                 executor_cls: type[TaskExecutor] = TaskExecutor) -> list[Task]:
     tasks = []
-    max_batch = 1 if cfg.engine.name == "loop" else cfg.async_.max_batch
     for m, tc in enumerate(cfg.tasks):
         data = build_task_data(tc, cfg.system.num_clients, cfg.seed + 1000 * m).to(device)
         torch.manual_seed(cfg.seed + 1000 * m)
@@ -91,7 +99,8 @@ def build_tasks(cfg: MultiTaskConfig, device: torch.device,
         loss_fn = classification_loss(model, cfg.engine.precision)
         ex = executor_cls(m, alg, loss_fn, data.train_x, data.train_y, data.index_table,
                           data.client_sizes().cpu(), tc.client.local_steps, tc.client.batch_size,
-                          cfg.seed, params, max_batch=max_batch)
+                          cfg.seed, params, max_batch=cfg.async_.max_batch,
+                          engine=build_job_engine(cfg))
         server = BufferedServer(alg, params, 1, cfg.system.num_clients)
         n_test = cfg.eval.max_test_samples
         tx, ty = data.test_x[:n_test], data.test_y[:n_test]
@@ -125,28 +134,6 @@ def build_driver(cfg: MultiTaskConfig, tasks: list[Task], device: torch.device):
     engine_kw = {} if cfg.engine.name == "loop" else {"chunk_size": cfg.engine.chunk_size}
     return SyncDriver(tasks, pop, delay, opts, cfg.seed, build_engine(cfg.engine.name,
                                                                         **engine_kw))
-
-
-def _truncate_jsonl(path: Path, keep) -> list[dict]:
-    recs = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                break
-            if keep(rec, len(recs)):
-                recs.append(rec)
-    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    return recs
-
-
-def _append_jsonl(path: Path, recs: list) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        for r in recs:
-            f.write(json.dumps(r) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
 
 
 EVENT_KEYS = ("job", "task", "client", "version", "send", "start", "finish")
@@ -195,13 +182,14 @@ def _run_multitask(cfg: MultiTaskConfig, out_dir: str | Path, *, resume: bool = 
         load_driver_state(driver, tensors, meta["driver"])
         wall_offset = meta["wall_s"]
         c = driver.c
-        records = _truncate_jsonl(metrics_path, lambda r, i: r["updates"] <= c)
+        metrics = MetricsWriter(metrics_path, keep=lambda r, i: r["updates"] <= c)
         n_ev = meta["driver"]["clock"]["num_logged"]
-        evs = _truncate_jsonl(events_path, lambda r, i: i < n_ev)
-        driver.clock.log = [tuple(e[k] for k in EVENT_KEYS) for e in evs]
+        events = MetricsWriter(events_path, keep=lambda r, i: i < n_ev, remember=False)
+        driver.clock.log = [tuple(e[k] for k in EVENT_KEYS) for e in events.records]
+        events.records = []
     else:
-        records = _truncate_jsonl(metrics_path, lambda r, i: False)
-        _truncate_jsonl(events_path, lambda r, i: False)
+        metrics = MetricsWriter(metrics_path)
+        events = MetricsWriter(events_path, remember=False)
         if isinstance(driver, AsyncDriver):
             driver.start()
     t0 = time.perf_counter() - wall_offset
@@ -210,7 +198,7 @@ def _run_multitask(cfg: MultiTaskConfig, out_dir: str | Path, *, resume: bool = 
 
     def flush_events():
         new = driver.clock.log[written[0]:]
-        _append_jsonl(events_path, [dict(zip(EVENT_KEYS, e)) for e in new])
+        events.write_many(dict(zip(EVENT_KEYS, e)) for e in new)
         written[0] = len(driver.clock.log)
 
     def on_eval(m: int, rec: dict) -> None:
@@ -218,8 +206,7 @@ def _run_multitask(cfg: MultiTaskConfig, out_dir: str | Path, *, resume: bool = 
                 "round": tasks[m].server.round, "updates": driver.c,
                 "sim_time_s": round(driver.clock.now, 6), **rec,
                 "wall_s": round(time.perf_counter() - t0, 3)}
-        records.append(full)
-        _append_jsonl(metrics_path, [full])
+        metrics.write(full)
         if progress:
             print(f"[{cfg.method}] {full['task']} round {full['round']} t={full['sim_time_s']:.1f}"
                   f" acc={full['test_accuracy']:.4f} updates={full['updates']}", flush=True)
@@ -241,7 +228,7 @@ def _run_multitask(cfg: MultiTaskConfig, out_dir: str | Path, *, resume: bool = 
             stop_workers()
     flush_events()
     write_summary(out, cfg, driver, time.perf_counter() - t0)
-    return records
+    return metrics.records
 
 
 def write_summary(out: Path, cfg: MultiTaskConfig, driver, wall_s: float) -> dict:

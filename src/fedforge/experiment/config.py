@@ -24,6 +24,7 @@ from fedforge.experiment.config_io import (
     parse_toml,
     parse_yaml,
 )
+from fedforge.sim.population import FEDAST_SPEED_CLASSES
 
 
 class ConfigError(ValueError):
@@ -157,7 +158,7 @@ class SimConfig(_Section):
     stragglers: bool = False
     straggler_k: int | None = Field(default=None, ge=1)  # None: wait for every client
     delay: Literal["shifted_exp", "constant"] = "shifted_exp"
-    speed_classes: list[tuple[float, float]] = [(0.25, 1.3), (0.5, 1.0), (0.25, 0.7)]
+    speed_classes: list[tuple[float, float]] = list(FEDAST_SPEED_CLASSES)
     speed_seed: int = 64
 
     @field_validator("device")

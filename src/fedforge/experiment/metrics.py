@@ -1,33 +1,63 @@
-"""``metrics.jsonl``: one JSON object per evaluation, appended and flushed line by line."""
+"""JSON-lines logs (``metrics.jsonl``, ``events.jsonl``): whole lines, flushed and fsynced.
+
+Every run writes its logs through :class:`MetricsWriter`, so a killed run leaves at most one
+torn last line, and a resumed run first truncates the log to what its checkpoint covers, so
+the file never holds a round (or an event) twice.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
+
+Keep = Callable[[dict, int], bool]
+"""``keep(record, kept_so_far)``: whether a resumed run keeps this record of the old log."""
 
 
 class MetricsWriter:
-    """Appends records; on resume keeps only the records of rounds ``<= truncate_after``."""
+    """Appends records; on resume keeps only the records of rounds ``<= truncate_after``.
 
-    def __init__(self, path: Path, truncate_after: int = 0) -> None:
+    Args:
+      truncate_after: the last round the checkpoint covers (0: start an empty log).
+      keep: another rule for what a resumed run keeps (e.g. ``updates <= c``, or the first
+        ``n`` events); it replaces ``truncate_after``. Reading stops at a torn line.
+      remember: keep written records in ``records`` too (off for long event logs; the records
+        read back on resume are always there).
+    """
+
+    def __init__(self, path: Path, truncate_after: int = 0, *, keep: Keep | None = None,
+                 remember: bool = True) -> None:
         self.path = path
+        self.remember = remember
         self.records: list[dict] = []
-        if path.is_file() and truncate_after > 0:
+        if keep is None and truncate_after > 0:
+            def keep(rec: dict, _: int) -> bool:
+                return rec.get("round", 0) <= truncate_after
+        if path.is_file() and keep is not None:
             for line in path.read_text(encoding="utf-8").splitlines():
                 try:
                     rec = json.loads(line)
                 except json.JSONDecodeError:
                     break  # a torn last line from a killed run
-                if rec.get("round", 0) <= truncate_after:
+                if keep(rec, len(self.records)):
                     self.records.append(rec)
-        tmp = path.with_suffix(".jsonl.tmp")
+        tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in self.records), encoding="utf-8")
         os.replace(tmp, path)
 
     def write(self, record: dict) -> None:
-        self.records.append(record)
+        self.write_many([record])
+
+    def write_many(self, records: Iterable[dict]) -> None:
+        """Append ``records`` as whole lines with one flush and fsync."""
+        records = list(records)
+        if not records:
+            return
+        if self.remember:
+            self.records.extend(records)
         with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write("".join(json.dumps(r) + "\n" for r in records))
             f.flush()
             os.fsync(f.fileno())

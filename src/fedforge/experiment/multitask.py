@@ -12,8 +12,6 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from fedforge.asyncfl.fedast import ASYNC_METHODS
-from fedforge.asyncfl.sync import SYNC_METHODS
 from fedforge.experiment.config import (
     AlgorithmConfig,
     ConfigError,
@@ -25,6 +23,9 @@ from fedforge.experiment.config import (
     load_raw,
     validate_schema,
 )
+from fedforge.sim.fedast import ASYNC_METHODS
+from fedforge.sim.multitask_sync import SYNC_METHODS
+from fedforge.sim.population import FEDAST_SPEED_CLASSES
 
 METHODS = (*ASYNC_METHODS, *SYNC_METHODS)
 
@@ -49,7 +50,7 @@ class TaskConfig(_Section):
 
 class SystemConfig(_Section):
     num_clients: int = Field(default=1000, ge=1)
-    speed_classes: list[tuple[float, float]] = [(0.25, 1.3), (0.5, 1.0), (0.25, 0.7)]
+    speed_classes: list[tuple[float, float]] = list(FEDAST_SPEED_CLASSES)
     speed_seed: int = 64
     available_fraction: float = Field(default=0.3, gt=0, le=1)
     delay: Literal["shifted_exp", "constant", "trace"] = "shifted_exp"

@@ -112,7 +112,7 @@ def check_builders(where: str, dataset: str, model: str, partition: str,
         check_options(f"{where}data.partition_options", PARTITIONERS[name], partition_options,
                       fixed, f"partition {partition!r}")
     elif name == "dirichlet_fixed":  # multi-task runs; alpha and size default in the runner
-        from fedforge.asyncfl.partition import dirichlet_fixed_size  # noqa: PLC0415
+        from fedforge.data.partition import dirichlet_fixed_size  # noqa: PLC0415
 
         check_options(f"{where}data.partition_options", dirichlet_fixed_size,
                       partition_options, fixed, f"partition {partition!r}", required=False)

@@ -37,6 +37,7 @@ from fedforge.engine.distributed import (
     make_client_store,
 )
 from fedforge.engine.local import set_matmul_precision
+from fedforge.engine.round import federated_round
 from fedforge.experiment.checkpoint import (
     last_checkpoint_note,
     load_checkpoint,
@@ -45,7 +46,6 @@ from fedforge.experiment.checkpoint import (
 from fedforge.experiment.config import AlgorithmConfig, RunConfig, algorithm_kwargs, dump_config
 from fedforge.experiment.evaluate import evaluate
 from fedforge.experiment.metrics import MetricsWriter
-from fedforge.experiment.round import federated_round
 from fedforge.experiment.rundir import RUN_MAY_CHANGE, claim_run_dir
 from fedforge.models import build_model
 from fedforge.robust.divergence import DivergenceError, log_event, scale_lr

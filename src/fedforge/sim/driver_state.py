@@ -6,9 +6,9 @@ model version it was sent, its client and its seed, so a resumed run recomputes 
 
 from __future__ import annotations
 
-from fedforge.asyncfl.fedast import AsyncDriver
-from fedforge.asyncfl.sync import SyncDriver
 from fedforge.core.tree import tree_clone
+from fedforge.sim.fedast import AsyncDriver
+from fedforge.sim.multitask_sync import SyncDriver
 
 
 def _rng_state(rng) -> dict:

@@ -5,7 +5,7 @@ Nguyen et al., "Federated Learning with Buffered Asynchronous Aggregation", AIST
 Xie et al., "Asynchronous Federated Optimization", 2019.
 
 One event = one arriving update. The driver pops it from the clock, asks the task's executor
-for the delta (computed in batches, see :mod:`fedforge.asyncfl.executor`), feeds the task's
+for the delta (computed in batches, see :mod:`fedforge.engine.jobs`), feeds the task's
 server, runs Realloc (option D), evaluates after a server step, and sends ``K`` new requests
 carrying the *newest* model (line 13 runs after line 10).
 
@@ -26,11 +26,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedforge.asyncfl.allocation import buffer_size, estimate_variance, proportional_split, realloc
-from fedforge.asyncfl.task import Task
+from fedforge.sim.allocation import buffer_size, estimate_variance, proportional_split, realloc
 from fedforge.sim.clock import EventClock, Job
 from fedforge.sim.delays import DelayLaw
 from fedforge.sim.population import Population
+from fedforge.sim.task import Task
 
 ASYNC_METHODS = ("fedast", "fedast_static", "fedast_uniform", "fedast_nobuffer", "fedbuff",
                  "fedasync")

@@ -13,7 +13,7 @@ stragglers stay busy (their next request queues behind the unfinished one).
   (a simplification of Bhuyan & Moharir 2022, who score client-task pairs by local loss).
 * ``sequential``: one task at a time, all of the round's clients, until it reaches its target.
 
-Local training is the engine's cohort path (:func:`fedforge.experiment.round.federated_round`).
+Local training is the engine's cohort path (:func:`fedforge.engine.round.federated_round`).
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedforge.asyncfl.allocation import proportional_split
-from fedforge.asyncfl.task import Task
 from fedforge.core.store import ClientStore
 from fedforge.engine.base import ChunkedEngine
-from fedforge.experiment.round import federated_round
+from fedforge.engine.round import federated_round
+from fedforge.sim.allocation import proportional_split
 from fedforge.sim.clock import EventClock, Job, kth_arrival_round
 from fedforge.sim.delays import DelayLaw
 from fedforge.sim.population import Population
+from fedforge.sim.task import Task
 
 SYNC_METHODS = ("sync_st", "sync_st_nosm", "sync_ucb_st", "sequential")
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 import torch
 
 from fedforge.algorithms.base import Algorithm
-from fedforge.asyncfl.executor import TaskExecutor
-from fedforge.asyncfl.server import BufferedServer
 from fedforge.core.tree import Params
+from fedforge.engine.jobs import TaskExecutor
+from fedforge.server.buffered import BufferedServer
 
 
 @dataclass

@@ -19,8 +19,8 @@ PAPER_ROUNDS = {  # Table 2, CIFAR-10, rounds to 75 % (mean ± std of 4 trials)
     "fedadam": "2532.5 ± 343.3",
 }
 
-# Chosen from the pilot (FAdamGC, seed 0) before any comparison was looked at; see NOTES.
-TARGET = None
+# Chosen from the pilot (FAdamGC, seed 0) before any other run finished; see NOTES.
+TARGET = 0.83
 
 NOTES = """\
 **Scale.** Fashion-MNIST (60 k train / 10 k test) instead of CIFAR-10 and a 784-32-10 MLP
@@ -32,6 +32,13 @@ methods, 1e-2 / 1 for FedAvg-M and SCAFFOLD-M with β = 0.1, 3e-2 / 1e-3 for Fed
 FedAMS). 150 rounds, so each client tracks about 150 · 5 / 100 = 7.5 times and the
 correction is live for most of the run (`tracking_tracked_share` in the diagnostic plot).
 Accuracy: the global model on the full test set, every 2 rounds.
+
+**Target 83 %, fixed before any comparison.** The first grid run, FAdamGC seed 0, served as
+the pilot. Its curve rises fast to about 80 % by round 30 and then creeps up to about 84 %
+by round 150. By round 75, the middle of the run, the best it had reached was 83.08 %
+(round 70). Rounded down to half a point, that gives 83 %, which it first reached at round
+50. No other run had finished when the target was set. The paper's 75 % on CIFAR-10 is a
+level its best method reaches at about 10 % of its budget (310 of ≈ 3000 rounds).
 """
 
 
