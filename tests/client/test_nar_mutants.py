@@ -59,7 +59,8 @@ def test_momentum_after_the_clip(nesterov):
     """Heavy ball on the clipped direction: d1 = clip(g1), m = β m + d, step -lr m (Nesterov:
     -lr (d + β m)). A = 5, g = (6, 8) -> clip (3, 4); then g = (0.3, 0.4) -> unchanged."""
     beta, lr = 0.5, 0.1
-    tx = clipped_sgd(lr, 0.0, 5.0, beta, nesterov=nesterov)
+    tx = clipped_sgd(lr, 0.0, 5.0, beta, nesterov=True) if nesterov else clipped_sgd(
+        lr, 0.0, 5.0, beta)  # heavy ball (not Nesterov) by default
     (x1, x2), st = _steps(tx, [[6.0, 8.0], [0.3, 0.4]])
     d1, d2 = torch.tensor([3.0, 4.0], dtype=F64), torch.tensor([0.3, 0.4], dtype=F64)
     m1, m2 = d1, beta * d1 + d2
