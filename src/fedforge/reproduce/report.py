@@ -82,7 +82,7 @@ def _cell(runs: dict[int, RunSummary], metric: str) -> str:
 def condition_table(spec: Reproduction, runs: dict, names: list[str] | None = None) -> str:
     names = names or [c.name for c in spec.conditions]
     target = "–" if spec.target is None else f"{spec.target:g}"
-    head = ["method", "paper rounds", f"rounds to {target}", f"sim. s to {target}",
+    head = ["method", spec.paper_title, f"rounds to {target}", f"sim. s to {target}",
             "final acc.", "sim. s / round", "seeds"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in names:
@@ -165,7 +165,13 @@ def plot_diagnostics(spec: Reproduction, runs: dict, path: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     keys = list(spec.diagnostics)
-    fig, axes = plt.subplots(1, len(keys) + 1, figsize=(4 * (len(keys) + 1), 3.6))
+    ncols = min(3, len(keys) + 1)
+    nrows = -(-(len(keys) + 1) // ncols)
+    fig, grid = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.3 * nrows), squeeze=False)
+    axes = list(grid.flat)
+    for ax in axes[len(keys) + 1:]:
+        ax.set_visible(False)
+    axes = axes[:len(keys) + 1]
     for name, cond_runs in runs.items():
         if not cond_runs or not any(k in cond_runs[s].history[-1] for s in cond_runs
                                     for k in keys):

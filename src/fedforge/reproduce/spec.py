@@ -60,6 +60,7 @@ class Reproduction:
     diagnostics: tuple[str, ...] = ()  # metrics.jsonl keys plotted per condition
     curves: tuple[str, ...] = ()  # conditions in the accuracy figure (default: all)
     paper: dict[str, str] = field(default_factory=dict)  # condition -> the paper's number
+    paper_title: str = "paper"  # the column title of ``paper`` (setting, metric)
     notes: str = ""  # scale, target choice, caveats (markdown, shown above the tables)
     paper_commands: tuple[str, ...] = ()  # what a GPU run at the paper's scale would execute
     paper_compute: str = ""  # the estimate printed with --scale paper
