@@ -15,7 +15,12 @@ import torch
 from fedforge.engine.base import ChunkedEngine
 from fedforge.experiment.config import apply_overrides, dump_config, validate
 from fedforge.experiment.round import federated_round
-from fedforge.experiment.runner import Experiment, run_experiment, sample_round
+from fedforge.experiment.runner import (
+    Experiment,
+    resolve_config,
+    run_experiment,
+    sample_round,
+)
 from fedforge.robust.divergence import DivergenceError
 
 BASE = {
@@ -26,7 +31,7 @@ BASE = {
     "model": {"name": "logreg"},
     "algorithm": {"name": "fedavg", "local_lr": 0.05},
     "client": {"batch_size": 8, "local_steps": 3},
-    "server": {"clients_per_round": 4},
+    "server": {"clients_per_round": 4, "aggregation": "uniform"},  # hand checks: 1/S
     "eval": {"every": 1, "per_client": False},
     "checkpoint": {"every": 1, "keep": 10},
 }
@@ -170,7 +175,7 @@ def test_rollback_reloads_last_good_and_lowers_lr(tmp_path, nan_update_once):
     ref_dir = tmp_path / "ref"
     run_experiment(_cfg("rounds=2", "checkpoint.every=2"), ref_dir, progress=False)
     # a resume refuses a changed learning rate: the saved config must say it was changed
-    dump_config(_cfg("checkpoint.every=2", "algorithm.local_lr=0.025"),
+    dump_config(resolve_config(_cfg("checkpoint.every=2", "algorithm.local_lr=0.025")),
                 ref_dir / "config.resolved.toml")
     ref = run_experiment(_cfg("checkpoint.every=2", "algorithm.local_lr=0.025"), ref_dir,
                          resume=True, progress=False)

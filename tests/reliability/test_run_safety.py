@@ -226,7 +226,8 @@ def test_lock_is_held_only_while_the_run_writes(tmp_path):
 
 @pytest.mark.parametrize("change,keys", [
     (["seed=5"], "seed"), (["algorithm.local_lr=0.5"], "algorithm.local_lr"),
-    (["algorithm.name=fedprox", "algorithm.mu=0.1"], "algorithm.mu, algorithm.name"),
+    (["algorithm.name=fedprox", "algorithm.mu=0.1"],
+     "algorithm.local_momentum, algorithm.mu, algorithm.name"),
     (["model.name=mlp"], "model.name"), (["engine.precision=bf16"], "engine.precision")])
 def test_resume_with_changed_settings_is_refused(finished_run, tmp_path, change, keys):
     out = _copy(finished_run, tmp_path)
