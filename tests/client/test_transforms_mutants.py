@@ -102,7 +102,7 @@ def test_trace_heavy_ball_and_nesterov_by_hand():
     c, x = ctx(), {"w": X0}
     g1, g2 = {"w": torch.ones(3, dtype=F64)}, {"w": torch.full((3,), 2.0, dtype=F64)}
     for nesterov, want1, want2 in [(False, 1.0, 2.5), (True, 1.5, 3.25)]:
-        tx = trace(0.5, nesterov)
+        tx = trace(0.5, nesterov=True) if nesterov else trace(0.5)  # heavy ball by default
         assert tx.name == "momentum" and trace(0.5, name="mom2").name == "mom2"
         st = tx.init(x, c)
         assert set(st) == {"m"} and torch.equal(st["m"]["w"], torch.zeros(3, dtype=F64))
@@ -168,6 +168,7 @@ def test_scale_by_adam_defaults_and_eps_schedule():
     torch.testing.assert_close(out["w"], g["w"] / (g["w"].abs() + 1e-8), rtol=1e-10, atol=0)
     torch.testing.assert_close(st["v"]["w"], 0.001 * g["w"] ** 2)
     torch.testing.assert_close(st["m"]["w"], 0.1 * g["w"])
+    assert "vhat" not in st  # no AMSGrad by default
     sched = scale_by_adam(eps=EXP, name="a2")
     assert sched.name == "a2"
     c2 = ctx(2.0)
@@ -220,6 +221,8 @@ def test_clip_by_global_norm():
                                rtol=1e-7, atol=0)
     zero = torch.zeros(3, dtype=F64)
     torch.testing.assert_close(_apply(clip_by_global_norm(1.0), zero), zero)
+    tiny = torch.tensor([1e-13, 0.0, 0.0], dtype=F64)  # far below the norm: unchanged
+    torch.testing.assert_close(_apply(clip_by_global_norm(1.0), tiny), tiny, rtol=0, atol=0)
 
 
 def test_chain_order_state_and_duplicates():
@@ -247,3 +250,34 @@ def test_round_context():
     assert c.round.item() == 4.0
     assert at_round(0.3, c) == 0.3
     assert float(at_round(EXP, c)) == pytest.approx(0.2 * 0.5**4)
+
+
+def test_adam_without_bias_correction():
+    """adam(..., bias_correction=False): the first step is lr (1-β1) g/(sqrt(1-β2)|g| + ε)
+    (with the correction it would be lr g/(|g| + ε))."""
+    (x1,), _ = run_tx(adam(0.1, 0.9, 0.99, 0.1, bias_correction=False), steps=1)
+    g = grad(X0)
+    torch.testing.assert_close(x1, X0 - 0.1 * 0.1 * g / (0.1 * g.abs() + 0.1), rtol=1e-12,
+                               atol=0)
+
+
+def test_chain_passes_the_round_context_to_init():
+    """A chained transform that starts from the client's state (FAdamGC's carried v_i)."""
+    c = ctx(client_state={"v": {"w": torch.full((3,), 0.5, dtype=F64)}})
+    tx = chain(scale_by_adam(initial_v=lambda c: c.client_state["v"]), scale(1.0))
+    st = tx.init({"w": X0}, c)
+    torch.testing.assert_close(st["adam"]["v"]["w"], torch.full((3,), 0.5, dtype=F64))
+
+
+@pytest.mark.parametrize("make,field", [
+    (lambda bad: scale(bad, name="factor"), "factor"),
+    (scale_by_learning_rate, "lr"),
+    (add_decayed_weights, "weight_decay"),
+    (clip_by_global_norm, "max_grad_norm"),
+    (lambda bad: scale_by_adam(eps=bad), "eps"),
+    (lambda bad: sgd(0.1, weight_decay=bad), "weight_decay"),
+    (lambda bad: adam(0.1, weight_decay=bad), "weight_decay"),
+])
+def test_bad_hyper_parameters_name_their_field(make, field):
+    with pytest.raises(ValueError, match=f"^{field}: expected a number or a schedule"):
+        make(True)
