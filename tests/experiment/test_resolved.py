@@ -51,8 +51,3 @@ def test_explicit_aggregation_overrides_the_algorithm():
     _, _, _, agg, _ = sample_round(exp, 1)
     assert torch.all(agg == agg[0])
 
-
-def test_more_clients_per_round_than_clients_is_an_error():
-    cfg = load_config(QUICK, ["server.clients_per_round=500"])
-    with pytest.raises(ValueError, match=r"^server.clients_per_round: 500 is more than the 30 "):
-        Experiment.from_config(cfg)
