@@ -372,7 +372,7 @@ def test_fedavg_m_with_beta_one_is_fedavg():
 ROWS2 = [[1.0, 1.0, 0.0], [1.0, 3.0, 0.0], [3.0, 0.0, 2.0], [1.0, 2.0, 2.0]]
 
 
-def _round_loop(algo, rows, ids, masks, *, num_clients, per_client=2, steps=2):
+def _round_loop(algo, rows, ids, masks, *, num_clients, per_client=2, steps=2, engine="loop"):
     """Rounds on ``ids`` (client i owns rows [2i, 2i+2)), returning every cohort output."""
     x_all = torch.tensor(rows, dtype=F64)
     y_all = torch.zeros(len(rows), dtype=torch.long)
@@ -386,7 +386,7 @@ def _round_loop(algo, rows, ids, masks, *, num_clients, per_client=2, steps=2):
             [[[i * per_client + k % per_client] for k in range(steps)] for i in cohort_ids])
         weights = torch.ones(sample_idx.shape, dtype=F64)
         params, server_state, cohort = federated_round(
-            algo, ENGINES["loop"](), quadratic_loss, params, server_state, store, cids, x_all,
+            algo, ENGINES[engine](), quadratic_loss, params, server_state, store, cids, x_all,
             y_all, sample_idx, weights, info={"tracking": torch.tensor(mask)})
         cohorts.append(cohort)
     return params, server_state, store, cohorts
@@ -411,12 +411,14 @@ def test_full_gradient_init_by_hand(name):
     assert diag["tracking_init_bytes_up"] == 2 * 2 * 8  # two float64 2-vectors
 
 
-def test_full_gradient_init_is_lazy_and_keeps_y_the_mean_of_y_i():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_full_gradient_init_is_lazy_and_keeps_y_the_mean_of_y_i(engine):
     """Client 1 joins in round 2 at x¹ (not at x²); the server's y is the mean over the
     clients that joined until all did, and y = (1/n) Σ_i y_i afterwards, trackers included."""
     algo = build_algorithm("fadamgc", local_lr=0.1, tracking_init="full_gradient")
     _, server_state, store, cohorts = _round_loop(
-        algo, ROWS2, [[0], [1], [0, 1]], [[False], [False], [True, False]], num_clients=2)
+        algo, ROWS2, [[0], [1], [0, 1]], [[False], [False], [True, False]], num_clients=2,
+        engine=engine)
     yi = store.state["tracking"]["y"]["w"]
     torch.testing.assert_close(yi[1], torch.tensor([-1.0, -4.0], dtype=F64))  # at x¹
     assert cohorts[1].metrics["prep_samples"].tolist() == [2.0]
