@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from fedforge.algorithms import ALGORITHMS, algorithm_hparams, build_algorithm
+from fedforge.algorithms import ALGORITHMS, ALIASES, algorithm_hparams, build_algorithm
 from fedforge.algorithms.defaults import (
     ALGORITHM_DEFAULTS,
     CODE,
@@ -129,7 +129,7 @@ def test_cli_lists_every_method_with_kind_and_params(monkeypatch):
     app, runner = cli.app, CliRunner()
     out = runner.invoke(app, ["algorithms"])
     assert out.exit_code == 0, out.output
-    for name in all_methods():
+    for name in [*all_methods(), *ALIASES]:  # every name the CLI accepts, aliases too
         assert name in out.output
     assert "multi-task baseline" in out.output and "async" in out.output
     params = runner.invoke(app, ["algorithms", "--params", "fedyogi"])
