@@ -35,11 +35,7 @@ from fedforge.flower.common import (
     standard_message_support,
     to_record,
 )
-
-try:  # the typed server step; a tree without it has decode_uplink + server_step(6 args)
-    from fedforge.server.chain import Aggregate
-except ImportError:  # pragma: no cover - depends on the algorithm refactor's progress
-    Aggregate = None
+from fedforge.server.chain import Aggregate, ServerState
 
 PROTOCOLS = ("fedforge", "flower")
 
@@ -87,13 +83,13 @@ class ServerView(NamedTuple):
     """The server after a step: model, algorithm state, and what the next round sends."""
 
     params: Params
-    state: object  # the algorithm's server state
+    state: ServerState
     broadcast: dict
     bytes_down: int  # per sampled client, the algorithm's exact accounting
     bytes_up: int
 
 
-def _server_update(exp: Experiment, params: Params, server_state=None,
+def _server_update(exp: Experiment, params: Params, server_state: ServerState | None = None,
                    mean_delta: Params | None = None, mean_uploads: dict | None = None,
                    num_accepted: int = 0, num_clients: int = 0, round_: int = 0) -> ServerView:
     """Every call into the algorithm's server side, in one place: ``server_state`` None
@@ -102,22 +98,16 @@ def _server_update(exp: Experiment, params: Params, server_state=None,
     alg = exp.algorithm
     if server_state is None:
         server_state = alg.server_init(params)
-    elif mean_delta is not None and Aggregate is not None:
+    elif mean_delta is not None:
         params, server_state = alg.server_step(params, server_state, Aggregate(
             mean_delta, mean_uploads or {}, num_accepted, num_clients, round_))
-    elif mean_delta is not None:  # before the typed server step: decode, then step
-        if alg.codec is not None:
-            mean_delta, server_state = alg.decode_uplink(mean_delta, server_state, params, round_)
-        params, server_state = alg.server_step(params, server_state, mean_delta,
-                                               mean_uploads or {}, num_accepted, num_clients)
     down, up = alg.message_nbytes(params, server_state, round_ + 1)
     return ServerView(params, server_state, alg.broadcast(server_state), down, up)
 
 
 def _non_finite(view: ServerView) -> list[str]:
     """Names of model or server-state tensors holding NaN/Inf."""
-    state = view.state.tree() if hasattr(view.state, "tree") else view.state
-    flat = {**flatten_dict(view.params), **flatten_dict(state, "state/")}
+    flat = {**flatten_dict(view.params), **flatten_dict(view.state.tree(), "state/")}
     return [k for k, v in flat.items() if isinstance(v, torch.Tensor) and v.is_floating_point()
             and not bool(torch.isfinite(v).all())]
 
