@@ -148,6 +148,16 @@ NEEDS = {
 }
 
 
+def check_support(algorithm: Algorithm, template: Params, field: str, driver: str,
+                  serves: frozenset[str]) -> None:
+    """Refuse, in one line naming the algorithm and the driver, what a driver cannot serve."""
+    unserved = sorted(algorithm.needs(template) - serves)
+    if unserved:
+        what = ", ".join(NEEDS[n] for n in unserved)
+        raise ValueError(f"{field}: {algorithm.name!r} needs {what}, which the {driver} "
+                         f"cannot serve; choose another method or algorithm")
+
+
 @dataclass(frozen=True)
 class Algorithm:
     """``(local_optimizer, parts, server optimizer, codec)`` plus paper defaults.

@@ -17,6 +17,7 @@ import torch
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
+from fedforge.algorithms.base import NEEDS, check_support
 from fedforge.core.tree import Params, flatten_dict, tree_nbytes, unflatten_dict
 from fedforge.experiment.config import RunConfig
 from fedforge.experiment.runner import Experiment, round_generator, sample_round
@@ -112,11 +113,15 @@ def _non_finite(view: ServerView) -> list[str]:
             and not bool(torch.isfinite(v).all())]
 
 
+FLOWER_SERVES: frozenset[str] = frozenset(NEEDS) - {"prepare"}
+"""The bridge carries client state (in each node's context), uploads, codec messages and
+round inputs; per-cohort preparation (FedPTR's trajectory matching) has no message."""
+
+
 def _check_supported(exp: Experiment, options: ServerOptions) -> None:
     cfg = exp.cfg
-    if exp.algorithm.prepares:
-        raise ValueError(f"algorithm.name: {cfg.algorithm.name!r} needs a server/cohort "
-                         "preparation step, which the Flower bridge does not carry")
+    check_support(exp.algorithm, exp.initial_params(), "algorithm.name", "Flower bridge",
+                  FLOWER_SERVES)
     if cfg.attack.kind != "none" and cfg.attack.fraction > 0:
         raise ValueError("attack: simulated attackers are a simulator feature; in a Flower "
                          "deployment the attackers are real nodes")
