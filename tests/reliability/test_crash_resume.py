@@ -178,7 +178,7 @@ def _registry_cases():
 @pytest.mark.parametrize(("algorithm", "variant"), _registry_cases(),
                          ids=[f"{a}-{v}" for a, v in _registry_cases()])
 def test_sigkill_and_resume_bit_exact_for_every_algorithm(tmp_path, algorithm, variant):
-    """One kill at a random moment of a 12-round run, for every registered algorithm."""
+    """One kill at a random moment of a 9-round run, for every registered algorithm."""
     seed = sum(map(ord, algorithm + variant))
-    _crash_and_compare(tmp_path, rounds=12, kills=1, seed=seed, in_process=True,
+    _crash_and_compare(tmp_path, rounds=9, kills=1, seed=seed, in_process=True,
                        algorithm=algorithm, variant=variant)
