@@ -132,7 +132,9 @@ def test_count_sketch_median_of_rows():
 def test_make_sketch():
     assert set(SKETCHES) == {"identity", "srht", "gaussian", "count"}
     cs = make_sketch("count", 10, 7, seed=3, rows=2)
-    assert (cs.rows, cs.cols, cs.seed) == (2, 3, 3)
+    assert (cs.rows, cs.cols, cs.seed, cs.b) == (2, 3, 3, 6)  # b // rows columns
+    default = make_sketch("count", 10, 4)
+    assert (default.rows, default.cols, default.seed) == (1, 4, 0)
     assert make_sketch("count", 10, 1, rows=3).cols == 1  # at least one column
     g = make_sketch("gaussian", 10, 4, seed=5)
     assert (g.kind, g.b, g.seed) == ("gaussian", 4, 5)
@@ -168,3 +170,55 @@ def test_desketch_is_the_exact_transpose_on_a_batch(op):
                                atol=1e-12)
     with pytest.raises(ValueError, match=rf"^{op.kind}: expected \[\.\.\., 5\]"):
         op.sketch(torch.zeros(4, dtype=F64), 3)
+
+
+def test_default_seeds_and_streams():
+    """Seed 0 by default everywhere; the default stream of a key is 0."""
+    for op in (Sketch(3, 2), IdentitySketch(3), SRHT(3, 2), GaussianSketch(3, 2),
+               CountSketch(3, 2)):
+        assert op.seed == 0, op.kind
+    assert IdentitySketch(3, seed=5).seed == 5
+    s = Sketch(3, 2, seed=7)
+    assert int(s.key(3)) == int(s.key(3, 0))
+    assert SRHT(5, 2, block=1).p == 5  # a block of one entry is a power of two
+
+
+def test_float32_inputs_stay_float32():
+    v = torch.arange(5, dtype=torch.float32) - 2.0
+    for op in (SRHT(5, 3, seed=1), GaussianSketch(5, 3, seed=1), CountSketch(5, 3, 2, seed=1)):
+        y = op.sketch(v, 3)
+        assert y.dtype == torch.float32 and op.desketch(y, 3).dtype == torch.float32
+        torch.testing.assert_close(y.double().reshape(-1), dense(op, 3) @ v.double(),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_count_sketch_buckets_are_exact_integer_hashes():
+    """bucket = floor((h >> 1) · cols / 2^31) of each coordinate's 32-bit hash, exactly
+    (a float32 product would move coordinates near bucket edges)."""
+    from fedforge.comm.rng import hash_u32
+
+    op = CountSketch(20000, 97, rows=2, seed=3)
+    y = op.sketch(torch.eye(20000, dtype=F64)[::1000], 5)  # 20 unit vectors
+    for r in range(2):
+        h = hash_u32(op.key(5, 10 + r), torch.arange(0, 20000, 1000))
+        want = [((int(x) >> 1) * 97) >> 31 for x in h]
+        got = y[:, r, :].abs().argmax(-1).tolist()
+        assert got == want
+        sign = [1.0 if int(x) & 1 else -1.0 for x in h]
+        assert y[:, r, :].sum(-1).sign().tolist() == sign
+    # coordinate 961096 (seed 3, round 5, row 0): exact bucket 86, a float32 product gives 87
+    big = CountSketch(961097, 97, rows=1, seed=3)
+    e = torch.zeros(961097, dtype=F64)
+    e[961096] = 1.0
+    h = int(hash_u32(big.key(5, 10), torch.tensor(961096)))
+    assert int(big.sketch(e, 5)[0].abs().argmax()) == ((h >> 1) * 97) >> 31
+
+
+def test_two_row_median_is_the_lower_estimate():
+    """torch's median of two rows is the lower one (FetchSGD's estimate with rows = 2)."""
+    op = CountSketch(6, 2, rows=2, seed=5)
+    v = torch.tensor([4.0, -1.0, 2.5, 0.0, 3.0, -2.0], dtype=F64)
+    est = op.row_estimates(op.sketch(v, 0), 0)
+    assert not torch.equal(est[0], est[1])
+    torch.testing.assert_close(op.desketch(op.sketch(v, 0), 0, mode="median"),
+                               est.min(0).values)
