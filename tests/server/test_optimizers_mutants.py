@@ -160,3 +160,32 @@ def test_constant_hyper_parameters_keep_no_round_counter():
     for t in range(1, 4):
         _, state = server_sgd(EXP).update({"w": torch.ones(2, dtype=F64)}, state, params)
         assert state["count"].item() == t
+
+
+def test_schedules_with_momentum_fednar_rule_and_tau_alone():
+    """The round clock ticks on every path: server momentum, the FedNAR rule with a decaying
+    ε (as in its code), and a schedule on τ alone."""
+    beta, v, want = 0.5, [0.0, 0.0], []
+    for t, g in enumerate(GS, start=1):
+        v = [beta * v[j] + g[j] for j in range(2)]
+        want.append([-0.4 * 0.5**t * x for x in v])
+    check(steps(server_sgd(EXP, beta)), want)
+
+    def eps(t):
+        return 0.01 * 0.25**t
+
+    decaying = {"kind": "exponential", "init": 0.01, "gamma": 0.25}
+    check(steps(server_adam(0.1, 0.9, 0.99, decaying, rule="fednar_code")),
+          adaptive_ref("fednar_code", 0.1, 0.9, 0.99, eps))
+    check(steps(server_adam(0.3, 0.6, 0.8, decaying)), adaptive_ref("adam", 0.3, 0.6, 0.8, eps))
+
+
+@pytest.mark.parametrize("make,field", [
+    (lambda bad: server_sgd(bad), "server_lr"),
+    (lambda bad: server_adam(bad), "server_lr"),
+    (lambda bad: server_adam(0.1, tau=bad), "tau"),
+    (lambda bad: server_yogi(tau=bad), "tau"),
+])
+def test_bad_hyper_parameters_name_their_field(make, field):
+    with pytest.raises(ValueError, match=f"^{field}: expected a number or a schedule"):
+        make(True)
