@@ -31,6 +31,7 @@ def tiny_spec() -> Reproduction:
         paper_commands=("fedforge compare examples/quickstart.toml -a fedavg",),
         paper_compute="seconds",
         stages=(("slow",),),
+        sensitivity=(0.1, 0.3),
     )
 
 
@@ -58,6 +59,7 @@ def test_tiny_reproduction_end_to_end(tiny, tmp_path):
     text = page.read_text()
     assert "lr 0.05" in text and "incomplete" not in text
     assert "(paired by seed)" in text and "Verdict so far" in text
+    assert "Sensitivity to the target" in text and "target 0.3" in text
 
     # a second call runs nothing: every run is finished
     stamp = {p: p.stat().st_mtime_ns for p in runs.rglob("metrics.jsonl")}

@@ -8,7 +8,7 @@ everything on a machine that never ran the grid. Writes ``docs/reproductions/<na
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fedforge.reproduce.grid import read_metrics
@@ -119,6 +119,25 @@ def comparison_table(spec: Reproduction, runs: dict) -> str:
             f"{spec.condition(comp.a).title} − {spec.condition(comp.b).title}",
             METRICS[comp.metric][0], f"{comp.expect} 0", ci, str(diff.n),
             f"**{call}**" if call != INCONCLUSIVE else call, mde_txt]) + " |")
+    return "\n".join(rows)
+
+
+def sensitivity_table(spec: Reproduction, data: Path) -> str:
+    """Paired rounds-to-target differences at the spec's other targets (post hoc)."""
+    comps = [c for c in spec.comparisons if c.metric == "rounds"]
+    head = ["difference (rounds)", *[f"target {t:g}" for t in spec.sensitivity]]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    per_target = {}
+    for t in spec.sensitivity:
+        per_target[t] = load_runs(replace(spec, target=t), data)
+    for comp in comps:
+        cells = []
+        for t in spec.sensitivity:
+            diff, call, _ = compare(spec, per_target[t], comp)
+            cells.append("–" if diff.n < 2 else f"{diff.format('{:.1f}')} ({call})")
+        if any(c != "–" for c in cells):
+            rows.append("| " + " | ".join([f"{spec.condition(comp.a).title} − "
+                                           f"{spec.condition(comp.b).title}", *cells]) + " |")
     return "\n".join(rows)
 
 
@@ -235,7 +254,12 @@ def write_report(spec: Reproduction, data: Path, docs: Path, *, command: str = "
         out += [f"**{title}.**", "", condition_table(spec, runs, list(names)), ""]
     out += ["**Paired comparisons** (same seed = same partition, cohorts and batches).", "",
             comparison_table(spec, runs), "", "**Verdict so far.**", "", *headline(spec, runs),
-            "", f"![accuracy](../img/{acc_png.name})", ""]
+            ""]
+    if spec.sensitivity:
+        out += ["**Sensitivity to the target (post hoc; the verdict above uses the target "
+                "fixed in advance).** Paired differences in rounds, mean ± 95 % CI.", "",
+                sensitivity_table(spec, data), ""]
+    out += [f"![accuracy](../img/{acc_png.name})", ""]
     if diag_png is not None:
         out += [f"![diagnostics](../img/{diag_png.name})", ""]
     if command:

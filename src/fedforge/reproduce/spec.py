@@ -61,6 +61,9 @@ class Reproduction:
     curves: tuple[str, ...] = ()  # conditions in the accuracy figure (default: all)
     paper: dict[str, str] = field(default_factory=dict)  # condition -> the paper's number
     paper_title: str = "paper"  # the column title of ``paper`` (setting, metric)
+    # other targets for a post-hoc sensitivity table of the rounds comparisons (never the
+    # verdict: that uses ``target``, fixed before the comparison)
+    sensitivity: tuple[float, ...] = ()
     notes: str = ""  # scale, target choice, caveats (markdown, shown above the tables)
     paper_commands: tuple[str, ...] = ()  # what a GPU run at the paper's scale would execute
     paper_compute: str = ""  # the estimate printed with --scale paper

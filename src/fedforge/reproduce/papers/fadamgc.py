@@ -88,6 +88,7 @@ def fadamgc_spec() -> Reproduction:
         curves=("fadamgc", "localadam", "fa_nt", "scaffold_m", "fedavg_m", "fedams", "fedadam"),
         paper=PAPER_ROUNDS,
         paper_title="paper: rounds to 75 % (CIFAR-10)",
+        sensitivity=(0.80, 0.82, 0.835),
         notes=NOTES,
         ablations=(
             ("Tracking subset S̃ (FAdamGC; S̃ = 0 is LocalAdam)",
