@@ -11,17 +11,18 @@ import numpy as np
 import pytest
 
 from fedforge.algorithms import build_algorithm
-from tests.algorithms.multiround import SCHEDULE, W0, N, compare, grad, run
+from tests.algorithms.multiround import FULL, SCHEDULE, W0, N, compare, grad, run
 
 LR, SLR, B1, B2, EPS = 0.05, 0.9, 0.8, 0.9, 1e-3
 
 
-def adam_ref(kind, masks, amsgrad=True, bias_correction=False, carry_v=True, tracking=True):
+def adam_ref(kind, masks, amsgrad=True, bias_correction=False, carry_v=True,
+             schedule=SCHEDULE):
     """FAdamGC (``fadamgc``, Alg. 1), FA-NT (``fa_nt``, Alg. 2) or LocalAdam (y ≡ 0)."""
     w, y = W0.copy(), np.zeros(2)
     yi, vi = np.zeros((N, 2)), np.zeros((N, 2))
     out = []
-    for (ids, steps), mask in zip(SCHEDULE, masks):
+    for (ids, steps), mask in zip(schedule, masks):
         xs, dys = [], []
         for c, (i, k) in enumerate(zip(ids, steps)):
             x, m = w.copy(), np.zeros(2)
@@ -95,11 +96,11 @@ def test_fadamgc_reduces_to_localadam_without_tracking():
 BETA, MLR = 0.3, 0.1
 
 
-def momentum_ref(scaffold):
+def momentum_ref(scaffold, schedule=SCHEDULE):
     """Cheng et al. 2023: x_i -= η (β ĝ + (1-β) g^t), ĝ = g (+ c - c_i for SCAFFOLD-M);
     g^{t+1} = mean_i (x^t - x_i)/(η K_i); c_i = mean raw gradient; c += (|S|/N) mean Δc_i."""
     w, gm, c, ci, out = W0.copy(), np.zeros(2), np.zeros(2), np.zeros((N, 2)), []
-    for ids, steps in SCHEDULE:
+    for ids, steps in schedule:
         xs, ups, dcs = [], [], []
         for i, k in zip(ids, steps):
             x, gsum = w.copy(), np.zeros(2)
@@ -130,3 +131,16 @@ def test_fedavg_m_four_rounds():
 def test_scaffold_m_four_rounds():
     algo = build_algorithm("scaffold_m", local_lr=MLR, server_lr=SLR, beta=BETA)
     compare(run(algo), momentum_ref(True), {"scaffold_m/y/w": "ci"})
+
+
+def test_clients_without_data_keep_their_state():
+    """Full participation where clients 4 (round 2) and 2 (round 4) have no data after they
+    have trained: their y_i, v_i, c_i must stay as they were."""
+    for name in ("fadamgc", "fa_nt"):
+        algo = build_algorithm(name, local_lr=LR, server_lr=SLR, b1=B1, b2=B2, eps=EPS,
+                               tracking_fraction=1.0)
+        rounds = run(algo, FULL)
+        compare(rounds, adam_ref(name, _masks(rounds), schedule=FULL),
+                {"tracking/y/w": "yi", "adam_v/v/w": "vi"}, rtol=1e-5)  # float32 1/(K η)
+    algo = build_algorithm("scaffold_m", local_lr=MLR, server_lr=SLR, beta=BETA)
+    compare(run(algo, FULL), momentum_ref(True, FULL), {"scaffold_m/y/w": "ci"})
