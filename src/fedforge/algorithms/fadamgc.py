@@ -50,6 +50,7 @@ from fedforge.algorithms.base import (
     Part,
     PrepareInputs,
 )
+from fedforge.client.control_variates import option_ii
 from fedforge.client.transforms import (
     RoundContext,
     Transform,
@@ -107,9 +108,9 @@ class GradientTracking(Part):
     """Tracked correction ``y`` (server) and ``y_i`` (client) for a subset S̃ of the cohort.
 
     ``mode="gradient"``: ``y_i+ = (1/K) Σ_k g_i^k`` (raw mini-batch gradients; FAdamGC,
-    SCAFFOLD-M). ``mode="delta"``: ``y_i+ = y_i - y + (x^t - x_i)/(K η_l)`` (SCAFFOLD option II;
-    FA-NT). Non-tracking clients keep ``y_i`` and upload ``dy = 0``; the server adds
-    ``(1/n) Σ_{i∈S̃} dy_i`` to ``y`` (= ``(S/n)`` times the cohort mean of ``dy``).
+    SCAFFOLD-M). ``mode="model_change"``: ``y_i+ = y_i - y + (x^t - x_i)/(K η_l)`` from the
+    model change (SCAFFOLD option II; FA-NT). Non-tracking clients keep ``y_i`` and upload
+    ``dy = 0``; the server adds ``(1/n) Σ_{i∈S̃} dy_i`` to ``y`` (= ``(S/n)`` times the cohort mean of ``dy``).
     The tracking mask arrives as ``ctx.info[info_key]`` (from :meth:`round_info`).
 
     ``init="full_gradient"`` starts from the theory's ``y_i = ∇f_i(x^1)`` instead of zeros.
@@ -136,12 +137,12 @@ class GradientTracking(Part):
         local_lr: float | None = None,
         init: str = "zeros",
     ) -> None:
-        if mode not in ("gradient", "delta"):
+        if mode not in ("gradient", "model_change"):
             raise ValueError(f"GradientTracking: mode must be 'gradient' or 'delta', got {mode!r}")
         if not 0.0 <= fraction <= 1.0:
             raise ValueError(f"algorithm.tracking_fraction: expected 0 <= f <= 1, got {fraction}")
-        if mode == "delta" and not local_lr:
-            raise ValueError("GradientTracking(mode='delta') needs local_lr")
+        if mode == "model_change" and not local_lr:
+            raise ValueError("GradientTracking(mode='model_change') needs local_lr")
         if init not in TRACKING_INITS:
             raise ValueError(f"algorithm.tracking_init: expected one of {TRACKING_INITS}, "
                              f"got {init!r}")
@@ -217,11 +218,10 @@ class GradientTracking(Part):
         k = steps.clamp_min(1.0)
         if self.mode == "gradient":
             target = {n: fin.grad_sum[n] / k for n in yi}
-        else:
-            y = fin.ctx.broadcast[self.name]["y"]
-            scale = 1.0 / (k * self.local_lr)
-            target = {n: yi[n] - y[n] + fin.delta[n] * scale for n in yi}
-        new_yi = {n: torch.where(update, target[n], yi[n]) for n in yi}
+            new_yi = {n: torch.where(update, target[n], yi[n]) for n in yi}
+        else:  # SCAFFOLD's option II on y_i
+            new_yi = option_ii(yi, fin.ctx.broadcast[self.name]["y"], fin.delta, steps,
+                               self.local_lr, update=fin.ctx.info[self.info_key])
         new_state = {**state, "y": new_yi, "count": state["count"] + update.to(yi_dtype(yi))}
         uploads = {"dy": {n: new_yi[n] - yi[n] for n in yi}}
         if self.init == "full_gradient":  # y_i was set to ∇f_i(x^1) just before this round
@@ -330,7 +330,7 @@ def fa_nt(
     eps: float = 1e-8, tracking_fraction: float = 0.5, tracking_init: str = "zeros",
 ) -> Algorithm:
     """FA-NT (Algorithm 2): local AMSGrad, correction added to the Adam direction afterwards."""
-    tracking = GradientTracking("tracking", "delta", tracking_fraction, local_lr=local_lr,
+    tracking = GradientTracking("tracking", "model_change", tracking_fraction, local_lr=local_lr,
                                 init=tracking_init)
     v_part = CarriedSecondMoment()
     return Algorithm(
