@@ -110,7 +110,8 @@ class GradientTracking(Part):
     ``mode="gradient"``: ``y_i+ = (1/K) Σ_k g_i^k`` (raw mini-batch gradients; FAdamGC,
     SCAFFOLD-M). ``mode="model_change"``: ``y_i+ = y_i - y + (x^t - x_i)/(K η_l)`` from the
     model change (SCAFFOLD option II; FA-NT). Non-tracking clients keep ``y_i`` and upload
-    ``dy = 0``; the server adds ``(1/n) Σ_{i∈S̃} dy_i`` to ``y`` (= ``(S/n)`` times the cohort mean of ``dy``).
+    ``dy = 0``; the server adds ``(1/n) Σ_{i∈S̃} dy_i`` to ``y`` (= ``(S/n)`` times the
+    cohort mean of ``dy``).
     The tracking mask arrives as ``ctx.info[info_key]`` (from :meth:`round_info`).
 
     ``init="full_gradient"`` starts from the theory's ``y_i = ∇f_i(x^1)`` instead of zeros.
