@@ -51,7 +51,8 @@ tests_for() {
       echo "tests/algorithms/test_fedopt.py tests/server" \
            "tests/algorithms/test_multiround_sgd.py" ;;
     src/fedforge/algorithms/scaffold.py)
-      echo "tests/algorithms/test_fedavg_family.py tests/algorithms/test_multiround_sgd.py" ;;
+      echo "tests/algorithms/test_fedavg_family.py tests/algorithms/test_multiround_sgd.py" \
+           "tests/algorithms/test_defaults.py" ;;
     src/fedforge/algorithms/fadamgc.py | src/fedforge/algorithms/momentum.py)
       echo "tests/algorithms/test_fadamgc.py tests/algorithms/test_multiround_adam.py" \
            "tests/algorithms/test_defaults.py" ;;
@@ -61,7 +62,7 @@ tests_for() {
     src/fedforge/algorithms/fedptr.py)
       echo "tests/algorithms/test_fedptr.py tests/algorithms/test_defaults.py" ;;
     src/fedforge/algorithms/*)
-      echo "tests/algorithms -k 'not fedptr'" ;;
+      echo "tests/algorithms -k 'not fedptr and not backbone'" ;;
     src/fedforge/sim/*)
       echo "tests/sim" ;;
     src/fedforge/experiment/round.py)

@@ -48,6 +48,13 @@ def test_factory_defaults_equal_the_table(name):
     assert not wrong, f"{name}: factory default != table (factory, table): {wrong}"
 
 
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_algorithm_reports_its_registry_name(name):
+    """Logs, checkpoints and comparisons name a run's algorithm by ``Algorithm.name``."""
+    algo = build_algorithm(name)
+    assert algo.name == name and algo.description
+
+
 def test_no_table_entry_without_an_algorithm():
     assert set(ALGORITHM_DEFAULTS) <= set(ALGORITHMS)
     assert set(METHOD_DEFAULTS) == set(ASYNC_METHODS) | set(SYNC_METHODS)

@@ -28,14 +28,27 @@ def local_sgd(i, w, steps, lr=LR, extra=lambda x: 0.0):
 
 
 # ------------------------------------------------------------------------------ SCAFFOLD
-def scaffold_ref(schedule=SCHEDULE, server_lr=SLR):
-    """Karimireddy et al. 2020, Alg. 1, option II."""
+def clip(v, a):
+    n = np.linalg.norm(v)
+    return v * min(1.0, a / n) if n > 0 else v
+
+
+def scaffold_ref(schedule=SCHEDULE, server_lr=SLR, wd=0.0, clip_a=None, nar=False):
+    """Karimireddy et al. 2020, Alg. 1, option II; with FedNAR's local step (Li et al. 2023):
+    NAR clips g + c - c_i + λx, vanilla clips g + c - c_i and adds λx after."""
     w, c, ci = W0.copy(), np.zeros(2), np.zeros((N, 2))
     out = []
     for ids, steps in schedule:
         xs, dcs = [], []
         for i, k in zip(ids, steps):
-            x = local_sgd(i, w, k, extra=lambda x, i=i, c=c: c - ci[i])
+            x = w.copy()
+            for _ in range(k):
+                g = grad(i, x) + c - ci[i]
+                if nar:
+                    d = clip(g + wd * x, clip_a)
+                else:
+                    d = (clip(g, clip_a) if clip_a else g) + wd * x
+                x = x - LR * d
             new = ci[i] - c + (w - x) / (k * LR) if k > 0 else ci[i].copy()
             dcs.append(new - ci[i])
             ci[i] = new
@@ -49,6 +62,16 @@ def scaffold_ref(schedule=SCHEDULE, server_lr=SLR):
 def test_scaffold_four_rounds():
     algo = build_algorithm("scaffold", local_lr=LR, server_lr=SLR)
     compare(run(algo), scaffold_ref(), {"scaffold/c/w": "ci"})
+
+
+@pytest.mark.parametrize("nar", [False, True])
+def test_scaffold_with_clipping_and_decay(nar):
+    """The FedNAR switches reach SCAFFOLD's local step (the correction inside the clip)."""
+    algo = build_algorithm("scaffold", local_lr=LR, server_lr=SLR, weight_decay=0.3,
+                           max_grad_norm=1.5, nar=nar)
+    ref = scaffold_ref(wd=0.3, clip_a=1.5, nar=nar)
+    assert not np.allclose(ref[-1]["w"], scaffold_ref()[-1]["w"])
+    compare(run(algo), ref, {"scaffold/c/w": "ci"})
 
 
 def test_scaffold_full_participation_with_empty_clients():
