@@ -9,7 +9,8 @@
 # Each module runs in its own scratch copy of src/, tests/ and pyproject.toml (so the working
 # tree is never touched and mutmut's mutants/ folder stays out of it), under `nice`, with
 # MUTATION_JOBS (default 2) workers and at most MUTATION_BUDGET seconds (default 1200) per
-# module; a module cut short reports its unchecked mutants. Results go to MUTATION_OUT
+# module (MUTATION_TIMEOUT_MULTIPLIER, default 5, bounds a single mutant); a module cut short
+# reports its unchecked mutants. Results go to MUTATION_OUT
 # (default .mutation/): scores.tsv (module, killed, total, percent) and <module>.survivors.txt
 # (the diff of every surviving mutant). Which tests run for a module is `tests_for` below:
 # fast, targeted files, so a module finishes in minutes.
@@ -20,6 +21,9 @@ JOBS="${MUTATION_JOBS:-2}"
 BUDGET="${MUTATION_BUDGET:-1200}"
 OUT="${MUTATION_OUT:-$ROOT/.mutation}"
 WORK="${MUTATION_WORK:-${TMPDIR:-/tmp}/fedforge-mutation}"
+# a mutant running longer than this many times its tests' clean duration counts as killed
+# (an endless loop); mutmut's own default of 15 lets one such mutant eat the whole budget
+TIMEOUT_X="${MUTATION_TIMEOUT_MULTIPLIER:-5}"
 # modules mutation testing is configured for (globs relative to the repository root)
 CONFIGURED=(src/fedforge/algorithms/*.py src/fedforge/client/*.py src/fedforge/server/*.py
             src/fedforge/comm/*.py src/fedforge/sim/*.py src/fedforge/core/moments.py
@@ -92,12 +96,14 @@ run_module() {
   mkdir -p "$dir" "$OUT"
   (cd "$ROOT" && tar --exclude=__pycache__ -cf - src tests pyproject.toml) | tar -xf - -C "$dir"
   # this module only, with its own test selection (globs expanded inside the copy)
-  (cd "$dir" && MODULE="$module" SELECTION="$selection" python3 - <<'EOF'
+  (cd "$dir" && MODULE="$module" SELECTION="$selection" TIMEOUT_MULTIPLIER="$TIMEOUT_X" \
+     python3 - <<'EOF'
 import glob, os, shlex, tomllib, tomli_w
 with open("pyproject.toml", "rb") as f:
     data = tomllib.load(f)
 cfg = data.setdefault("tool", {}).setdefault("mutmut", {})
 cfg["only_mutate"] = [os.environ["MODULE"]]
+cfg["timeout_multiplier"] = float(os.environ["TIMEOUT_MULTIPLIER"])  # a hung mutant is killed
 args = []
 for word in shlex.split(os.environ["SELECTION"]):
     if "*" in word:
