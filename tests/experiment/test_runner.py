@@ -74,13 +74,15 @@ def test_checkpoint_holds_server_and_client_state(tmp_path):
     assert tensors["clients/scaffold/c/linear.weight"].shape[0] == 12
 
 
-@pytest.mark.parametrize("algorithm,copies", [("fedavg", 0), ("scaffold", 1), ("fadamgc", 2)])
-def test_metrics_report_client_state_bytes(tmp_path, algorithm, copies):
-    """c_i is one model copy per client, FAdamGC's y_i and v_i two, FedAvg none."""
+@pytest.mark.parametrize("algorithm,copies,scalars",
+                         [("fedavg", 0, 0), ("scaffold", 1, 0), ("fadamgc", 2, 1)])
+def test_metrics_report_client_state_bytes(tmp_path, algorithm, copies, scalars):
+    """c_i is one model copy per client, FAdamGC's y_i and v_i two (plus its tracking
+    counter), FedAvg none."""
     rec = run_experiment(_cfg(**{"algorithm.name": algorithm, "rounds": 2}), tmp_path / "a",
                          progress=False)[-1]
     model_bytes = 4 * (60 * 10 + 10)  # logreg on Synthetic: 60 features, 10 classes, fp32
-    assert rec["client_state_bytes_per_client"] == copies * model_bytes
+    assert rec["client_state_bytes_per_client"] == copies * model_bytes + 4 * scalars
 
 
 @pytest.mark.parametrize(
