@@ -6,7 +6,7 @@
 #   scripts/mutation.sh --all                    # every configured module
 #   scripts/mutation.sh --list                   # show the modules and their test selections
 #
-# Each module runs in its own scratch copy of src/, tests/ and pyproject.toml (so the working
+# Each module runs in its own scratch copy of src/, tests/, pyproject.toml (so the working
 # tree is never touched and mutmut's mutants/ folder stays out of it), under `nice`, with
 # MUTATION_JOBS (default 2) workers and at most MUTATION_BUDGET seconds (default 1200) per
 # module (MUTATION_TIMEOUT_MULTIPLIER, default 5, bounds a single mutant); a module cut short
@@ -94,7 +94,8 @@ run_module() {
   dir="$WORK/$slug"
   rm -rf "$dir"
   mkdir -p "$dir" "$OUT"
-  (cd "$ROOT" && tar --exclude=__pycache__ -cf - src tests pyproject.toml) | tar -xf - -C "$dir"
+  (cd "$ROOT" && tar --exclude=__pycache__ -cf - src tests pyproject.toml docs/algorithms.md) \
+    | tar -xf - -C "$dir"
   # this module only, with its own test selection (globs expanded inside the copy)
   (cd "$dir" && MODULE="$module" SELECTION="$selection" TIMEOUT_MULTIPLIER="$TIMEOUT_X" \
      python3 - <<'EOF'
@@ -103,6 +104,7 @@ with open("pyproject.toml", "rb") as f:
     data = tomllib.load(f)
 cfg = data.setdefault("tool", {}).setdefault("mutmut", {})
 cfg["only_mutate"] = [os.environ["MODULE"]]
+cfg["also_copy"] = ["docs/algorithms.md"]  # test_defaults compares the generated page
 cfg["timeout_multiplier"] = float(os.environ["TIMEOUT_MULTIPLIER"])  # a hung mutant is killed
 args = []
 for word in shlex.split(os.environ["SELECTION"]):
