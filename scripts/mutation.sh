@@ -104,7 +104,7 @@ with open("pyproject.toml", "rb") as f:
     data = tomllib.load(f)
 cfg = data.setdefault("tool", {}).setdefault("mutmut", {})
 cfg["only_mutate"] = [os.environ["MODULE"]]
-cfg["also_copy"] = ["docs/algorithms.md"]  # test_defaults compares the generated page
+cfg["also_copy"] = ["docs"]  # holds docs/algorithms.md only: test_defaults compares it
 cfg["timeout_multiplier"] = float(os.environ["TIMEOUT_MULTIPLIER"])  # a hung mutant is killed
 args = []
 for word in shlex.split(os.environ["SELECTION"]):
@@ -135,6 +135,11 @@ EOF
       (cd "$dir" && mutmut show "${line%%:*}" 2>/dev/null) || true
     done <<<"$survivors"
   } >"$OUT/$slug.survivors.txt"
+  if [[ "$total" -eq 0 ]]; then
+    echo "   mutmut produced no results; the end of $dir/run.log:" >&2
+    tr '\r' '\n' <"$dir/run.log" | tail -n 15 >&2
+    return 1
+  fi
   local pct="0.0"
   [[ "$total" -gt 0 ]] && pct=$(python3 -c "print(f'{100 * $killed / $total:.1f}')")
   touch "$OUT/scores.tsv"
@@ -177,13 +182,15 @@ case "${1:-}" in
     done ;;
 esac
 
+failed=0
 command -v mutmut >/dev/null || { echo 'mutation: install mutmut: pip install -e ".[mutation]"' >&2
                                  exit 2; }
 for m in "${modules[@]}"; do
   case "$m" in  # the do_not_mutate of [tool.mutmut]: registries, data tables, benchmarks
     */__init__.py | */algorithms/defaults.py | */comm/bench.py) continue ;;
   esac
-  run_module "$m"
+  run_module "$m" || failed=1
 done
 echo "scores: $OUT/scores.tsv"
 column -t -s $'\t' "$OUT/scores.tsv" 2>/dev/null || cat "$OUT/scores.tsv"
+exit "$failed"
