@@ -245,10 +245,16 @@ def _parse(reply: Message, target: Target, template: dict, params_flat: dict,
     return out
 
 
-def _screen_norms(replies: list[Reply], options: ServerOptions) -> list[tuple[Reply, str]]:
-    """Drop replies whose delta (or uploads) norm is out of bounds; returns the dropped."""
+def _screen_norms(replies: list[Reply], options: ServerOptions,
+                  relative_delta: bool = True) -> list[tuple[Reply, str]]:
+    """Drop replies whose delta (or uploads) norm is out of bounds; returns the dropped.
+
+    ``relative_delta=False`` (uplink codecs): a compressed message is not a delta, and an
+    unbiased compressor (random-k, QSGD, MARINA's differences) scales honest messages far
+    beyond the round's median, so only the absolute ``max_norm`` bounds it."""
     dropped: dict[int, str] = {}
-    ratios = {"delta": options.max_norm_ratio, "uploads": options.max_upload_ratio}
+    ratios = {"delta": options.max_norm_ratio if relative_delta else None,
+              "uploads": options.max_upload_ratio}
     for rec, ratio in ratios.items():
         have = [r for r in replies if rec in r.norms]
         reasons = norm_outliers([r.norms[rec] for r in have], ratio, options.max_norm)
@@ -335,7 +341,8 @@ def _wait_for_nodes(grid: Grid, count: int, timeout: float | None) -> None:
 
 
 def _screen(replies, targets: list[Target], template: dict, view: ServerView,
-            options: ServerOptions, info: dict, round_: int) -> list[Reply]:
+            options: ServerOptions, info: dict, round_: int,
+            relative_delta: bool = True) -> list[Reply]:
     """Validate every reply and bound its norm; rejections and silent nodes go to ``info``
     and the log. Returns the accepted replies in the simulator's order."""
     pending = {tg.node: tg for tg in targets}
@@ -356,7 +363,7 @@ def _screen(replies, targets: list[Target], template: dict, view: ServerView,
             _reject(info, round_, node, target.client, got)
         else:
             accepted.append(got)
-    for r, why in _screen_norms(accepted, options):
+    for r, why in _screen_norms(accepted, options, relative_delta):
         _reject(info, round_, r.target.node, r.target.client, why)
     info["silent"] = sorted(pending)  # asked, no reply within the round timeout
     for node, target in pending.items():
@@ -423,7 +430,8 @@ def run_server(grid: Grid, cfg: RunConfig, options: ServerOptions | None = None,
         targets = _targets(exp, grid, nodes, t)
         msgs = [_message(view, tg, t, options) for tg in targets]
         replies = grid.send_and_receive(msgs, timeout=options.round_timeout) if msgs else []
-        accepted = _screen(replies, targets, template, view, options, info, t)
+        accepted = _screen(replies, targets, template, view, options, info, t,
+                           relative_delta=exp.algorithm.codec is None)
         info["asked"], info["nodes"] = len(msgs), len(list(grid.get_node_ids()))
         info["accepted"] = [r.target.node if nodes is None else r.target.client
                             for r in accepted]
