@@ -59,7 +59,7 @@ tests_for() {
            "tests/algorithms/test_defaults.py" ;;
     src/fedforge/algorithms/fadamgc.py | src/fedforge/algorithms/momentum.py)
       echo "tests/algorithms/test_fadamgc.py tests/algorithms/test_multiround_adam.py" \
-           "tests/algorithms/test_defaults.py" ;;
+           "tests/algorithms/test_fadamgc_mutants.py tests/algorithms/test_defaults.py" ;;
     src/fedforge/algorithms/compressed.py)
       echo "tests/algorithms/test_safl.py tests/algorithms/test_multiround_compressed.py" \
            "tests/algorithms/test_defaults.py" ;;
