@@ -25,7 +25,8 @@ TARGET = 0.83
 NOTES = """\
 **Scale.** Fashion-MNIST (60 k train / 10 k test) instead of CIFAR-10 and a 784-32-10 MLP
 (25 k parameters) instead of ResNet-18, so that a round of 10 clients × 60 local steps takes
-about 1.5 s on the two shared CPU cores. Kept from the paper: n = 100 clients, S = 10 per
+about 1 s on the two shared CPU cores (measured 0.25–3.5 s, depending on the other jobs'
+load; 74 min of wall time for all 33 runs). Kept from the paper: n = 100 clients, S = 10 per
 round, S̃ = 5 trackers, Dir(α = 0.1) label skew, K = 60 local steps (batch 32), β = (0.9,
 0.99), ε = 1e-8, Table 4's CIFAR-10 learning rates (η_l / η_g: 1e-3 / 1 for the local-Adam
 methods, 1e-2 / 1 for FedAvg-M and SCAFFOLD-M with β = 0.1, 3e-2 / 1e-3 for FedAdam and
