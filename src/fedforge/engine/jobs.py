@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from fedforge.algorithms.base import NEEDS, Algorithm
+from fedforge.algorithms.base import Algorithm, check_support
 from fedforge.core.tree import Params, tree_index, tree_stack
 from fedforge.data.batching import client_batches
 from fedforge.engine.base import ChunkedEngine, CohortInputs, _cat
@@ -88,18 +88,8 @@ SYNC_MULTITASK_SERVES: frozenset[str] = frozenset({"uploads", "codec"})
 no per-client state in checkpoints and draw no per-client round inputs."""
 
 
-def check_support(algorithm: Algorithm, template: Params, field: str, driver: str,
-                  serves: frozenset[str]) -> None:
-    """Refuse, in one line naming the algorithm and the driver, what a driver cannot serve."""
-    unserved = sorted(algorithm.needs(template) - serves)
-    if unserved:
-        what = ", ".join(NEEDS[n] for n in unserved)
-        raise ValueError(f"{field}: {algorithm.name!r} needs {what}, which the {driver} "
-                         f"driver cannot serve; choose another method or algorithm")
-
-
 def check_async_support(algorithm: Algorithm, template: Params, field: str) -> None:
-    check_support(algorithm, template, field, "asynchronous", ASYNC_SERVES)
+    check_support(algorithm, template, field, "asynchronous driver", ASYNC_SERVES)
 
 
 class TaskExecutor:

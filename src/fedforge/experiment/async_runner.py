@@ -18,17 +18,13 @@ import numpy as np
 import torch
 
 from fedforge.algorithms import build_algorithm
+from fedforge.algorithms.base import check_support
 from fedforge.core.schedules import first_value
 from fedforge.data import FederatedDataset, build_federated_dataset, load_dataset
 from fedforge.data.partition import dirichlet_fixed_size
 from fedforge.engine import ChunkedEngine, build_engine, classification_loss
 from fedforge.engine.distributed import init_distributed, is_main_rank, world_size
-from fedforge.engine.jobs import (
-    ASYNC_SERVES,
-    SYNC_MULTITASK_SERVES,
-    TaskExecutor,
-    check_support,
-)
+from fedforge.engine.jobs import ASYNC_SERVES, SYNC_MULTITASK_SERVES, TaskExecutor
 from fedforge.engine.scatter import (
     ScatteredExecutor,
     link_executors,
@@ -91,10 +87,10 @@ def build_tasks(cfg: MultiTaskConfig, device: torch.device,
         alg = build_algorithm(tc.algorithm.name, **tc.algorithm.hparams)
         params = {k: v.detach().clone() for k, v in model.named_parameters()}
         if cfg.method in ASYNC_METHODS:
-            check_support(alg, params, f"tasks[{m}].algorithm.name", "asynchronous",
+            check_support(alg, params, f"tasks[{m}].algorithm.name", "asynchronous driver",
                           ASYNC_SERVES)
         else:
-            check_support(alg, params, f"tasks[{m}].algorithm.name", f"{cfg.method}",
+            check_support(alg, params, f"tasks[{m}].algorithm.name", f"{cfg.method} driver",
                           SYNC_MULTITASK_SERVES)
         loss_fn = classification_loss(model, cfg.engine.precision)
         ex = executor_cls(m, alg, loss_fn, data.train_x, data.train_y, data.index_table,
