@@ -66,11 +66,26 @@ def test_defaults_in_effect_equal_the_table(name):
     table = {k: d.value for k, d in ALGORITHM_DEFAULTS[name].items()}
     implicit = run(build_algorithm(name), SCHEDULE[:2])
     explicit = run(build_algorithm(name, **table), SCHEDULE[:2])
+    # the local optimizer's stages too (a clip that never binds on this problem still shows)
+    assert _stages(build_algorithm(name)) == _stages(build_algorithm(name, **table))
     for a, b in zip(implicit, explicit):
         assert np.array_equal(a.params, b.params)
         assert a.clients.keys() == b.clients.keys()
         for k in a.clients:
             assert np.array_equal(a.clients[k], b.clients[k]), k
+
+
+def _stages(algo) -> list[str]:
+    """The local optimizer's state layout (its chain of named stages), flattened."""
+    import torch
+
+    from fedforge.client.transforms import RoundContext
+    from fedforge.core.tree import flatten_dict
+
+    params = {"w": torch.zeros(2, dtype=torch.float64)}
+    ctx = RoundContext(params, {**algo.broadcast(algo.server_init(params)),
+                                "round": torch.tensor(1.0)}, algo.client_init(params), {})
+    return sorted(flatten_dict(algo.local_optimizer.init(params, ctx)))
 
 
 def test_no_table_entry_without_an_algorithm():
