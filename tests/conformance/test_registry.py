@@ -42,13 +42,19 @@ VARIANTS = {
     "random_attack": ["attack.kind=random", "attack.fraction=0.34", "server.aggregator=median"],
     "stragglers": ["sim.stragglers=true", "sim.straggler_k=2"],
 }
-SLOW = {"fedptr", "fedptr_s"}  # trajectory matching per client: seconds per round on CPU
+# the default suite checks a stateless, a control-variate, a tracking, a server-stage and two
+# codec algorithms; CI=true runs the whole registry
+FAST = {"fedavg", "scaffold", "fadamgc", "fedexp", "safl", "fetchsgd"}
 NAMES = sorted(ALGORITHMS)
 
 
 def _params(name: str, variant: str):
-    marks = [pytest.mark.slow] if (name in SLOW or variant != "plain") else []
+    marks = [] if (name in FAST and variant == "plain") else [pytest.mark.slow]
     return pytest.param(name, variant, marks=marks, id=f"{name}-{variant}")
+
+
+def _by_name(names):
+    return [pytest.param(n, marks=[] if n in FAST else [pytest.mark.slow]) for n in names]
 
 
 def _cfg(name: str, *extra: str):
@@ -97,8 +103,7 @@ def test_resume_equals_uninterrupted_bit_for_bit(tmp_path, name, variant):
         assert torch.equal(a[key], b[key]), f"{name}: {key} differs after resume at {stop}"
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if n in SLOW else [])
-                                  for n in NAMES])
+@pytest.mark.parametrize("name", _by_name(NAMES))
 def test_checkpoint_round_trip_keeps_parameter_order(tmp_path, name):
     run = tmp_path / "run"
     run_experiment(_cfg(name, "rounds=2"), run, progress=False)
@@ -143,8 +148,7 @@ def nan_once(monkeypatch):
     return fired
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if n in SLOW else [])
-                                  for n in NAMES])
+@pytest.mark.parametrize("name", _by_name(NAMES))
 def test_rollback_after_injected_nan(tmp_path, name, nan_once):
     run = tmp_path / "run"
     records = run_experiment(_cfg(name, "divergence=rollback"), run, progress=False)
