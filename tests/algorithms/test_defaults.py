@@ -80,12 +80,19 @@ def _stages(algo) -> list[str]:
     import torch
 
     from fedforge.client.transforms import RoundContext
-    from fedforge.core.tree import flatten_dict
 
     params = {"w": torch.zeros(2, dtype=torch.float64)}
     ctx = RoundContext(params, {**algo.broadcast(algo.server_init(params)),
                                 "round": torch.tensor(1.0)}, algo.client_init(params), {})
-    return sorted(flatten_dict(algo.local_optimizer.init(params, ctx)))
+    return sorted(_paths(algo.local_optimizer.init(params, ctx)))
+
+
+def _paths(tree, prefix=""):
+    """Every key path of a nested dict, empty stages (stateless transforms) included."""
+    for k, v in tree.items():
+        yield prefix + k
+        if isinstance(v, dict):
+            yield from _paths(v, prefix + k + "/")
 
 
 def test_no_table_entry_without_an_algorithm():
