@@ -24,7 +24,7 @@ from fedforge.data import FederatedDataset, build_federated_dataset, load_datase
 from fedforge.data.partition import dirichlet_fixed_size
 from fedforge.engine import ChunkedEngine, build_engine, classification_loss
 from fedforge.engine.distributed import init_distributed, is_main_rank, world_size
-from fedforge.engine.jobs import ASYNC_SERVES, SYNC_MULTITASK_SERVES, TaskExecutor
+from fedforge.engine.jobs import SYNC_MULTITASK_SERVES, TaskExecutor, check_async_support
 from fedforge.engine.scatter import (
     ScatteredExecutor,
     link_executors,
@@ -87,8 +87,7 @@ def build_tasks(cfg: MultiTaskConfig, device: torch.device,
         alg = build_algorithm(tc.algorithm.name, **tc.algorithm.hparams)
         params = {k: v.detach().clone() for k, v in model.named_parameters()}
         if cfg.method in ASYNC_METHODS:
-            check_support(alg, params, f"tasks[{m}].algorithm.name", "asynchronous driver",
-                          ASYNC_SERVES)
+            check_async_support(alg, params, f"tasks[{m}].algorithm.name")
         else:
             check_support(alg, params, f"tasks[{m}].algorithm.name", f"{cfg.method} driver",
                           SYNC_MULTITASK_SERVES)

@@ -23,9 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import torch
-
-from fedforge.core.tree import Params, restore_like, tree_add, tree_map
+from fedforge.core.tree import Params, restore_like, tree_add
 
 
 class Aggregate(NamedTuple):
@@ -148,7 +146,3 @@ def population_mean_step(total: Params, mean_change: Params, agg: Aggregate,
     """
     frac = scale * (agg.num_sampled / agg.num_clients)
     return tree_add(total, mean_change, alpha=frac)
-
-
-def scaled(tree: Params, factor: torch.Tensor | float) -> Params:
-    return tree_map(lambda x: x * factor, tree)
