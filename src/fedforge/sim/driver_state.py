@@ -43,6 +43,8 @@ def driver_state(d: AsyncDriver | SyncDriver) -> tuple[dict, dict]:
         tensors[f"task{m}"] = t.server.state_dict()
     if isinstance(d, AsyncDriver):
         meta.update(R=d.R, cur=d.cur, since_realloc=d.since_realloc, alloc_log=d.alloc_log)
+        if d.code is not None:
+            meta["code"] = d.code.state_dict()
         for m, t in enumerate(d.tasks):
             tensors[f"task{m}"]["versions"] = {
                 f"v{v}": {"params": tree_clone(p), "bcast": tree_clone(b)}
@@ -68,6 +70,8 @@ def load_driver_state(d: AsyncDriver | SyncDriver, tensors: dict, meta: dict) ->
     if isinstance(d, AsyncDriver):
         d.R, d.cur, d.since_realloc = list(meta["R"]), list(meta["cur"]), meta["since_realloc"]
         d.alloc_log = [tuple(x) for x in meta["alloc_log"]]
+        if d.code is not None:
+            d.code.load_state_dict(meta["code"])
         for m, t in enumerate(d.tasks):
             tt = tensors[f"task{m}"]
             versions = tt.get("versions", {})

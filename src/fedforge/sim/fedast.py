@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedforge.sim import allocation_code as code
 from fedforge.sim.allocation import buffer_size, estimate_variance, proportional_split, realloc
 from fedforge.sim.clock import EventClock, Job
 from fedforge.sim.delays import DelayLaw
@@ -49,11 +50,15 @@ class AsyncOptions:
     fedasync_alpha: float = 0.6
     fedasync_a: float = 0.5
     fedbuff_staleness_weight: bool = True
+    allocation: str = "paper"  # "code": the authors' allocation rules (sim/allocation_code.py)
 
     def __post_init__(self) -> None:
         if self.method not in ASYNC_METHODS:
             raise ValueError(f"method: unknown async method {self.method!r}; expected one of "
                              f"{list(ASYNC_METHODS)}")
+        if self.allocation not in code.ALLOCATIONS:
+            raise ValueError(f"async.allocation: expected one of {list(code.ALLOCATIONS)}, got "
+                             f"{self.allocation!r}")
 
     @property
     def dynamic(self) -> bool:
@@ -82,6 +87,10 @@ class AsyncDriver:
         self.since_realloc = 0
         self.window: list[list] = [[] for _ in tasks]
         self.alloc_log: list[tuple[int, list[int]]] = [(0, list(self.R))]
+        self.code = (code.CodeAllocator(m, sum(self.R), options.c_period_factor)
+                     if options.allocation == "code" and self.opt.dynamic else None)
+        if self.code is not None:
+            self.window = self.code.windows  # one window list (checkpointed as the paper's)
         for k, t in enumerate(tasks):
             t.server.b = self._buffer(k)
 
@@ -93,20 +102,20 @@ class AsyncDriver:
             return self.opt.buffer_size
         return buffer_size(self.R[m], self.opt.rb_ratio)
 
-    def _pick_client(self) -> int | None:
+    def _pick_client(self, capped: bool = True) -> int | None:
         if self.opt.method == "fedbuff":  # FedBuff samples among idle clients
             idle = np.flatnonzero(self.clock.outstanding == 0)
             if len(idle) == 0 or self.clock.num_busy >= self.pop.max_busy:
                 return None
             return int(idle[self.rng.integers(len(idle))])
         client = int(self.rng.integers(self.pop.num_clients))  # uniform, with replacement
-        if self.clock.num_busy >= self.pop.max_busy and not self.clock.is_busy(client):
+        if capped and self.clock.num_busy >= self.pop.max_busy and not self.clock.is_busy(client):
             return None  # availability cap: skip this draw (authors' code, note A3)
         return client
 
-    def send(self, m: int) -> Job | None:
+    def send(self, m: int, capped: bool = True) -> Job | None:
         task = self.tasks[m]
-        client = self._pick_client()
+        client = self._pick_client(capped)
         if client is None:
             return None
         d = self.delay.sample(self.rng, client, float(self.pop.speed[client]), task.tau,
@@ -119,7 +128,7 @@ class AsyncDriver:
     def start(self) -> None:
         for m in range(len(self.tasks)):
             for _ in range(self.R[m]):
-                self.send(m)
+                self.send(m, capped=self.code is None)  # the code sends all (server.py:978)
 
     # --- one event ------------------------------------------------------------------------
     def step(self, on_eval: Callable[[int, dict], None]) -> Job:
@@ -131,7 +140,9 @@ class AsyncDriver:
         self.c += 1
         self.since_realloc += 1
         staleness = task.server.round - job.version
-        if self.opt.dynamic:
+        if self.code is not None:  # the code estimates and reallocates before buffering
+            self._code_realloc(m, delta)
+        elif self.opt.dynamic:
             self.window[m] = [*self.window[m], delta][-self.opt.variance_window:]
         if self.opt.method == "fedasync":
             stepped = task.server.mix(sent, delta, self.opt.fedasync_alpha, staleness,
@@ -140,7 +151,7 @@ class AsyncDriver:
             w = (1.0 + staleness) ** -0.5 if (self.opt.method == "fedbuff"
                                                and self.opt.fedbuff_staleness_weight) else 1.0
             stepped = task.server.receive(delta, w)
-        if self.opt.dynamic:
+        if self.opt.dynamic and self.code is None:
             self._maybe_realloc()
         if stepped and task.server.round % task.eval_every == 0:
             rec = task.evaluate(task.server.params)
@@ -148,12 +159,27 @@ class AsyncDriver:
             task.losses = []
             if task.target is not None and rec["test_accuracy"] >= task.target:
                 self._finish(m)
+            rec["requests"], rec["in_flight"] = list(self.R), list(self.cur)
             on_eval(m, rec)
         if not task.done:
-            k = max(0, min(self.R[m] - self.cur[m], self.opt.max_k))
+            if self.code is not None:  # global free slots cap it (server.py:778-780)
+                k = code.new_requests(self.R[m], self.cur[m], sum(self.R), sum(self.cur),
+                                      self.opt.max_k)
+            else:
+                k = max(0, min(self.R[m] - self.cur[m], self.opt.max_k))
             for _ in range(k):
                 self.send(m)
+            if self.code is not None:
+                task.server.b = code.arrival_buffer(self.cur[m], self.opt.rb_ratio)
         return job
+
+    def _code_realloc(self, m: int, delta) -> None:
+        """The code's window, period average and chunked Realloc (sim/allocation_code.py)."""
+        t = self.tasks[m]
+        self.code.observe(m, delta, t.local_lr, t.server_lr, t.tau)
+        if self.code.due([x.server.round for x in self.tasks], self.R):
+            self.R = self.code.realloc(self.R, int(self.opt.rb_ratio))  # b follows arrivals
+            self.alloc_log.append((self.c, list(self.R)))
 
     def _maybe_realloc(self) -> None:
         active = [m for m, t in enumerate(self.tasks) if not t.done]
@@ -180,7 +206,13 @@ class AsyncDriver:
             task.executor.discard(job)
         self.cur[m] = 0
         active = [k for k, t in enumerate(self.tasks) if not t.done]
-        if active:
+        if active and self.code is not None:  # remainder at random, b = round(R / 32)
+            freed, self.R[m] = self.R[m], 0
+            for k, add in enumerate(code.finish_split(freed, self.R, self.rng)):
+                self.R[k] += add
+                if k in active:
+                    self.tasks[k].server.b = code.finish_buffer(self.R[k], self.opt.rb_ratio)
+        elif active:
             total = self.R[m] + sum(self.R[k] for k in active)
             new = proportional_split(total, [self.R[k] for k in active], 1)
             for k, r in zip(active, new):
