@@ -13,7 +13,8 @@
 # reports its unchecked mutants. Results go to MUTATION_OUT
 # (default .mutation/): scores.tsv (module, killed, total, percent) and <module>.survivors.txt
 # (the diff of every surviving mutant). Which tests run for a module is `tests_for` below:
-# fast, targeted files, so a module finishes in minutes.
+# fast, targeted files, so a module finishes in minutes. MUTATION_REV=<git-rev> copies the
+# files from that commit instead of the working tree (a run unaffected by uncommitted edits).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -21,6 +22,7 @@ JOBS="${MUTATION_JOBS:-2}"
 BUDGET="${MUTATION_BUDGET:-1200}"
 OUT="${MUTATION_OUT:-$ROOT/.mutation}"
 WORK="${MUTATION_WORK:-${TMPDIR:-/tmp}/fedforge-mutation}"
+REV="${MUTATION_REV:-}"  # empty: the working tree
 # a mutant running longer than this many times its tests' clean duration counts as killed
 # (an endless loop); mutmut's own default of 15 lets one such mutant eat the whole budget
 TIMEOUT_X="${MUTATION_TIMEOUT_MULTIPLIER:-5}"
@@ -40,7 +42,7 @@ tests_for() {
       echo "tests/algorithms/test_multiround_sgd.py tests/algorithms/test_multiround_adam.py" \
            "tests/algorithms/test_fedavg_family.py" ;;
     src/fedforge/client/optimizers.py)
-      echo "tests/client tests/algorithms/test_fednar_backbones.py" ;;
+      echo "tests/client/test_optimizers_mutants.py" ;;
     src/fedforge/client/*)
       echo "tests/client tests/algorithms/test_fedavg_family.py" ;;
     src/fedforge/core/moments.py)
@@ -48,18 +50,48 @@ tests_for() {
     src/fedforge/comm/sketch.py)
       echo "tests/comm/test_sketch.py tests/comm/test_sketch_mutants.py" \
            "tests/algorithms/test_safl.py -k 'not unbiased_mean_of_RtR'" ;;
+    src/fedforge/comm/rng.py)
+      echo "tests/comm/test_rng_mutants.py" ;;
+    src/fedforge/comm/compress.py)
+      echo "tests/comm/test_compress.py tests/comm/test_compress_mutants.py" ;;
+    src/fedforge/comm/codec.py)
+      echo "tests/comm/test_compress.py tests/comm/test_codec_mutants.py" \
+           "tests/algorithms/test_multiround_compressed.py" \
+           "tests/algorithms/test_safl.py -k 'not baselines_run'" ;;
     src/fedforge/comm/*)
       echo "tests/comm tests/algorithms/test_safl.py" \
            "tests/algorithms/test_multiround_compressed.py -k 'not unbiased_mean_of_RtR'" ;;
+    src/fedforge/server/chain.py)
+      echo "tests/server/test_chain_mutants.py tests/algorithms/test_fedexp.py" \
+           "tests/algorithms/test_multiround_sgd.py::test_fedavgm_server_momentum" \
+           "tests/algorithms/test_multiround_sgd.py::test_feddyn_four_rounds" ;;
+    src/fedforge/server/buffered.py)
+      echo "tests/server/test_buffered.py tests/server/test_buffered_mutants.py" ;;
     src/fedforge/server/*)
       echo "tests/algorithms/test_fedopt.py tests/server" \
            "tests/algorithms/test_multiround_sgd.py" ;;
     src/fedforge/algorithms/scaffold.py)
       echo "tests/algorithms/test_fedavg_family.py tests/algorithms/test_multiround_sgd.py" \
            "tests/algorithms/test_defaults.py" ;;
-    src/fedforge/algorithms/fadamgc.py | src/fedforge/algorithms/momentum.py)
+    src/fedforge/algorithms/momentum.py)
+      echo "tests/algorithms/test_multiround_adam.py::test_fedavg_m_four_rounds" \
+           "tests/algorithms/test_multiround_adam.py::test_scaffold_m_four_rounds" \
+           "tests/algorithms/test_momentum_mutants.py tests/algorithms/test_defaults.py" ;;
+    src/fedforge/algorithms/fadamgc.py)
       echo "tests/algorithms/test_fadamgc.py tests/algorithms/test_multiround_adam.py" \
            "tests/algorithms/test_fadamgc_mutants.py tests/algorithms/test_defaults.py" ;;
+    src/fedforge/algorithms/fedavg.py | src/fedforge/algorithms/fedopt.py)
+      echo "tests/algorithms/test_fedopt.py tests/algorithms/test_fedavg_mutants.py" \
+           "tests/algorithms/test_defaults.py" ;;
+    src/fedforge/algorithms/fedexp.py)
+      echo "tests/algorithms/test_fedexp.py tests/algorithms/test_fedavg_mutants.py" \
+           "tests/algorithms/test_multiround_sgd.py::test_fedexp_step_size_and_eval_point" \
+           "tests/algorithms/test_defaults.py" ;;
+    src/fedforge/algorithms/feddyn.py | src/fedforge/algorithms/feddc.py)
+      echo "tests/algorithms/test_feddyn_feddc.py tests/algorithms/test_fedavg_mutants.py" \
+           "tests/algorithms/test_multiround_sgd.py::test_feddyn_four_rounds" \
+           "tests/algorithms/test_multiround_sgd.py::test_feddc_four_rounds" \
+           "tests/algorithms/test_defaults.py" ;;
     src/fedforge/algorithms/compressed.py)
       echo "tests/algorithms/test_safl.py tests/algorithms/test_multiround_compressed.py" \
            "tests/algorithms/test_defaults.py" ;;
@@ -94,8 +126,13 @@ run_module() {
   dir="$WORK/$slug"
   rm -rf "$dir"
   mkdir -p "$dir" "$OUT"
-  (cd "$ROOT" && tar --exclude=__pycache__ -cf - src tests pyproject.toml docs/algorithms.md) \
-    | tar -xf - -C "$dir"
+  if [[ -n "$REV" ]]; then
+    (cd "$ROOT" && git archive "$REV" src tests pyproject.toml docs/algorithms.md) \
+      | tar -xf - -C "$dir"
+  else
+    (cd "$ROOT" && tar --exclude=__pycache__ -cf - src tests pyproject.toml docs/algorithms.md) \
+      | tar -xf - -C "$dir"
+  fi
   # this module only, with its own test selection (globs expanded inside the copy)
   (cd "$dir" && MODULE="$module" SELECTION="$selection" TIMEOUT_MULTIPLIER="$TIMEOUT_X" \
      python3 - <<'EOF'
@@ -110,14 +147,14 @@ args = []
 for word in shlex.split(os.environ["SELECTION"]):
     if "*" in word:
         args.extend(sorted(glob.glob(word)))
-    elif not word.startswith("tests/") or os.path.exists(word):  # skip absent test files
+    elif not word.startswith("tests/") or os.path.exists(word.split("::")[0]):  # skip absent
         args.append(word)
 cfg["pytest_add_cli_args_test_selection"] = args
 with open("pyproject.toml", "wb") as f:
     tomli_w.dump(data, f)
 EOF
   )
-  echo "== $module: pytest ${selection}"
+  echo "== $module${REV:+ at $REV}: pytest ${selection}"
   local start=$SECONDS status=0
   (cd "$dir" && OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 timeout --signal=INT "$BUDGET" \
      nice -n 10 mutmut run --max-children "$JOBS" >"$dir/run.log" 2>&1) || status=$?
@@ -154,7 +191,7 @@ EOF
 modules=()
 case "${1:-}" in
   ""|-h|--help)
-    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
     exit 0 ;;
   --list)
     cd "$ROOT"
