@@ -42,8 +42,9 @@ def test_missing_directory(tmp_path):
         load_dataset("mnist", tmp_path)
 
 
-def test_no_root(monkeypatch):
+def test_no_root(monkeypatch, tmp_path):
     monkeypatch.delenv("FEDFORGE_DATA", raising=False)
+    monkeypatch.setattr("fedforge.data.root.DEFAULT_ROOTS", (tmp_path / "data",))
     with pytest.raises(DatasetError, match="FEDFORGE_DATA"):
         load_dataset("mnist")
 

@@ -1,67 +1,183 @@
 """``load_dataset``: one entry point from a dataset name to in-memory :class:`DatasetSplits`.
 
-File datasets are read from ``root`` (the folder holding ``mnist/``, ``cifar10/`` ...), which
-defaults to ``$FEDFORGE_DATA``; ``synthetic`` needs no files at all.
+The dataset registry lives here, once: each name maps to a :class:`DatasetEntry` (loader,
+description, the folder and files it reads and where to get them). Users add entries with
+:func:`register_dataset` (also ``fedforge.register_dataset``). A loader that takes a ``root``
+parameter reads files and is given the data root resolved by :mod:`fedforge.data.root`;
+one without it (``synthetic``) needs no files.
 """
 
 from __future__ import annotations
 
 import inspect
-import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from fedforge.data.base import DatasetError, DatasetSplits
-from fedforge.data.images import load_cifar10, load_fashion_mnist, load_femnist, load_mnist
+from fedforge.data.images import (
+    FEMNIST_FILE,
+    load_cifar10,
+    load_fashion_mnist,
+    load_femnist,
+    load_mnist,
+)
+from fedforge.data.root import ENV_VAR, DataRoot, describe_root, resolve_data_root
 from fedforge.data.synthetic import make_synthetic
 from fedforge.data.text import load_shakespeare, load_sst2
 
-DATASETS: dict[str, str] = {
-    "mnist": "MNIST digits, 60k/10k 1x28x28 images, 10 classes (no natural clients)",
-    "fashion_mnist": "Fashion-MNIST clothing, 60k/10k 1x28x28 images, 10 classes",
-    "cifar10": "CIFAR-10, 50k/10k 3x32x32 RGB images, 10 classes (slow: ~10 s to decompress)",
-    "femnist": "LEAF FEMNIST subset, 41k/4.7k 1x28x28 characters, 62 classes, 300 writers",
-    "shakespeare": "LEAF Shakespeare next-char prediction, 80-char windows, 715 roles",
-    "sst2": "GLUE SST-2 sentiment, 67k train / 872 dev sentences, 2 classes, token ids",
-    "synthetic": "FedProx Synthetic(alpha, beta) logistic data, 60 features, 10 classes, no files",
-}
 
-_LOADERS: dict[str, Callable[..., DatasetSplits]] = {
-    "mnist": load_mnist,
-    "fashion_mnist": load_fashion_mnist,
-    "cifar10": load_cifar10,
-    "femnist": load_femnist,
-    "shakespeare": load_shakespeare,
-    "sst2": load_sst2,
+@dataclass(frozen=True)
+class DatasetEntry:
+    """A registered dataset. ``folder``/``files``/``source`` say what a missing one needs."""
+
+    loader: Callable[..., DatasetSplits]
+    description: str
+    folder: str | None = None  # the dataset's folder under the data root; None: no files
+    files: tuple[str, ...] = ()  # files expected in that folder (checked before loading)
+    source: str = ""  # how to get the files, shown when they are missing
+
+    @property
+    def reads_files(self) -> bool:
+        return "root" in inspect.signature(self.loader).parameters
+
+
+_IDX = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+        "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+_REGISTRY: dict[str, DatasetEntry] = {
+    "mnist": DatasetEntry(
+        load_mnist, "MNIST digits, 60k/10k 1x28x28 images, 10 classes (no natural clients)",
+        "mnist", _IDX, "the four original MNIST IDX .gz files (as torchvision downloads them)"),
+    "fashion_mnist": DatasetEntry(
+        load_fashion_mnist, "Fashion-MNIST clothing, 60k/10k 1x28x28 images, 10 classes",
+        "fashion_mnist", _IDX, "the four Fashion-MNIST IDX .gz files from Zalando Research "
+        "(or apt-get install dataset-fashion-mnist)"),
+    "cifar10": DatasetEntry(
+        load_cifar10,
+        "CIFAR-10, 50k/10k 3x32x32 RGB images, 10 classes (slow: ~10 s to decompress)",
+        "cifar10", ("train_images.npy.xz", "train_labels.npy", "test_images.npy.xz",
+                    "test_labels.npy"),
+        "CIFAR-10 as xz-compressed .npy arrays (uint8 NHWC images, int labels)"),
+    "femnist": DatasetEntry(
+        load_femnist, "LEAF FEMNIST subset, 41k/4.7k 1x28x28 characters, 62 classes, 300 writers",
+        "femnist", (FEMNIST_FILE,), "a LEAF FEMNIST export by writer as one .npz"),
+    "shakespeare": DatasetEntry(
+        load_shakespeare, "LEAF Shakespeare next-char prediction, 80-char windows, 715 roles",
+        "shakespeare", ("shakespeare_train.json.gz", "shakespeare_test.json.gz"),
+        "the TFF/LEAF Shakespeare split by speaking role as gzipped JSON"),
+    "sst2": DatasetEntry(
+        load_sst2, "GLUE SST-2 sentiment, 67k train / 872 dev sentences, 2 classes, token ids",
+        "sst2", ("train.tsv.gz", "dev.tsv.gz"), "the GLUE SST-2 train.tsv and dev.tsv, gzipped"),
+    "synthetic": DatasetEntry(
+        make_synthetic,
+        "FedProx Synthetic(alpha, beta) logistic data, 60 features, 10 classes, no files"),
 }
 _ALIASES = {"fmnist": "fashion_mnist", "fashion-mnist": "fashion_mnist", "cifar-10": "cifar10"}
+_BUILTIN = frozenset(_REGISTRY)
+
+
+class _View(Mapping):
+    """A read-only view of one field of the registry (so there is one registry, no copies)."""
+
+    def __init__(self, attr: str) -> None:
+        self._attr = attr
+
+    def __getitem__(self, name: str):
+        return getattr(_REGISTRY[name], self._attr)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_REGISTRY)
+
+    def __len__(self) -> int:
+        return len(_REGISTRY)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+
+DATASETS: Mapping[str, str] = _View("description")
+"""name -> one-line description of every registered dataset (``fedforge datasets``)."""
+_LOADERS: Mapping[str, Callable[..., DatasetSplits]] = _View("loader")
+
+
+def register_dataset(name: str, loader: Callable[..., DatasetSplits], description: str, *,
+                     folder: str | None = None, files: tuple[str, ...] = (), source: str = "",
+                     replace: bool = False) -> None:
+    """Add ``loader`` under ``name`` (the config's ``data.dataset``).
+
+    ``loader(root, **options)`` reads files under the resolved data root (``root`` is that
+    folder; give ``folder``/``files``/``source`` so a missing dataset is reported in one
+    line before the loader runs); a loader without ``root`` needs no files. Its other keyword
+    arguments are the config's ``data.options``. Built-in names cannot be replaced;
+    registering the same loader again (a re-imported plugin) is a no-op.
+    """
+    key = name.lower()
+    if not key.isidentifier():
+        raise ValueError(f"register_dataset: {name!r} is not a valid name (letters, digits, _)")
+    old = _REGISTRY.get(key)
+    if old is not None and not _same(old.loader, loader):
+        if key in _BUILTIN or not replace:
+            raise ValueError(f"register_dataset: {key!r} is already registered"
+                             + ("" if key in _BUILTIN else "; pass replace=True to replace it"))
+    _REGISTRY[key] = DatasetEntry(loader, description, folder, tuple(files), source)
+
+
+def _same(a: Callable, b: Callable) -> bool:
+    """The same function, possibly from a second import of its module."""
+    name = lambda f: (getattr(f, "__module__", None), getattr(f, "__qualname__", None))  # noqa: E731
+    return a is b or name(a) == name(b)
 
 
 def default_data_root() -> Path | None:
-    """``$FEDFORGE_DATA`` if set (and non-empty), else ``None``."""
-    value = os.environ.get("FEDFORGE_DATA")
-    return Path(value).expanduser() if value else None
+    """``$FEDFORGE_DATA`` if set (and non-empty), else ``None`` (see :mod:`fedforge.data.root`
+    for the whole resolution order)."""
+    root = resolve_data_root()
+    return root.path if root.source == f"${ENV_VAR}" else None
 
 
 def dataset_options(name: str) -> dict[str, object]:
     """The options ``load_dataset(name, ...)`` accepts, with their defaults."""
-    fn = make_synthetic if _canonical(name) == "synthetic" else _LOADERS[_canonical(name)]
-    params = inspect.signature(fn).parameters
+    params = inspect.signature(_REGISTRY[_canonical(name)].loader).parameters
     return {k: p.default for k, p in params.items() if k != "root"}
 
 
 def _canonical(name: str) -> str:
     key = _ALIASES.get(name.lower(), name.lower())
-    if key not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
+    if key not in _REGISTRY:
+        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(_REGISTRY)}")
     return key
+
+
+def check_files(name: str, root: DataRoot) -> None:
+    """One line naming the files looked for, where, and how to get them, if any is missing."""
+    entry = _REGISTRY[_canonical(name)]
+    if entry.folder is None:
+        return
+    base = root.path
+    inside = base.name == entry.folder or any((base / f).is_file() for f in entry.files[:1])
+    folder = base if inside and not (base / entry.folder).is_dir() else base / entry.folder
+    missing = [f for f in entry.files if not (folder / f).is_file()]
+    if folder.is_dir() and not missing:
+        return
+    if not folder.is_dir():
+        what = f"{folder.resolve()}/ not found"
+    else:
+        more = f" (and {', '.join(missing[1:])})" if len(missing) > 1 else ""
+        what = f"{folder.resolve() / missing[0]}: file not found{more}"
+    get = f"get {entry.source}" if entry.source else "get its files"
+    raise DatasetError(
+        f"dataset {name!r}: {what} (data root {describe_root(root)}); "
+        f"looked for {', '.join(entry.files) or 'its files'}; {get} into that folder, or point "
+        f"--data-root, data.root or ${ENV_VAR} at the folder holding {entry.folder}/ "
+        "(README.md: Where your data lives)")
 
 
 def load_dataset(name: str, root: str | Path | None = None, **options: object) -> DatasetSplits:
     """Load dataset ``name`` fully into memory (CPU tensors).
 
     ``root`` is the folder holding the dataset folders, or the dataset folder itself; ``None``
-    means ``$FEDFORGE_DATA``. ``options`` go to the dataset's loader (see
+    resolves it as :mod:`fedforge.data.root` says (``--data-root``, ``$FEDFORGE_DATA``,
+    ``./data``, ``../shared/data``). ``options`` go to the dataset's loader (see
     :func:`dataset_options`), e.g. ``normalize=False``, ``max_samples_per_client=500`` or
     ``alpha=0.5``. Raises :class:`DatasetError` for missing or malformed files.
     """
@@ -72,12 +188,9 @@ def load_dataset(name: str, root: str | Path | None = None, **options: object) -
         raise ValueError(
             f"load_dataset({key!r}): unknown option(s) {unknown}; accepted: {sorted(accepted)}"
         )
-    if key == "synthetic":
-        return make_synthetic(**options)  # type: ignore[arg-type]
-    if root is None:
-        root = default_data_root()
-    if root is None:
-        raise DatasetError(
-            f"no data root for {key!r}: pass root=<folder holding {key}/> or set $FEDFORGE_DATA"
-        )
-    return _LOADERS[key](root, **options)
+    entry = _REGISTRY[key]
+    if not entry.reads_files:
+        return entry.loader(**options)
+    where = resolve_data_root(root)
+    check_files(key, where)
+    return entry.loader(where.path, **options)

@@ -1,0 +1,56 @@
+"""Where dataset files are looked for: one resolution order for every entry point.
+
+1. ``--data-root`` on the command line (:func:`use_data_root`),
+2. ``data.root`` in the config (the ``root`` argument of ``load_dataset``),
+3. ``$FEDFORGE_DATA``,
+4. the default: ``./data`` if that folder exists, else ``../shared/data`` beside the
+   repository of a source checkout, if it exists, else ``./data``.
+
+The command-line option wins over the config so that a shipped example runs unchanged on any
+machine; the variable loses to an explicit ``data.root`` because a config that names a folder
+means it. The chosen folder holds one folder per dataset (``mnist/``, ``cifar10/`` ...).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+ENV_VAR = "FEDFORGE_DATA"
+_REPO = Path(__file__).resolve().parents[3]  # src/fedforge/data/root.py -> the checkout
+DEFAULT_ROOTS: tuple[Path, ...] = (Path("data"), _REPO.parent / "shared" / "data")
+"""Tried in order when nothing else names a root; the first that exists is used."""
+
+_cli_root: Path | None = None
+
+
+class DataRoot(NamedTuple):
+    path: Path
+    source: str  # "--data-root", "data.root", "$FEDFORGE_DATA" or "default"
+
+
+def use_data_root(path: str | Path | None) -> None:
+    """Set (or with ``None`` clear) the command line's ``--data-root`` for this process."""
+    global _cli_root
+    _cli_root = None if path is None else Path(path).expanduser()
+
+
+def resolve_data_root(configured: str | Path | None = None) -> DataRoot:
+    """The folder datasets are read from, and which setting chose it (for error messages)."""
+    if _cli_root is not None:
+        return DataRoot(_cli_root, "--data-root")
+    if configured is not None:
+        return DataRoot(Path(configured).expanduser(), "data.root")
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return DataRoot(Path(env).expanduser(), f"${ENV_VAR}")
+    for candidate in DEFAULT_ROOTS:
+        if candidate.is_dir():
+            return DataRoot(candidate, "default")
+    return DataRoot(DEFAULT_ROOTS[0], "default")
+
+
+def describe_root(root: DataRoot) -> str:
+    """``/abs/path (from $FEDFORGE_DATA)``: the folder as the user can check it."""
+    return f"{root.path.resolve()} (from {root.source})"
