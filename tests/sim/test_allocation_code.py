@@ -168,3 +168,34 @@ def test_driver_finish_uses_round_and_random_split():
     d.R = [24, 16]
     d._finish(1)
     assert d.R == [40, 0] and d.tasks[0].server.b == 1
+
+
+def test_code_lenet5_has_no_padding_and_a_relu_output():
+    """28x28 without padding: 24 -> 12 -> 8 -> 4, flatten 16 * 4 * 4 = 256. Parameters
+    156 + 2416 + (256 * 120 + 120) + (120 * 84 + 84) + (84 * 10 + 10) = 44426."""
+    from fedforge.models import build_model
+
+    torch.manual_seed(0)
+    m = build_model("lenet5", (1, 28, 28), 10, variant="code")
+    assert m.classifier[0].in_features == 256
+    assert sum(p.numel() for p in m.parameters()) == 44426
+    assert float(m(torch.randn(4, 1, 28, 28)).min()) >= 0.0
+    assert build_model("lenet5", (1, 28, 28), 10).classifier[0].in_features == 400
+    with pytest.raises(ValueError, match="model.options.variant"):
+        build_model("lenet5", (1, 28, 28), 10, variant="x")
+
+
+def test_drop_last_runs_epochs_of_full_batches():
+    """10 samples, batch 4, 5 steps: epochs of 10 // 4 = 2 batches, each a fresh permutation;
+    the 2 samples left in an epoch are skipped, so every epoch's 8 positions are distinct."""
+    from fedforge.data.batching import client_batches
+
+    pos, mask = client_batches(torch.tensor([10]), 5, None, 4, torch.Generator().manual_seed(0),
+                               drop_last=True)
+    assert pos.shape == (1, 5, 4) and bool(mask.all())
+    for epoch in (pos[0, 0:2], pos[0, 2:4]):
+        assert len(set(epoch.flatten().tolist())) == 8
+    plain, _ = client_batches(torch.tensor([10]), 5, None, 4, torch.Generator().manual_seed(0))
+    assert len(set(plain[0, 0:3].flatten().tolist()[:10])) == 10  # no drop: a full pass
+    with pytest.raises(ValueError, match="drop_last"):
+        client_batches(torch.tensor([10]), None, 1, 4, torch.Generator(), drop_last=True)

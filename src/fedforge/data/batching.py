@@ -41,6 +41,7 @@ def client_batches(
     epochs: int | None,
     batch_size: int,
     generator: torch.Generator,
+    drop_last: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Local minibatch positions for a cohort: ``pos`` int64 and ``mask`` (default dtype), both
     ``[clients, max_steps, batch_size]``; ``pos`` indexes into each client's own samples.
@@ -49,6 +50,9 @@ def client_batches(
       permutation of the client's data on each pass, so an epoch's samples are all seen before
       any repeats; a client with fewer than ``batch_size`` samples therefore gets batches that
       repeat its samples (each about ``batch_size / n`` times), all with mask 1.
+      With ``drop_last`` the steps run in epochs of ``max(1, n // batch_size)`` full batches,
+      one fresh permutation per epoch; an epoch's ``n % batch_size`` leftover samples are
+      skipped (a DataLoader with ``drop_last=True``, as FedAST's code trains).
     * ``epochs``: client i runs ``epochs * ceil(n_i / batch_size)`` batches, one fresh
       permutation per epoch; the last batch of an epoch is partial (mask 0 on padding) and
       steps beyond a client's count are fully masked.
@@ -66,7 +70,18 @@ def client_batches(
     device, c, b = sizes.device, len(sizes), batch_size
     n = sizes.view(c, 1, 1)
     n1 = n.clamp(min=1)
-    if steps is not None:
+    if drop_last and steps is None:
+        raise ValueError("client_batches: drop_last needs steps=")
+    if steps is not None and drop_last:
+        if steps < 0:
+            raise ValueError(f"steps must be >= 0, got {steps}")
+        k = (n // b).clamp(min=1)  # full batches per epoch
+        s = torch.arange(steps, device=device).view(1, steps, 1)
+        pass_ = s // k
+        offset = ((s % k) * b + torch.arange(b, device=device).view(1, 1, b)) % n1
+        valid = (n > 0).expand(c, steps, b)
+        passes = torch.where(sizes > 0, _ceil_div(steps, k.view(c)), 0)
+    elif steps is not None:
         if steps < 0:
             raise ValueError(f"steps must be >= 0, got {steps}")
         draw = torch.arange(steps * b, device=device).view(1, steps, b)

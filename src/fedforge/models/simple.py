@@ -80,13 +80,19 @@ class LeNet5(nn.Module):
     """LeNet-5 (6/16 channels, 120/84 units) with ReLU and max-pooling (modern variant).
 
     28x28 inputs get padding 2 on the first conv so both MNIST and CIFAR sizes reach the
-    classic 16x5x5 feature map.
+    classic 16x5x5 feature map. ``variant="code"`` is FedAST's code
+    (``models/FashionMNIST/fl_model.py``): no padding (a 16x4x4 = 256-unit flatten on 28x28)
+    and a ReLU on the output logits.
     """
 
-    def __init__(self, input_shape: Sequence[int], num_classes: int) -> None:
+    def __init__(self, input_shape: Sequence[int], num_classes: int,
+                 variant: str = "classic") -> None:
         super().__init__()
+        if variant not in ("classic", "code"):
+            raise ValueError(f"model.options.variant: expected 'classic' or 'code', got "
+                             f"{variant!r}")
         c, h, w = image_shape(input_shape, "lenet5")
-        pad = 2 if min(h, w) < 32 else 0
+        pad = 2 if min(h, w) < 32 and variant == "classic" else 0
         self.features = nn.Sequential(
             nn.Conv2d(c, 6, 5, padding=pad),
             nn.ReLU(),
@@ -103,6 +109,7 @@ class LeNet5(nn.Module):
             nn.Linear(120, 84),
             nn.ReLU(),
             nn.Linear(84, num_classes),
+            *([nn.ReLU()] if variant == "code" else []),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
