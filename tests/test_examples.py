@@ -16,7 +16,6 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from fedforge.experiment.config import load_config, validate
-from fedforge.experiment.multitask import load_multitask
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.toml"))
@@ -28,10 +27,8 @@ def _roots(path: Path) -> list[str]:
 
 
 def _validate(path: Path, overrides: list[str]) -> None:
-    if "tasks" in tomllib.loads(path.read_text()):
-        assert load_multitask(path, overrides).tasks
-    else:
-        validate(load_config(path, overrides))
+    cfg = validate(load_config(path, overrides))
+    assert cfg.multitask == ("tasks" in tomllib.loads(path.read_text()))
 
 
 def _missing(path: Path) -> list[str]:

@@ -1,5 +1,5 @@
-"""``fedforge`` command line: run | compare | reproduce | plot | bench | algorithms | datasets
-| models."""
+"""``fedforge`` command line: run | compare | reproduce | plot | bench | config | algorithms |
+datasets | models."""
 
 from __future__ import annotations
 
@@ -13,6 +13,12 @@ from rich.table import Table
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="fedforge: fast, faithful federated-learning simulation.")
 Overrides = Annotated[list[str] | None, typer.Argument(help="dotted key=value overrides")]
+Plugins = Annotated[list[str] | None, typer.Option(
+    "--plugin", help="user module (name or .py path) whose register_* calls run first; "
+                     "repeatable")]
+DataRootOption = Annotated[Path | None, typer.Option(
+    "--data-root", help="folder holding the dataset folders (wins over data.root and "
+                        "$FEDFORGE_DATA)")]
 console = Console()
 err_console = Console(stderr=True)
 
@@ -30,6 +36,37 @@ def _fail(message: str) -> None:
 
     err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code=2)
+
+
+def _setup(plugins: list[str] | None, data_root: Path | None = None) -> None:
+    """Import --plugin modules (before any config is checked) and set --data-root."""
+    from fedforge.data.root import use_data_root
+    from fedforge.plugins import PluginError, load_plugins
+
+    try:
+        load_plugins(plugins or [])
+    except PluginError as exc:
+        _fail(str(exc))
+    if data_root is not None:
+        if not data_root.expanduser().is_dir():
+            _fail(f"--data-root: directory {str(data_root)!r} does not exist")
+        use_data_root(data_root)
+
+
+def _variant(config: Path, variant: str, overrides: list[str]):
+    """``fedforge run --variant X``: the config ``fedforge compare -a X`` would run."""
+    from fedforge.experiment.compare import comparison_configs
+    from fedforge.experiment.config import ConfigError, load_raw
+
+    try:
+        tables = load_raw(config).get("compare") or {}
+        if not isinstance(tables, dict) or variant not in tables:
+            known = sorted(tables) if isinstance(tables, dict) else []
+            raise ConfigError(f"--variant: no [compare.{variant}] table in {config}; "
+                              f"tables: {known or 'none'}")
+        return comparison_configs(config, [variant], overrides)[variant][0]
+    except ConfigError as exc:
+        _fail(str(exc))
 
 
 def _load(config: Path, overrides: list[str]):
@@ -50,22 +87,35 @@ def run(
     overwrite: Annotated[bool, typer.Option(
         "--overwrite", help="replace the run already in --out (its own files only)")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+    plugin: Plugins = None,
+    data_root: DataRootOption = None,
+    variant: Annotated[str | None, typer.Option(
+        "--variant", help="apply the config's [compare.VARIANT] table and algorithm, as "
+                          "fedforge compare -a VARIANT does")] = None,
 ) -> None:
-    """Run one experiment; writes config.resolved.toml, metrics.jsonl and checkpoints/.
+    """Run one experiment (one task, or a [[tasks]] list: FedAST and the multi-task
+    baselines); writes config.resolved.toml, metrics.jsonl and checkpoints/.
 
     An --out that holds an earlier run needs --resume (continue it; only rounds, eval,
     checkpoint and engine settings may change) or --overwrite."""
+    _setup(plugin, data_root)
     from fedforge.data import DatasetError
     from fedforge.experiment.runner import run_experiment
 
-    if _multitask(config):  # a [[tasks]] list: FedAST / simultaneous multi-task run
-        return _run_multitask(config, overrides or [], out, resume, quiet, overwrite)
-    cfg = _load(config, overrides or [])
+    cfg = (_load(config, overrides or []) if variant is None
+           else _variant(config, variant, overrides or []))
     try:
         history = run_experiment(cfg, out, resume=resume, progress=not quiet,
                                  overwrite=overwrite)
     except (DatasetError, ValueError, OSError, FloatingPointError) as exc:
         _fail(str(exc))
+    if cfg.multitask:
+        summary = out / "summary.json"
+        if summary.is_file():  # ranks > 0 of a torchrun job write none
+            console.print(f"[bold green]done[/bold green] {cfg.method or 'fedast'} on "
+                          f"{len(cfg.tasks)} tasks -> {out}\n{summary.read_text()}",
+                          highlight=False)
+        return
     if not history:  # ranks > 0 of a torchrun job: rank 0 reports
         return
     last = history[-1]
@@ -77,30 +127,13 @@ def run(
 
 
 def _multitask(config: Path) -> bool:
+    """Whether the file has a ``[[tasks]]`` list (``compare`` then compares methods)."""
     from fedforge.experiment.config import ConfigError, load_raw
-    from fedforge.experiment.multitask import is_multitask
 
     try:
-        return is_multitask(load_raw(config))
+        return "tasks" in load_raw(config)
     except ConfigError as exc:
         _fail(str(exc))
-
-
-def _run_multitask(config: Path, overrides: list[str], out: Path, resume: bool,
-                   quiet: bool, overwrite: bool = False) -> None:
-    from fedforge.data import DatasetError
-    from fedforge.experiment.async_runner import run_multitask
-    from fedforge.experiment.config import ConfigError
-    from fedforge.experiment.multitask import load_multitask
-
-    try:
-        cfg = load_multitask(config, overrides)
-        run_multitask(cfg, out, resume=resume, progress=not quiet, overwrite=overwrite)
-    except (ConfigError, DatasetError, ValueError, OSError) as exc:
-        _fail(str(exc))
-    summary = (out / "summary.json").read_text()
-    console.print(f"[bold green]done[/bold green] {cfg.method} on {len(cfg.tasks)} tasks -> "
-                  f"{out}\n{summary}", highlight=False)
 
 
 @app.command()
@@ -113,28 +146,33 @@ def compare(
     target: Annotated[float | None, typer.Option(
         "--target", help="test accuracy: table gives rounds and simulated minutes to it")] = None,
     seeds: Annotated[str | None, typer.Option(
-        "--seeds", help="comma-separated seeds (default: the config's); mean ± std")] = None,
+        "--seeds", help="comma-separated seeds (default: the config's); mean and 95 % "
+                        "interval over them")] = None,
     overwrite: Annotated[bool, typer.Option(
         "--overwrite", help="re-run the runs already in --out instead of continuing them")
     ] = False,
+    plugin: Plugins = None,
+    data_root: DataRootOption = None,
 ) -> None:
-    """Run several algorithms on identical data, partition and seed; table + PNG plot.
+    r"""Run several algorithms on identical data, partition and seeds; table and figures.
 
-    A ``[compare.<algorithm>]`` table in the config is merged in for that algorithm only
-    (e.g. its learning rates). Runs already in --out with the same config are continued
-    (a finished one is not re-run); with a changed config they need --overwrite."""
+    A \[compare.ALGORITHM] table in the config is merged in for that algorithm only (e.g.
+    its learning rates). With --seeds, the figures draw each algorithm's mean over the seeds
+    with a shaded 95 % t-interval, and table.json / table.csv give mean, std, n and the
+    interval of each metric. Runs already in --out with the same config are continued (a
+    finished one is not re-run); with a changed config they need --overwrite."""
     from fedforge.experiment.compare import comparison_configs, run_comparison
 
+    _setup(plugin, data_root)
     names = [a.strip() for a in algorithms.split(",") if a.strip()]
     if not names:
         _fail("--algorithms: expected a comma-separated list, e.g. fedavg,scaffold")
     if _multitask(config):  # multi-task: --algorithms names methods (fedast,sync_st,...)
         from fedforge.experiment.compare import run_multitask_comparison
-        from fedforge.experiment.config import ConfigError
-        from fedforge.experiment.multitask import load_multitask
+        from fedforge.experiment.config import ConfigError, load_config
 
         try:
-            mcfgs = {n: load_multitask(config, [*(overrides or []), f"method={n}"])
+            mcfgs = {n: load_config(config, [*(overrides or []), f"method={n}"])
                      for n in names}
             table_rows, plot = run_multitask_comparison(mcfgs, out, progress=not quiet,
                                                         overwrite=overwrite)
@@ -159,16 +197,21 @@ def compare(
     except (ValueError, OSError, FloatingPointError) as exc:
         _fail(str(exc))
     _print_rows(table_rows, out)
-    console.print(f"plot: {plot}")
+    console.print(f"plot: {plot} (and .pdf); table: {out / 'table.json'} (and .csv)")
 
 
 def _print_rows(table_rows: list[dict], out: Path) -> None:
-    table = Table(title=f"comparison ({out})")
+    from fedforge.experiment.compare import format_cell
+    from fedforge.experiment.labels import metric
+
+    table = Table(title=f"comparison ({out}); mean ± half the 95 % interval over seeds",
+                  title_justify="left")
     for col in table_rows[0]:
-        table.add_column(col)
+        table.add_column(metric(col).label if col not in ("algorithm", "method", "seeds")
+                         else col)
     for row in table_rows:
-        table.add_row(*[str(v) for v in row.values()])
-    console.print(table)
+        table.add_row(*[format_cell(v, row.get("seeds")) for v in row.values()])
+    console.print(table, highlight=False)
 
 
 @app.command()
@@ -182,6 +225,8 @@ def reproduce(
     ] = False,
     runs: Annotated[Path, typer.Option("--runs", help="run folders")] = Path("runs/reproduce"),
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    plugin: Plugins = None,
+    data_root: DataRootOption = None,
 ) -> None:
     """Run a paper's reproduction grid (resuming what exists) and write its table, figures
     and verdict to docs/reproductions/NAME.md (raw metrics in docs/data/NAME/)."""
@@ -190,6 +235,7 @@ def reproduce(
     from fedforge.reproduce import reproduce as run_reproduction
     from fedforge.reproduce.report import paper_scale
 
+    _setup(plugin, data_root)
     if scale not in ("cpu", "paper"):
         _fail(f"--scale: expected cpu or paper, got {scale!r}")
     try:
@@ -210,15 +256,38 @@ def reproduce(
 def plot(
     run_dirs: Annotated[list[Path], typer.Argument(help="run directories")],
     metric: Annotated[str, typer.Option("--metric", "-m")] = "test_accuracy",
-    x: Annotated[str, typer.Option("--x")] = "round",
+    x: Annotated[str, typer.Option("--x", help="round, sim_time_s, bytes_up, ...")] = "round",
     out: Annotated[Path, typer.Option("--out", "-o")] = Path("plot.png"),
+    per_seed: Annotated[bool, typer.Option(
+        "--per-seed", help="one line per run instead of the mean over seeds")] = False,
+    logx: Annotated[bool, typer.Option("--logx", help="logarithmic x axis")] = False,
 ) -> None:
-    """Plot a metric of one or more runs against rounds (or another metric)."""
-    from fedforge.experiment.plots import load_runs, plot_metric
+    """Plot a metric of runs against rounds (or another metric): one line per algorithm,
+    the mean over its seeds with a shaded 95 % interval; a PDF and the plotted numbers
+    (JSON) are written beside the PNG."""
+    from fedforge.experiment.plots import load_run_list, plot_runs
 
     try:
-        path = plot_metric(load_runs(run_dirs), out, y=metric, x=x)
+        path = plot_runs(load_run_list(run_dirs), out, y=metric, x=x, logx=logx,
+                         average=not per_seed)
     except (OSError, ValueError) as exc:  # missing/damaged metrics file, unknown metric
+        _fail(str(exc))
+    console.print(f"wrote {path} and {path.with_suffix('.pdf')}")
+
+
+@app.command()
+def report(
+    folder: Annotated[Path, typer.Argument(help="a run folder or a compare --out folder")],
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="HTML file to write (default FOLDER/report.html)")] = None,
+) -> None:
+    """Write one self-contained HTML page (no external files): config, partition
+    statistics, curves and the final table."""
+    from fedforge.experiment.report import write_report
+
+    try:
+        path = write_report(folder, out)
+    except (OSError, ValueError) as exc:
         _fail(str(exc))
     console.print(f"wrote {path}")
 
@@ -327,6 +396,35 @@ def list_algorithms(
     for name, kind in defaults.all_methods().items():
         table.add_row(name, kind, defaults.describe(name))
     console.print(table, highlight=False)
+
+
+@app.command("config")
+def config_reference(
+    algorithm: Annotated[str | None, typer.Argument(
+        help="also this algorithm's hyper-parameters, with their sources")] = None,
+    defaults: Annotated[bool, typer.Option(
+        "--defaults", help="print every key with its default as a commented TOML file "
+                           "(the default action)")] = False,
+    markdown: Annotated[bool, typer.Option(
+        "--markdown", help="print the docs/config.md page")] = False,
+    plugin: Plugins = None,
+) -> None:
+    """The config reference, generated from the schema: every key, its type and default."""
+    from fedforge.experiment import reference
+
+    _setup(plugin)
+    if markdown:
+        if algorithm is not None or defaults:
+            _fail("--markdown: takes no ALGORITHM and no --defaults")
+        typer.echo(reference.markdown(), nl=False)
+        return
+    if algorithm is not None:
+        from fedforge.algorithms import ALGORITHMS, canonical_name
+
+        if canonical_name(algorithm) not in ALGORITHMS:
+            _fail(f"ALGORITHM: unknown algorithm {algorithm!r}; expected one of "
+                  f"{sorted(ALGORITHMS)}")
+    typer.echo(reference.defaults_toml(algorithm), nl=False)
 
 
 @app.command("datasets")

@@ -25,7 +25,7 @@ from fedforge.algorithms.defaults import (
     markdown,
     resolved_hparams,
 )
-from fedforge.experiment.multitask import AsyncSection, SyncSection
+from fedforge.experiment.config import AsyncSection, SyncSection
 from fedforge.sim.fedast import ASYNC_METHODS
 from fedforge.sim.multitask_sync import SYNC_METHODS
 

@@ -16,8 +16,8 @@ import torch.multiprocessing as mp
 
 from fedforge.engine.scatter import serve_jobs
 from fedforge.experiment import async_runner
-from fedforge.experiment.async_runner import run_multitask
-from fedforge.experiment.multitask import load_multitask
+from fedforge.experiment.config import load_config
+from fedforge.experiment.runner import run_experiment
 from tests.experiment.test_async_runner import CONFIG
 
 OVERRIDES = ["max_updates=48", "checkpoint.every=1000"]
@@ -27,7 +27,7 @@ def _worker(rank, port, cfg_path, method, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE="2", LOCAL_RANK=str(rank))
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    cfg = load_multitask(cfg_path, [*OVERRIDES, f"method={method}", "engine.name=distributed"])
+    cfg = load_config(cfg_path, [*OVERRIDES, f"method={method}", "engine.name=distributed"])
 
     def serve_and_count(tasks):  # proves rank 1 trained shards (async methods)
         served = serve_jobs(tasks)
@@ -35,7 +35,7 @@ def _worker(rank, port, cfg_path, method, out):
         return served
 
     async_runner.serve_jobs = serve_and_count
-    run_multitask(cfg, out, progress=False)
+    run_experiment(cfg, out, progress=False)
     dist.barrier()
     dist.destroy_process_group()
     os._exit(0)
@@ -56,8 +56,8 @@ def test_two_ranks_equal_one_process(method, tmp_path):
     mp.start_processes(_worker, args=(port, str(cfg_path), method, str(two)), nprocs=2,
                        start_method="spawn", join=True)
     one = tmp_path / "one"
-    run_multitask(load_multitask(cfg_path, [*OVERRIDES, f"method={method}"]), one,
-                  progress=False)
+    run_experiment(load_config(cfg_path, [*OVERRIDES, f"method={method}"]), one,
+                   progress=False)
     if method == "fedast":
         assert int((two / "served_by_rank1.txt").read_text()) > 0
     assert _read(two / "events.jsonl") == _read(one / "events.jsonl")

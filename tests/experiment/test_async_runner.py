@@ -6,9 +6,9 @@ import pytest
 from typer.testing import CliRunner
 
 from fedforge.cli import app
-from fedforge.experiment.async_runner import gain, run_multitask
-from fedforge.experiment.config import ConfigError
-from fedforge.experiment.multitask import load_multitask, validate_multitask
+from fedforge.experiment.async_runner import gain
+from fedforge.experiment.config import ConfigError, load_config, validate
+from fedforge.experiment.runner import run_experiment
 
 CONFIG = """
 name = "t"
@@ -61,14 +61,14 @@ def _nowall(recs):
 
 @pytest.mark.parametrize("method", ["fedast", "sync_st"])
 def test_same_seed_same_log_and_resume_continues(cfg_path, tmp_path, method):
-    full = load_multitask(cfg_path, [f"method={method}"])
-    run_multitask(full, tmp_path / "a", progress=False)
-    run_multitask(full, tmp_path / "b", progress=False)
+    full = load_config(cfg_path, [f"method={method}"])
+    run_experiment(full, tmp_path / "a", progress=False)
+    run_experiment(full, tmp_path / "b", progress=False)
     assert _read(tmp_path / "a", "events.jsonl") == _read(tmp_path / "b", "events.jsonl")
     # interrupted at 60 updates (checkpoint at 50), then resumed to 120
-    half = load_multitask(cfg_path, [f"method={method}", "max_updates=60"])
-    run_multitask(half, tmp_path / "c", progress=False)
-    run_multitask(full, tmp_path / "c", resume=True, progress=False)
+    half = load_config(cfg_path, [f"method={method}", "max_updates=60"])
+    run_experiment(half, tmp_path / "c", progress=False)
+    run_experiment(full, tmp_path / "c", resume=True, progress=False)
     assert _read(tmp_path / "a", "events.jsonl") == _read(tmp_path / "c", "events.jsonl")
     assert _nowall(_read(tmp_path / "a", "metrics.jsonl")) == _nowall(
         _read(tmp_path / "c", "metrics.jsonl"))
@@ -80,15 +80,47 @@ def test_same_seed_same_log_and_resume_continues(cfg_path, tmp_path, method):
 
 def test_config_errors_name_the_task_field(cfg_path):
     with pytest.raises(ConfigError, match=r"^tasks\[1\]\.model\.name: unknown model 'nope'"):
-        load_multitask(cfg_path, ["tasks.1.model.name=nope"])
+        load_config(cfg_path, ["tasks.1.model.name=nope"])
     with pytest.raises(ConfigError, match=r"^tasks\[0\]\.step_time"):
-        load_multitask(cfg_path, ["tasks[0].step_time=-1"])
+        load_config(cfg_path, ["tasks[0].step_time=-1"])
     with pytest.raises(ConfigError, match=r"^tasks\[0\]\.algorithm\.local_lr"):
-        load_multitask(cfg_path, ["tasks.0.algorithm.local_lr=0"])
+        load_config(cfg_path, ["tasks.0.algorithm.local_lr=0"])
     with pytest.raises(ConfigError, match="^method: unknown method"):
-        load_multitask(cfg_path, ["method=fedfoo"])
-    with pytest.raises(ConfigError, match=r"^tasks: List should have at least 1"):
-        validate_multitask({"tasks": []})
+        load_config(cfg_path, ["method=fedfoo"])
+    with pytest.raises(ConfigError, match=r"^tasks\[0\]\.algorithm\.name: 'scaffold' needs "
+                                          r"per-client state.*the fedast asynchronous driver"):
+        load_config(cfg_path, ["tasks.0.algorithm.name=scaffold"])
+
+
+def test_one_schema_refuses_the_other_kinds_sections(cfg_path, tmp_path):
+    """A [[tasks]] run refuses single-task sections and the other way round, in one line."""
+    with pytest.raises(ConfigError, match=r"^algorithm: a multi-task run \(\[\[tasks\]\]\) "
+                                          r"does not read it; set it per task"):
+        load_config(cfg_path, ["algorithm.local_lr=0.3"])
+    with pytest.raises(ConfigError, match=r"^rounds: a multi-task run .* drop it$"):
+        load_config(cfg_path, ["rounds=3"])
+    with pytest.raises(ConfigError, match=r"^eval\.every: a multi-task run does not read it"):
+        load_config(cfg_path, ["eval.every=3"])
+    single = tmp_path / "single.toml"
+    single.write_text('rounds = 2\n[async]\nrequests = 3\n')
+    with pytest.raises(ConfigError, match=r"^async: only a multi-task run reads it"):
+        load_config(single)
+    with pytest.raises(ConfigError, match=r"^max_updates: only a multi-task run reads it"):
+        validate({"max_updates": 5})
+    assert not validate({}).multitask and validate({"tasks": [{}]}).multitask
+
+
+def test_resolved_config_loads_back_as_the_same_run(cfg_path, tmp_path):
+    """One config.resolved.toml writer: the multi-task file has the method, each task's
+    resolved algorithm and the checkpoint period, and loads back as the same config."""
+    run_experiment(load_config(cfg_path, ["max_updates=10"]), tmp_path / "r", progress=False)
+    resolved = tmp_path / "r" / "config.resolved.toml"
+    text = resolved.read_text()
+    assert 'method = "fedast"' in text and "rounds" not in text and "[server]" not in text
+    again = load_config(resolved)
+    assert again.tasks[0].algorithm.hparams["server_lr"] == 0.5
+    assert again.tasks[0].algorithm.hparams["weight_decay"] == 0.0  # a default, written out
+    assert again.checkpoint.every == 50 and again.max_updates == 10
 
 
 def test_cli_run_and_compare_multitask(cfg_path, tmp_path):

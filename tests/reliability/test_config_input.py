@@ -27,7 +27,6 @@ from fedforge.experiment.config import (
     load_config,
 )
 from fedforge.experiment.config_io import MAX_CONFIG_BYTES, MAX_DEPTH, MAX_VALUES
-from fedforge.experiment.multitask import MultiTaskConfig, load_multitask
 
 from .test_hostile_config import FIELD  # one-line messages naming the field or file
 
@@ -284,9 +283,9 @@ data = {dataset = "synthetic", options = {alpha = 0.5}}
 
 def test_multitask_bomb_and_recursion_are_refused(tmp_path):
     path = _write(tmp_path, "m.yaml", BOMB + "tasks: [{}]\n")
-    _refused(lambda: load_multitask(path), "more than")
+    _refused(lambda: load_config(path), "more than")
     path = _write(tmp_path, "r.yaml", "tasks: &t [{data: {options: *t}}]\n")
-    _refused(lambda: load_multitask(path), "own anchor")
+    _refused(lambda: load_config(path), "own anchor")
 
 
 @pytest.mark.parametrize(("override", "pattern"), [
@@ -305,15 +304,15 @@ def test_multitask_bomb_and_recursion_are_refused(tmp_path):
 ])
 def test_multitask_overrides_are_typed(tmp_path, override, pattern):
     path = _write(tmp_path, "m.toml", MULTI)
-    _refused(lambda: load_multitask(path, ["tasks.model.name=mlp", override]), pattern)
+    _refused(lambda: load_config(path, ["tasks.model.name=mlp", override]), pattern)
 
 
 def test_multitask_file_values_are_strict(tmp_path):
     path = _write(tmp_path, "m.toml", MULTI.replace("alpha = 0.5", "alpha = true"))
-    _refused(lambda: load_multitask(path), r"^tasks\[1\]\.data\.options\.alpha: ")
+    _refused(lambda: load_config(path), r"^tasks\[1\]\.data\.options\.alpha: ")
     path = _write(tmp_path, "m2.toml", "tasks = 3\n")
-    _refused(lambda: load_multitask(path, ["tasks.0.name=x"]), r"^tasks: expected a list")
-    cfg = load_multitask(_write(tmp_path, "m3.toml", MULTI), ["tasks[1].name=2024",
+    _refused(lambda: load_config(path, ["tasks.0.name=x"]), r"^tasks: expected a list")
+    cfg = load_config(_write(tmp_path, "m3.toml", MULTI), ["tasks[1].name=2024",
                                                               "async.requests=5"])
     assert cfg.tasks[1].name == "2024" and cfg.async_.requests == 5
 
@@ -420,7 +419,7 @@ RUN_KEYS = sorted({*_schema_keys(RunConfig), *(f"algorithm.{k}" for k in
                                                 algorithm_hparams("fedavg")),
                    "data.options.alpha", "data.options.num_clients", "data.options.iid",
                    "model.options.hidden", "data.partition_options.alpha"})
-TASK_KEYS = sorted({*_schema_keys(MultiTaskConfig), "tasks.data.options.alpha",
+TASK_KEYS = sorted({*_schema_keys(RunConfig), "tasks.data.options.alpha",
                     "tasks[0].client.batch_size", "tasks.1.model.options.hidden",
                     "tasks[1].step_time", "tasks.0.data.partition"})
 VALUES = st.one_of(
@@ -467,7 +466,6 @@ def test_any_bytes_as_a_config_file(tmp_path_factory, content, suffix):
     path = tmp_path_factory.mktemp("cfg") / f"c{suffix}"
     path.write_bytes(content)
     _outcome(lambda: load_config(path), RunConfig)
-    _outcome(lambda: load_multitask(path), MultiTaskConfig)
 
 
 @PROPERTY
@@ -483,4 +481,4 @@ def test_any_override_values_over_the_real_keys(tmp_path_factory, items):
 def test_any_multitask_override_values(tmp_path_factory, items):
     path = tmp_path_factory.mktemp("cfg") / "m.toml"
     path.write_text(MULTI)
-    _outcome(lambda: load_multitask(path, [f"{k}={v}" for k, v in items]), MultiTaskConfig)
+    _outcome(lambda: load_config(path, [f"{k}={v}" for k, v in items]), RunConfig)

@@ -278,20 +278,20 @@ eval_every = 2
 
 
 def test_multitask_resume_checks_the_config(tmp_path):
-    from fedforge.experiment.async_runner import run_multitask
-    from fedforge.experiment.multitask import load_multitask
+    from fedforge.experiment.config import load_config
+    from fedforge.experiment.runner import run_experiment
 
     path = tmp_path / "mt.toml"
     path.write_text(MULTITASK)
     out = tmp_path / "mt"
-    run_multitask(load_multitask(path), out, progress=False)
+    run_experiment(load_config(path), out, progress=False)
     with pytest.raises(RunDirError, match="holds an earlier run"):
-        run_multitask(load_multitask(path), out, progress=False)
+        run_experiment(load_config(path), out, progress=False)
     with pytest.raises(RunDirError, match=r"config: seed, tasks\.0\.algorithm\.local_lr "):
-        run_multitask(load_multitask(path, ["seed=3", "tasks.0.algorithm.local_lr=0.2"]), out,
-                      resume=True, progress=False)
-    run_multitask(load_multitask(path, ["max_updates=40", "tasks.0.eval_every=3"]), out,
-                  resume=True, progress=False)
+        run_experiment(load_config(path, ["seed=3", "tasks.0.algorithm.local_lr=0.2"]), out,
+                       resume=True, progress=False)
+    run_experiment(load_config(path, ["max_updates=40", "tasks.0.eval_every=3"]), out,
+                   resume=True, progress=False)
     assert [h["config"]["max_updates"] for h in read_config_history(out)] == [30, 40]
     assert json.loads((out / "summary.json").read_text())["updates"] == 40
 

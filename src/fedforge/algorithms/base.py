@@ -24,7 +24,7 @@ import torch
 
 from fedforge.client.transforms import RoundContext, Transform
 from fedforge.comm.codec import Codec
-from fedforge.core.tree import Params, tree_nbytes
+from fedforge.core.tree import Params, tree_map, tree_nbytes
 from fedforge.server.chain import (
     Aggregate,
     ServerChain,
@@ -103,6 +103,11 @@ class Part:
         """This part's new server state from the mean of its uploads over the aggregate."""
         return server_state
 
+    # How the server averages this part's uploads over the aggregate's clients: "uniform"
+    # (1/S) or "num_samples" (n_i / n over those clients, n_i the client's training samples;
+    # FedNova's normalised updates). The deltas keep ``Algorithm.aggregation``.
+    upload_weights: str = "uniform"
+
     def round_info(self, num_sampled: int, generator: torch.Generator) -> dict:
         """Per-client round inputs (e.g. which sampled clients track), tensors of [num_sampled]."""
         return {}
@@ -145,7 +150,14 @@ NEEDS = {
     "codec": "an uplink codec",
     "prepare": "eager per-cohort work before local training",
     "round_info": "per-client random inputs drawn each round",
+    "full_participation": "every client in every round",
+    "weighted_uploads": "part uploads averaged with the clients' sample counts",
 }
+
+UPLOAD_SCALE = "upload_scale"
+"""Round-input key of ``S n_i / sum_j n_j`` per client: a ``num_samples`` part's uploads are
+multiplied by it when the client finalizes, so the engine's uniform mean is the weighted one
+(every engine, chunking and torchrun sums unchanged). Set by ``engine/round.py``."""
 
 
 def check_support(algorithm: Algorithm, template: Params, field: str, driver: str,
@@ -177,6 +189,8 @@ class Algorithm:
     hparams: dict = field(default_factory=dict)
     codec: Codec | None = None  # uplink codec (fedforge.comm.codec): encode/average/decode
     aggregation: str = "uniform"
+    # needs the maths declares rather than the parts show (MARINA: full_participation)
+    requires: frozenset[str] = frozenset()
 
     @property
     def needs_grad_sum(self) -> bool:
@@ -184,13 +198,15 @@ class Algorithm:
 
     def needs(self, params: Params) -> frozenset[str]:
         """What a driver must serve to run this algorithm (keys of :data:`NEEDS`)."""
-        needs = set()
+        needs = set(self.requires)
         if self.client_init(params):
             needs.add("client_state")
         if any(type(p).finalize is not Part.finalize for p in self.parts):
             needs.add("uploads")
         if self.codec is not None:
             needs.add("codec")
+        if self.weights_uploads:
+            needs.add("weighted_uploads")
         if self.prepares:
             needs.add("prepare")
         if self.round_info(2, torch.Generator().manual_seed(0)):
@@ -204,12 +220,24 @@ class Algorithm:
             states["codec"] = self.codec.client_init(params)
         return {name: state for name, state in states.items() if state}
 
+    @property
+    def weights_uploads(self) -> bool:
+        """Whether a part's uploads are averaged with the clients' sample counts."""
+        for p in self.parts:
+            if p.upload_weights not in ("uniform", "num_samples"):
+                raise ValueError(f"part {p.name!r}: upload_weights must be 'uniform' or "
+                                 f"'num_samples', got {p.upload_weights!r}")
+        return any(p.upload_weights == "num_samples" for p in self.parts)
+
     def finalize(self, fin: FinalizeInputs) -> tuple[dict, dict]:
         states, uploads = {}, {}
         for p in self.parts:
             state, up = p.finalize(fin)
             if p.name in fin.ctx.client_state:
                 states[p.name] = state
+            if up and p.upload_weights == "num_samples":  # see UPLOAD_SCALE
+                scale = fin.ctx.info[UPLOAD_SCALE]
+                up = tree_map(lambda u, s=scale: u * s.to(u.dtype), up)
             if up:
                 uploads[p.name] = up
         return states, uploads

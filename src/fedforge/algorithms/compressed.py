@@ -15,6 +15,8 @@ Uncompressed FedAdam is ``fedadam`` (or ``safl`` with ``sketch="identity"``). Se
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from fedforge.algorithms.base import Algorithm
 from fedforge.client.optimizers import local_optimizer
 from fedforge.comm.codec import (
@@ -120,8 +122,15 @@ def marina(
     compression: float | None = 100.0, sync_prob: float = 0.1, seed: int = 0,
     client_optimizer: str = "sgd", weight_decay: ScheduleLike = 0.0,
 ) -> Algorithm:
-    """MARINA on deltas: unbiased random-k of delta differences, full sync w.p. ``sync_prob``."""
+    """MARINA on deltas: unbiased random-k of delta differences, full sync w.p. ``sync_prob``.
+
+    The server adds the mean compressed difference to the last mean delta it knows, which is
+    the mean over every client only if every client sent one (Gorbunov et al. 2021, Alg. 1:
+    all n workers each round); a sampled cohort biases it, so drivers refuse partial cohorts.
+    """
     codec = MarinaCodec(k, None if k is not None else compression, sync_prob, seed)
-    return _algorithm("marina", local_lr, client_optimizer, weight_decay,
-                      _server(optimizer, server_lr, b1, b2, eps), codec,
-                      "MARINA (Gorbunov et al. 2021): compressed differences, random full sync")
+    algorithm = _algorithm("marina", local_lr, client_optimizer, weight_decay,
+                           _server(optimizer, server_lr, b1, b2, eps), codec,
+                           "MARINA (Gorbunov et al. 2021): compressed differences, random "
+                           "full sync")
+    return replace(algorithm, requires=frozenset({"full_participation"}))

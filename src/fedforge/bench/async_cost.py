@@ -25,7 +25,6 @@ from fedforge.engine import classification_loss
 from fedforge.engine.round import federated_round
 from fedforge.experiment.async_runner import build_driver, build_tasks
 from fedforge.experiment.config import load_config
-from fedforge.experiment.multitask import load_multitask
 from fedforge.experiment.runner import Experiment, sample_round
 
 ASYNC_OVERRIDES = ["tasks.1.name=mnist-mlp-2", "tasks.1.data.dataset=mnist",
@@ -35,7 +34,7 @@ ASYNC_OVERRIDES = ["tasks.1.name=mnist-mlp-2", "tasks.1.data.dataset=mnist",
 
 
 def time_async(path: str, updates: int = 1000, warmup: int = 100) -> float:
-    cfg = load_multitask(path, ASYNC_OVERRIDES)
+    cfg = load_config(path, ASYNC_OVERRIDES)
     dev = torch.device("cpu")
     driver = build_driver(cfg, build_tasks(cfg, dev), dev)
     driver.start()
@@ -48,7 +47,7 @@ def time_async(path: str, updates: int = 1000, warmup: int = 100) -> float:
 def time_sync(path: str, warmup_rounds: int = 4) -> float:
     cfg = load_config(path)
     exp = Experiment.from_config(cfg)
-    loss_fn = classification_loss(exp.model, cfg.engine.precision)
+    loss_fn = classification_loss(exp.network, cfg.engine.precision)
     params = exp.initial_params()
     state = exp.algorithm.server_init(params)
     from fedforge.core.store import ClientStore

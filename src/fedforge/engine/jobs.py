@@ -88,6 +88,15 @@ SYNC_MULTITASK_SERVES: frozenset[str] = frozenset({"uploads", "codec"})
 no per-client state in checkpoints and draw no per-client round inputs."""
 
 
+def driver_serves(method: str) -> tuple[str, frozenset[str]]:
+    """A multi-task ``method`` -> (its driver's name, what that driver serves)."""
+    from fedforge.sim.fedast import ASYNC_METHODS  # noqa: PLC0415 (sim.task imports us)
+
+    if method in ASYNC_METHODS:
+        return "asynchronous driver", ASYNC_SERVES
+    return "synchronous multi-task driver", SYNC_MULTITASK_SERVES
+
+
 def check_async_support(algorithm: Algorithm, template: Params, field: str) -> None:
     check_support(algorithm, template, field, "asynchronous driver", ASYNC_SERVES)
 
@@ -107,10 +116,11 @@ class TaskExecutor:
     def __init__(self, task: int, algorithm: Algorithm, loss_fn: LossFn, x_all: torch.Tensor,
                  y_all: torch.Tensor, index_table: torch.Tensor, sizes: torch.Tensor, tau: int,
                  batch_size: int, seed: int, template: Params, max_batch: int = 64,
-                 engine: ChunkedEngine | None = None) -> None:
+                 engine: ChunkedEngine | None = None, drop_last: bool = False) -> None:
         self.task, self.algorithm, self.seed = task, algorithm, seed
         self.x_all, self.y_all, self.index_table, self.sizes = x_all, y_all, index_table, sizes
         self.tau, self.batch_size, self.max_batch = tau, batch_size, max(1, int(max_batch))
+        self.drop_last = drop_last  # epochs of full batches (client_batches)
         self.versions: dict[int, tuple[Params, dict]] = {}  # version -> (model, broadcast)
         self.refs: dict[int, int] = {}  # version -> jobs still needing it
         self.waiting: dict[int, Job] = {}  # dispatched, not yet computed
@@ -159,7 +169,8 @@ class TaskExecutor:
         for j in jobs:
             data_client = torch.tensor([j.client % nd])
             pos, mask = client_batches(self.sizes[data_client], self.tau, None, self.batch_size,
-                                       job_generator(self.seed, self.task, j.job_id))
+                                       job_generator(self.seed, self.task, j.job_id),
+                                       self.drop_last)
             rows = data_client.to(self.index_table.device).view(-1, 1, 1)
             idx.append(self.index_table[rows, pos.to(self.index_table.device)])  # [1, tau, B]
             masks.append(mask)

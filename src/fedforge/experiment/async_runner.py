@@ -1,6 +1,8 @@
 """Multi-task runs (FedAST and baselines) on the simulated clock: build, run, log, resume.
 
-A run directory holds ``config.resolved.toml``, ``metrics.jsonl`` (one line per evaluation of
+:func:`fedforge.experiment.runner.run_experiment` sends a config with a ``[[tasks]]`` list
+here (after claiming the run folder and writing ``config.resolved.toml``). A run directory
+holds ``config.resolved.toml``, ``metrics.jsonl`` (one line per evaluation of
 one task: ``task``, ``round`` (that task's server round), ``updates`` (all tasks), ``sim_time_s``,
 ``test_accuracy``, ``test_loss``, ``train_loss``, ``wall_s``), ``events.jsonl`` (every applied
 update: job id, task, client, version, send, start, finish), ``summary.json`` (per-task time to
@@ -18,13 +20,12 @@ import numpy as np
 import torch
 
 from fedforge.algorithms import build_algorithm
-from fedforge.algorithms.base import check_support
 from fedforge.core.schedules import first_value
 from fedforge.data import FederatedDataset, build_federated_dataset, load_dataset
 from fedforge.data.partition import dirichlet_fixed_size
 from fedforge.engine import ChunkedEngine, build_engine, classification_loss
 from fedforge.engine.distributed import init_distributed, is_main_rank, world_size
-from fedforge.engine.jobs import SYNC_MULTITASK_SERVES, TaskExecutor, check_async_support
+from fedforge.engine.jobs import TaskExecutor
 from fedforge.engine.scatter import (
     ScatteredExecutor,
     link_executors,
@@ -32,13 +33,12 @@ from fedforge.engine.scatter import (
     stop_workers,
 )
 from fedforge.experiment.checkpoint import load_checkpoint, save_checkpoint
+from fedforge.experiment.config import RunConfig, TaskConfig
 from fedforge.experiment.evaluate import evaluate
 from fedforge.experiment.metrics import MetricsWriter
-from fedforge.experiment.multitask import MultiTaskConfig, TaskConfig, dump_multitask
-from fedforge.experiment.rundir import MULTITASK_MAY_CHANGE, claim_run_dir
-from fedforge.experiment.runner import resolve_device
 from fedforge.models import build_model
 from fedforge.server.buffered import BufferedServer
+from fedforge.sim.allocation_code import code_speed_factors
 from fedforge.sim.delays import build_delay
 from fedforge.sim.driver_state import driver_state, load_driver_state
 from fedforge.sim.fedast import ASYNC_METHODS, AsyncDriver, AsyncOptions
@@ -67,7 +67,7 @@ def _scalar(hp: dict, key: str, default: float) -> float:
     return float(first_value(v)) if not isinstance(v, (int, float)) else float(v)
 
 
-def build_job_engine(cfg: MultiTaskConfig) -> ChunkedEngine:
+def build_job_engine(cfg: RunConfig) -> ChunkedEngine:
     """The engine whose jobs mode trains a task's dispatched jobs (one per task, so an
     out-of-memory retry of one model does not shrink another's chunks). Under torchrun each
     rank trains its shard of jobs with its own vmap engine."""
@@ -76,8 +76,10 @@ def build_job_engine(cfg: MultiTaskConfig) -> ChunkedEngine:
     return build_engine("vmap", chunk_size=cfg.engine.chunk_size)
 
 
-def build_tasks(cfg: MultiTaskConfig, device: torch.device,
+def build_tasks(cfg: RunConfig, device: torch.device,
                 executor_cls: type[TaskExecutor] = TaskExecutor) -> list[Task]:
+    """Each task's data, model, algorithm, executor and server (the config was validated, so
+    the method's driver serves every task's algorithm)."""
     tasks = []
     for m, tc in enumerate(cfg.tasks):
         data = build_task_data(tc, cfg.system.num_clients, cfg.seed + 1000 * m).to(device)
@@ -86,16 +88,11 @@ def build_tasks(cfg: MultiTaskConfig, device: torch.device,
                             **tc.model.options).to(device)
         alg = build_algorithm(tc.algorithm.name, **tc.algorithm.hparams)
         params = {k: v.detach().clone() for k, v in model.named_parameters()}
-        if cfg.method in ASYNC_METHODS:
-            check_async_support(alg, params, f"tasks[{m}].algorithm.name")
-        else:
-            check_support(alg, params, f"tasks[{m}].algorithm.name", f"{cfg.method} driver",
-                          SYNC_MULTITASK_SERVES)
         loss_fn = classification_loss(model, cfg.engine.precision)
         ex = executor_cls(m, alg, loss_fn, data.train_x, data.train_y, data.index_table,
                           data.client_sizes().cpu(), tc.client.local_steps, tc.client.batch_size,
                           cfg.seed, params, max_batch=cfg.async_.max_batch,
-                          engine=build_job_engine(cfg))
+                          engine=build_job_engine(cfg), drop_last=tc.client.drop_last)
         server = BufferedServer(alg, params, 1, cfg.system.num_clients)
         n_test = cfg.eval.max_test_samples
         tx, ty = data.test_x[:n_test], data.test_y[:n_test]
@@ -110,10 +107,13 @@ def build_tasks(cfg: MultiTaskConfig, device: torch.device,
     return tasks
 
 
-def build_driver(cfg: MultiTaskConfig, tasks: list[Task], device: torch.device):
+def build_driver(cfg: RunConfig, tasks: list[Task], device: torch.device):
     s = cfg.system
     pop = Population.build(s.num_clients, [tuple(c) for c in s.speed_classes], s.speed_seed,
                            s.available_fraction)
+    if cfg.method == "fedast" and cfg.async_.allocation == "code":  # the code's shuffle
+        pop.speed = code_speed_factors(s.num_clients, [tuple(c) for c in s.speed_classes],
+                                       s.speed_seed)
     delay = build_delay(s.delay, shift=s.delay_shift, trace=s.delay_trace,
                         scale_by_speed=s.trace_scale_by_speed)
     if cfg.method in ASYNC_METHODS:
@@ -121,7 +121,7 @@ def build_driver(cfg: MultiTaskConfig, tasks: list[Task], device: torch.device):
         req = [t.requests or a.requests for t in cfg.tasks]
         opts = AsyncOptions(cfg.method, tuple(req), a.rb_ratio, a.buffer_size, a.variance_window,
                             a.c_period_factor, a.min_requests, fedasync_alpha=a.fedasync_alpha,
-                            fedasync_a=a.fedasync_a)
+                            fedasync_a=a.fedasync_a, allocation=a.allocation)
         return AsyncDriver(tasks, pop, delay, opts, cfg.seed)
     alloc = [t.sync_clients for t in cfg.tasks]
     opts = SyncOptions(cfg.method, cfg.sync.clients_per_round, cfg.sync.k,
@@ -134,27 +134,11 @@ def build_driver(cfg: MultiTaskConfig, tasks: list[Task], device: torch.device):
 EVENT_KEYS = ("job", "task", "client", "version", "send", "start", "finish")
 
 
-def run_multitask(cfg: MultiTaskConfig, out_dir: str | Path, *, resume: bool = False,
-                  progress: bool = True, overwrite: bool = False) -> list[dict]:
-    """Run a multi-task config; returns the metric records (see the module docstring).
-
-    The folder is locked while the run writes it; one that holds an earlier run needs
-    ``resume`` or ``overwrite`` (fedforge.experiment.rundir); RunDirError otherwise."""
+def run_tasks(cfg: RunConfig, out_dir: str | Path, device: torch.device, *,
+              resume: bool = False, progress: bool = True) -> list[dict]:
+    """Run a resolved multi-task config in ``out_dir`` (claimed by the caller); returns the
+    metric records (see the module docstring)."""
     out = Path(out_dir)
-    if cfg.engine.name == "distributed" and init_distributed() and world_size() > 1 \
-            and not is_main_rank():
-        if cfg.method in ASYNC_METHODS:  # serves rank 0's jobs, writes nothing
-            return _run_multitask(cfg, out_dir, resume=resume, progress=progress)
-        out = out / f"rank{torch.distributed.get_rank()}"
-    with claim_run_dir(out, lambda path: dump_multitask(cfg, path), resume=resume,
-                       overwrite=overwrite, may_change=MULTITASK_MAY_CHANGE):
-        return _run_multitask(cfg, out_dir, resume=resume, progress=progress)
-
-
-def _run_multitask(cfg: MultiTaskConfig, out_dir: str | Path, *, resume: bool = False,
-                   progress: bool = True) -> list[dict]:
-    out = Path(out_dir)
-    device = resolve_device(cfg.engine.device)
     scattered = False  # async methods under torchrun: rank 0 simulates, all ranks train
     if cfg.engine.name == "distributed" and init_distributed() and world_size() > 1:
         if cfg.method in ASYNC_METHODS:
@@ -226,7 +210,7 @@ def _run_multitask(cfg: MultiTaskConfig, out_dir: str | Path, *, resume: bool = 
     return metrics.records
 
 
-def write_summary(out: Path, cfg: MultiTaskConfig, driver, wall_s: float) -> dict:
+def write_summary(out: Path, cfg: RunConfig, driver, wall_s: float) -> dict:
     done = [t.done_time for t in driver.tasks]
     summary = {
         "method": cfg.method, "seed": cfg.seed, "updates": driver.c,

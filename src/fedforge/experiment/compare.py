@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
-
-import numpy as np
 
 from fedforge.experiment.config import (
     ConfigError,
@@ -14,8 +13,10 @@ from fedforge.experiment.config import (
     load_raw,
     validate,
 )
-from fedforge.experiment.plots import plot_metric
+from fedforge.experiment.plots import load_run_list, plot_runs
+from fedforge.experiment.progress import run_position
 from fedforge.experiment.runner import run_experiment
+from fedforge.reproduce.stats import t_interval
 
 
 def rounds_to_target(history: list[dict], target: float, key: str = "test_accuracy") -> int | None:
@@ -76,55 +77,105 @@ def run_comparison(
     progress: bool = True, overwrite: bool = False,
 ) -> tuple[list[dict], Path]:
     """Run each config (or each seed's config) into ``out/<name>`` (``out/<name>/seed<s>`` for
-    several seeds); -> (table rows, accuracy-vs-round PNG). With ``target`` the table gives
-    rounds and simulated minutes to reach it: mean ± std over the seeds that reached it, with
-    ``(k/m)`` when only k of m seeds did. A run already in its folder is resumed (a finished
-    one returns its metrics; a changed config is refused) unless ``overwrite``."""
-    runs, rows = {}, []
+    several seeds); -> (table rows, accuracy-vs-round PNG).
+
+    Each row holds numbers: per metric its :func:`summary` over the seeds (mean, std, n and
+    the 95 % t-interval); with ``target`` also rounds and simulated minutes to reach it, over
+    the seeds that reached it (``n`` of ``seeds``). ``out/table.json`` and ``out/table.csv``
+    hold the rows; the figures draw every seed (mean and band). A run already in its folder
+    is resumed (a finished one returns its metrics; a changed config is refused) unless
+    ``overwrite``."""
+    rows, dirs = [], []
+    total = sum(1 if isinstance(c, RunConfig) else len(c) for c in configs.values())
+    done = 0
     for name, cfgs in configs.items():
         cfgs = [cfgs] if isinstance(cfgs, RunConfig) else list(cfgs)
-        hists = [run_experiment(c, out / name if len(cfgs) == 1 else out / name / f"seed{c.seed}",
-                                progress=progress, resume=not overwrite, overwrite=overwrite)
-                 for c in cfgs]
-        runs[name] = hists[0]
-        row = {"algorithm": name, "seeds": len(hists),
-               "final_acc": _mean_std([h[-1]["test_accuracy"] for h in hists], "{:.4f}"),
-               "best_acc": _mean_std([max(r["test_accuracy"] for r in h) for h in hists],
-                                     "{:.4f}"),
-               "final_loss": _mean_std([h[-1]["test_loss"] for h in hists], "{:.4f}")}
-        sims = [h[-1]["sim_time_s"] / h[-1]["round"] for h in hists if "sim_time_s" in h[-1]]
-        if sims:
-            row["sim_s_per_round"] = f"{np.mean(sims):.3g}"
-        if target is not None:
-            n = len(hists)
-            reached = [rounds_to_target(h, target) for h in hists]
-            row[f"rounds_to_{target:g}"] = _reached([r for r in reached if r is not None], n,
-                                                    "{:.1f}")
-            mins = [t / 60 for h in hists if (t := sim_time_to_target(h, target)) is not None]
-            row[f"sim_min_to_{target:g}"] = _reached(mins, n, "{:.3g}")
-        row["wall_s"] = f"{sum(h[-1]['wall_s'] for h in hists):.1f}"
-        rows.append(row)
-    if len(rows) and out.is_dir():
-        (out / "table.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
-    if any("sim_time_s" in r for h in runs.values() for r in h):
-        plot_metric(runs, out / "accuracy_vs_sim_time.png", x="sim_time_s",
-                    title="test accuracy vs simulated time (s)")
-    plot = plot_metric(runs, out / "accuracy.png", title="test accuracy vs round")
+        hists = []
+        for c in cfgs:
+            run_dir = out / name if len(cfgs) == 1 else out / name / f"seed{c.seed}"
+            done += 1
+            with run_position(f"run {done}/{total}"):
+                hists.append(run_experiment(c, run_dir, progress=progress,
+                                            resume=not overwrite, overwrite=overwrite))
+            dirs.append(run_dir)
+        rows.append(_row(name, hists, target))
+    if rows and out.is_dir():
+        write_table(rows, out / "table.json")
+    runs = load_run_list(dirs)
+    if any("sim_time_s" in r for run in runs for r in run.records):
+        plot_runs(runs, out / "accuracy_vs_sim_time.png", x="sim_time_s")
+    plot = plot_runs(runs, out / "accuracy.png")
     return rows, plot
 
 
-def _mean_std(values: list[float], fmt: str) -> str:
-    if len(values) == 1:
-        return fmt.format(values[0])
-    return f"{fmt.format(np.mean(values))}±{fmt.format(np.std(values, ddof=1))}"
+def _row(name: str, hists: list[list[dict]], target: float | None) -> dict:
+    row: dict = {"algorithm": name, "seeds": len(hists),
+                 "final_acc": summary([h[-1]["test_accuracy"] for h in hists]),
+                 "best_acc": summary([max(r["test_accuracy"] for r in h) for h in hists]),
+                 "final_loss": summary([h[-1]["test_loss"] for h in hists])}
+    sims = [h[-1]["sim_time_s"] / h[-1]["round"] for h in hists if "sim_time_s" in h[-1]]
+    if sims:
+        row["sim_s_per_round"] = summary(sims)
+    if target is not None:
+        reached = [r for h in hists if (r := rounds_to_target(h, target)) is not None]
+        row[f"rounds_to_{target:g}"] = summary(reached)
+        mins = [t / 60 for h in hists if (t := sim_time_to_target(h, target)) is not None]
+        row[f"sim_min_to_{target:g}"] = summary(mins)
+    row["wall_s"] = round(sum(h[-1]["wall_s"] for h in hists), 3)
+    return row
 
 
-def _reached(values: list[float], n: int, fmt: str) -> str:
-    """``mean±std`` over the seeds that reached the target, ``(k/n)`` if not all did."""
-    if not values:
+def summary(values: list[float]) -> dict:
+    """``{mean, std, n, ci_low, ci_high}``: the 95 % t-interval over seeds
+    (:func:`fedforge.reproduce.stats.t_interval`); std and interval are None below 2 values,
+    everything but ``n`` is None for none (a target no seed reached)."""
+    iv = t_interval(values)
+    if iv.n == 0:
+        return {"mean": None, "std": None, "n": 0, "ci_low": None, "ci_high": None}
+    two = iv.n >= 2
+    return {"mean": iv.mean, "std": iv.sd if two else None, "n": iv.n,
+            "ci_low": iv.low if two else None, "ci_high": iv.high if two else None}
+
+
+def write_table(rows: list[dict], path: Path) -> tuple[Path, Path]:
+    """``path`` (JSON, the rows as they are) and a CSV beside it with one column per
+    number (``final_acc_mean``, ``final_acc_ci_low``, ...)."""
+    path.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    flat = [_flatten(r) for r in rows]
+    columns = list(dict.fromkeys(k for r in flat for k in r))
+    csv_path = path.with_suffix(".csv")
+    with open(csv_path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, columns)
+        writer.writeheader()
+        writer.writerows(flat)
+    return path, csv_path
+
+
+def _flatten(row: dict) -> dict:
+    out = {}
+    for key, value in row.items():
+        if isinstance(value, dict):
+            out.update({f"{key}_{k}": v for k, v in value.items()})
+        else:
+            out[key] = value
+    return out
+
+
+def format_cell(value: object, seeds: int | None = None) -> str:
+    """A table cell for people: ``0.6716 ± 0.0529`` (mean ± half the 95 % interval), with
+    ``(k/m)`` when only k of m seeds count, ``not reached`` when none."""
+    if value is None:
+        return "–"
+    if not isinstance(value, dict):
+        return f"{value:.4g}" if isinstance(value, float) else str(value)
+    if value.get("n", 0) == 0 or value.get("mean") is None:
         return "not reached"
-    text = _mean_std(values, fmt)
-    return text if len(values) == n else f"{text} ({len(values)}/{n})"
+    text = f"{value['mean']:.4g}"
+    if value.get("ci_high") is not None:
+        text += f" ± {(value['ci_high'] - value['ci_low']) / 2:.2g}"
+    if seeds is not None and value["n"] < seeds:
+        text += f" ({value['n']}/{seeds})"
+    return text
 
 
 def run_multitask_comparison(
@@ -134,29 +185,25 @@ def run_multitask_comparison(
     """Multi-task methods on identical tasks and seed: time to target per task, time to
     finish all tasks, and FedAST's gain ``(T_baseline - T)/T_baseline`` against ``baseline``.
     Runs already in ``out`` are resumed unless ``overwrite`` (as in :func:`run_comparison`)."""
-    import json
+    from fedforge.experiment.async_runner import gain
 
-    from fedforge.experiment.async_runner import gain, run_multitask
-
-    runs, summaries = {}, {}
-    for name, cfg in configs.items():
-        runs[name] = run_multitask(cfg, out / name, progress=progress, resume=not overwrite,
-                                   overwrite=overwrite)
+    summaries = {}
+    for i, (name, cfg) in enumerate(configs.items(), 1):
+        with run_position(f"run {i}/{len(configs)}"):
+            run_experiment(cfg, out / name, progress=progress, resume=not overwrite,
+                           overwrite=overwrite)
         summaries[name] = json.loads((out / name / "summary.json").read_text())
     t_base = summaries.get(baseline, {}).get("time_all_tasks")
     rows = []
     for name, s in summaries.items():
-        row = {"method": name}
-        row.update({f"T_{k}": _fmt(v) for k, v in s["time_to_target"].items()})
-        row["T_all"] = _fmt(s["time_all_tasks"])
-        g = gain(t_base, s["time_all_tasks"])
-        row[f"gain_vs_{baseline}"] = "-" if g is None else f"{100 * g:.1f}%"
-        row["updates"], row["wall_s"] = s["updates"], f"{s['wall_s']:.1f}"
+        row = {"method": name}  # simulated seconds; None: target not reached
+        row.update({f"T_{k}": v for k, v in s["time_to_target"].items()})
+        row["T_all"] = s["time_all_tasks"]
+        row[f"gain_vs_{baseline}"] = gain(t_base, s["time_all_tasks"])
+        row["updates"], row["wall_s"] = s["updates"], s["wall_s"]
         rows.append(row)
-    plot = plot_metric(runs, out / "accuracy.png", x="sim_time_s",
-                       title="test accuracy vs simulated time")
+    if rows and out.is_dir():
+        write_table(rows, out / "table.json")
+    plot = plot_runs(load_run_list([out / name for name in configs]), out / "accuracy.png",
+                     x="sim_time_s")
     return rows, plot
-
-
-def _fmt(v: float | None) -> str:
-    return "not reached" if v is None else f"{v:.1f}"

@@ -24,6 +24,7 @@ from fedforge.experiment.config_io import (
     parse_toml,
     parse_yaml,
 )
+from fedforge.privacy.config import PrivacyConfig
 from fedforge.sim.population import FEDAST_SPEED_CLASSES
 
 
@@ -48,7 +49,7 @@ class _Section(BaseModel):
 
 class DataConfig(_Section):
     dataset: str = "synthetic"
-    root: str | None = None  # directory holding dataset folders; default $FEDFORGE_DATA
+    root: str | None = None  # folder holding the dataset folders (fedforge.data.root)
     partition: str = "natural"
     num_clients: int | None = Field(default=None, ge=1)
     options: dict[str, Any] = Field(default_factory=dict)  # loader options
@@ -102,9 +103,10 @@ class ServerConfig(_Section):
 
 
 class EvalConfig(_Section):
-    every: int = Field(default=1, ge=1)
+    every: int = Field(default=1, ge=1)  # single-task; a task's own is tasks[].eval_every
     batch_size: int = Field(default=1024, ge=1)
     per_client: bool = True  # also the mean over clients' own test sets (natural splits)
+    max_test_samples: int | None = Field(default=None, ge=1)  # multi-task: first n test samples
 
 
 class EngineConfig(_Section):
@@ -126,7 +128,9 @@ class EngineConfig(_Section):
 
 
 class CheckpointConfig(_Section):
-    every: int = Field(default=10, ge=1)
+    # rounds between checkpoints (single task; default 10) or total client updates
+    # (multi-task; default 2000); config.resolved.toml records the value used
+    every: int | None = Field(default=None, ge=1)
     keep: int = Field(default=2, ge=1)
 
 
@@ -171,7 +175,75 @@ class SimConfig(_Section):
         return v
 
 
+class TaskClientConfig(_Section):
+    batch_size: int = Field(default=32, ge=1)
+    local_steps: int = Field(default=27, ge=1)  # tau_m (3 epochs of 300/32 in the paper)
+    drop_last: bool = False  # steps in epochs of n // batch_size full batches (FedAST's code)
+
+
+class TaskConfig(_Section):
+    """One task of a multi-task run: its own data, model, algorithm and local work."""
+
+    name: str | None = None
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    client: TaskClientConfig = Field(default_factory=TaskClientConfig)
+    step_time: float = Field(default=1.0, gt=0)  # e_m, per-step time factor of the delay
+    target: float | None = Field(default=None, gt=0, le=1)  # stop at this test accuracy
+    eval_every: int = Field(default=4, ge=1)  # server rounds of this task between evals
+    requests: int | None = Field(default=None, ge=1)  # R_m^(0) (fedast_static)
+    sync_clients: int | None = Field(default=None, ge=0)  # Sync-ST per-task client count
+
+
+class SystemConfig(_Section):
+    """The client pool the tasks of a multi-task run share, and its delay law."""
+
+    num_clients: int = Field(default=1000, ge=1)
+    speed_classes: list[tuple[float, float]] = list(FEDAST_SPEED_CLASSES)
+    speed_seed: int = 64
+    available_fraction: float = Field(default=0.3, gt=0, le=1)
+    delay: Literal["shifted_exp", "constant", "trace"] = "shifted_exp"
+    delay_shift: float = Field(default=0.5, ge=0)
+    delay_trace: str | None = None
+    trace_scale_by_speed: bool = False
+
+
+class AsyncSection(_Section):
+    """The buffered asynchronous drivers of a multi-task run (FedAST, FedBuff, FedAsync)."""
+
+    requests: int = Field(default=96, ge=1)  # R_m^(0) per task
+    rb_ratio: float = Field(default=32.0, gt=0)
+    buffer_size: int | None = Field(default=None, ge=1)
+    variance_window: int = Field(default=8, ge=2)
+    c_period_factor: float = Field(default=0.75, gt=0)
+    min_requests: int = Field(default=1, ge=1)
+    max_batch: int = Field(default=64, ge=1)  # jobs per vmapped call
+    fedasync_alpha: float = Field(default=0.6, gt=0, le=1)
+    fedasync_a: float = Field(default=0.5, ge=0)
+    allocation: Literal["paper", "code"] = "paper"  # "code": the authors' rules (fedast only)
+
+
+class SyncSection(_Section):
+    """The synchronous multi-task rounds of a multi-task run (Sync-ST and its variants)."""
+
+    k: int | None = Field(default=30, ge=1)
+    clients_per_round: int | None = Field(default=None, ge=1)
+    ucb_c: float = Field(default=0.5, ge=0)
+
+
+class LoggingConfig(_Section):
+    """Logs beside ``metrics.jsonl`` (fedforge.experiment.progress)."""
+
+    tensorboard: bool = False  # TensorBoard scalars per evaluation in <run>/tensorboard/
+
+
 class RunConfig(_Section):
+    """One run. Without ``tasks`` it is one task in synchronous rounds (``data``, ``model``,
+    ``algorithm``, ``client``, ``server``, ...); with a ``[[tasks]]`` list it is a multi-task
+    run of ``method`` on one client pool (``system``, ``async``, ``sync``, ``max_*``)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True)
     name: str = "run"
     seed: int = 0
     rounds: int = Field(default=10, ge=1)
@@ -185,13 +257,42 @@ class RunConfig(_Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     attack: AttackConfig = Field(default_factory=AttackConfig)
     sim: SimConfig = Field(default_factory=SimConfig)
-    # ``fedforge compare`` only: per-algorithm config tables merged in when that algorithm runs
-    # (e.g. ``[compare.fedadam.algorithm] server_lr = 1e-3``); ``fedforge run`` ignores it.
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)  # TensorBoard
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)  # fedforge.privacy
+    # per-algorithm config tables merged in when that algorithm runs in ``fedforge compare``
+    # (e.g. ``[compare.fedadam.algorithm] server_lr = 1e-3``) or ``fedforge run --variant``
     compare: dict[str, dict[str, Any]] = Field(default_factory=dict)
     # NaN/Inf in a loss or update (fedforge.robust.divergence): stop | skip_client | rollback
     divergence: Literal["stop", "skip_client", "rollback"] = "stop"
     rollback_lr_factor: float = Field(default=0.5, gt=0.0, lt=1.0)
     max_rollbacks: int = Field(default=3, ge=0)
+    # user modules imported before the rest is checked (their register_* calls add algorithms,
+    # datasets, models, partitioners; docs/extending.md): module names or .py paths
+    plugins: list[str] = Field(default_factory=list)
+    # --- multi-task runs (FedAST and its baselines, fedforge.sim) -----------------------------
+    tasks: list[TaskConfig] = Field(default_factory=list)
+    method: str | None = None  # a multi-task run's driver (default fedast): fedforge algorithms
+    system: SystemConfig = Field(default_factory=SystemConfig)
+    async_: AsyncSection = Field(default_factory=AsyncSection, alias="async")
+    sync: SyncSection = Field(default_factory=SyncSection)
+    max_time: float | None = Field(default=None, gt=0)  # simulated seconds
+    max_updates: int | None = Field(default=None, ge=1)  # total client updates
+
+    @property
+    def multitask(self) -> bool:
+        return bool(self.tasks)
+
+    def task_name(self, m: int) -> str:
+        t = self.tasks[m]
+        return t.name or f"{t.data.dataset}-{t.model.name}"
+
+
+MULTITASK_ONLY = ("method", "system", "async_", "sync", "max_time", "max_updates")
+"""Fields only a multi-task run reads; a single-task run that sets one is refused."""
+SINGLE_TASK_ONLY = ("rounds", "data", "model", "algorithm", "client", "server", "attack", "sim",
+                    "compare", "divergence", "rollback_lr_factor", "max_rollbacks", "privacy")
+"""Fields a multi-task run does not read (each task has its own data, model, algorithm and
+client); a multi-task run that sets one is refused."""
 
 
 CLIENT_TO_HPARAM = {"lr": "local_lr", "weight_decay": "weight_decay",
@@ -377,48 +478,190 @@ def validate_schema(schema: type[BaseModel], raw: Any, prefix: str = "") -> Any:
 
 
 def validate(raw: dict | RunConfig) -> RunConfig:
-    """Validate a raw dict (schema, then the registries: dataset, model, algorithm)."""
+    """Validate a raw dict (schema, the sections its kind of run reads, then the registries:
+    dataset, model, algorithm, and whether the run's driver serves the algorithm)."""
     if isinstance(raw, RunConfig):
-        raw = raw.model_dump()
+        raw = raw.model_dump(by_alias=True)
+    _import_plugins(raw)
     cfg = validate_schema(RunConfig, raw)
-    _check_registries(cfg)
+    _check_kind(cfg)
+    if cfg.multitask:
+        _check_tasks(cfg)
+    else:
+        _check_registries(cfg)
     return cfg
 
 
+def _import_plugins(raw: Any) -> None:
+    """Import the config's ``plugins`` first: they register names the checks below look up."""
+    plugins = raw.get("plugins") if isinstance(raw, dict) else None
+    if isinstance(plugins, list) and all(isinstance(p, str) for p in plugins):
+        from fedforge.plugins import PluginError, load_plugins  # noqa: PLC0415
+
+        try:
+            load_plugins(plugins, "plugins")
+        except PluginError as exc:
+            raise ConfigError(str(exc)) from None
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
-    return validate(apply_overrides(load_raw(path), overrides or []))
+    """Load and validate a run config. ``tasks.1.target=0.8`` (or ``tasks[1].target=0.8``)
+    sets one task's key, ``tasks.target=0.8`` every task's."""
+    raw = load_raw(path)
+    plain = []
+    for item in overrides or []:
+        m = _TASK_KEY.match(item)
+        if not m:
+            plain.append(item)
+            continue
+        tasks = raw.get("tasks", [])
+        if not isinstance(tasks, list):
+            raise ConfigError("tasks: expected a list of task tables ([[tasks]])")
+        index, rest = m.group(1) or m.group(2), m.group(3)
+        targets = range(len(tasks)) if index is None else [int(index)]
+        for i in targets:
+            if not 0 <= i < len(tasks):
+                raise ConfigError(f"tasks[{i}]: no such task (the config has {len(tasks)})")
+            tasks[i] = apply_overrides(tasks[i], [rest], TaskConfig, f"tasks[{i}].")
+    return validate(apply_overrides(raw, plain))
+
+
+_TASK_KEY = re.compile(r"^tasks(?:\.(\d+)|\[(\d+)\])?\.(.+=.*)$", re.S)
+
+
+def _is_default(cfg: BaseModel, name: str) -> bool:
+    field = type(cfg).model_fields[name]
+    return getattr(cfg, name) == field.get_default(call_default_factory=True)
+
+
+def _check_kind(cfg: RunConfig) -> None:
+    """A multi-task run refuses single-task sections and the other way round, in one line,
+    so no setting is silently ignored."""
+    fields = RunConfig.model_fields
+    if cfg.multitask:
+        for name in SINGLE_TASK_ONLY:
+            if not _is_default(cfg, name):
+                where = (f"set it per task (tasks[].{name})" if name in TaskConfig.model_fields
+                         else "drop it")
+                raise ConfigError(f"{name}: a multi-task run ([[tasks]]) does not read it; "
+                                  f"{where}")
+        for key in ("every", "per_client"):
+            if not _is_default(cfg.eval, key):
+                raise ConfigError(f"eval.{key}: a multi-task run does not read it (each task "
+                                  "evaluates every tasks[].eval_every of its rounds)")
+        from fedforge.sim.fedast import ASYNC_METHODS  # noqa: PLC0415 (sim imports torch)
+        from fedforge.sim.multitask_sync import SYNC_METHODS  # noqa: PLC0415
+
+        methods = (*ASYNC_METHODS, *SYNC_METHODS)
+        if cfg.method is not None and cfg.method not in methods:
+            raise ConfigError(f"method: unknown method {cfg.method!r}; expected one of "
+                              f"{list(methods)}")
+        counts = [t.sync_clients for t in cfg.tasks]
+        if any(c is not None for c in counts) and any(c is None for c in counts):
+            raise ConfigError("tasks[].sync_clients: set it for every task or for none")
+        return
+    for name in MULTITASK_ONLY:
+        if not _is_default(cfg, name):
+            shown = fields[name].alias or name
+            raise ConfigError(f"{shown}: only a multi-task run reads it; add a [[tasks]] list "
+                              "(fedforge algorithms lists the methods)")
+    if cfg.eval.max_test_samples is not None:
+        raise ConfigError("eval.max_test_samples: only a multi-task run reads it")
+
+
+def _check_tasks(cfg: RunConfig) -> None:
+    """Each task's dataset, partition, model, options and algorithm, and that the method's
+    driver serves the algorithm (refused here, in one line, rather than mid-run)."""
+    import torch  # noqa: PLC0415
+
+    from fedforge.algorithms import build_algorithm  # noqa: PLC0415
+    from fedforge.algorithms.base import check_support  # noqa: PLC0415
+    from fedforge.engine.jobs import driver_serves  # noqa: PLC0415
+
+    method = cfg.method or "fedast"
+    driver, serves = driver_serves(method)
+    for i, t in enumerate(cfg.tasks):
+        where = f"tasks[{i}]"
+        _check_data_model(f"{where}.", t.data, t.model, extra_partitions=("dirichlet_fixed",))
+        _check_hparam_names(f"{where}.", t.algorithm)
+        try:
+            algorithm = build_algorithm(t.algorithm.name, **t.algorithm.hparams)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}.{exc}") from None
+        try:
+            check_support(algorithm, {"w": torch.zeros(2)}, f"{where}.algorithm.name",
+                          f"{method} {driver}", serves)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+
+def _check_data_model(where: str, data: DataConfig, model: ModelConfig,
+                      extra_partitions: tuple[str, ...] = ()) -> None:
+    """Dataset, partition and model names, the data root and the option tables."""
+    from fedforge.data import DATASETS, PARTITIONERS  # noqa: PLC0415
+    from fedforge.experiment.options import check_builders  # noqa: PLC0415 (imports config)
+    from fedforge.models import MODELS  # noqa: PLC0415
+
+    if data.dataset not in DATASETS:
+        raise ConfigError(f"{where}data.dataset: unknown dataset {data.dataset!r}; expected "
+                          f"one of {sorted(DATASETS)}")
+    partitions = [*PARTITIONERS, *extra_partitions]
+    if data.partition not in partitions:
+        raise ConfigError(f"{where}data.partition: unknown partition {data.partition!r}; "
+                          f"expected one of {sorted(partitions)}")
+    if model.name not in MODELS:
+        raise ConfigError(f"{where}model.name: unknown model {model.name!r}; expected one of "
+                          f"{sorted(MODELS)}")
+    if data.root is not None and not Path(data.root).expanduser().is_dir():
+        raise ConfigError(f"{where}data.root: directory {data.root!r} does not exist")
+    check_builders(where, data.dataset, model.name, data.partition, data.options,
+                   model.options, data.partition_options)
+
+
+def _check_hparam_names(where: str, algorithm: AlgorithmConfig) -> None:
+    for key in algorithm.hparams:  # odd keys from a hostile file: name them quoted
+        if _field_part(key) != key:
+            raise ConfigError(f"{where}algorithm.{_field_part(key)}: not a hyper-parameter name")
 
 
 def _check_registries(cfg: RunConfig) -> None:
-    from fedforge.algorithms import build_algorithm
-    from fedforge.data import DATASETS, PARTITIONERS
-    from fedforge.models import MODELS
+    from fedforge.algorithms import build_algorithm  # noqa: PLC0415 (registry import cycle)
 
-    if cfg.data.dataset not in DATASETS:
-        raise ConfigError(f"data.dataset: unknown dataset {cfg.data.dataset!r}; expected one of "
-                          f"{sorted(DATASETS)}")
-    if cfg.data.partition not in PARTITIONERS:
-        raise ConfigError(f"data.partition: unknown partition {cfg.data.partition!r}; expected "
-                          f"one of {sorted(PARTITIONERS)}")
-    if cfg.model.name not in MODELS:
-        raise ConfigError(f"model.name: unknown model {cfg.model.name!r}; expected one of "
-                          f"{sorted(MODELS)}")
-    if cfg.data.root is not None and not Path(cfg.data.root).expanduser().is_dir():
-        raise ConfigError(f"data.root: directory {cfg.data.root!r} does not exist")
-    from fedforge.experiment.options import check_builders  # noqa: PLC0415 (imports config)
-
-    check_builders("", cfg.data.dataset, cfg.model.name, cfg.data.partition, cfg.data.options,
-                   cfg.model.options, cfg.data.partition_options)
-    for key in cfg.algorithm.hparams:  # odd keys from a hostile file: name them quoted
-        if _field_part(key) != key:
-            raise ConfigError(f"algorithm.{_field_part(key)}: not a hyper-parameter name")
+    _check_data_model("", cfg.data, cfg.model)
+    _check_hparam_names("", cfg.algorithm)
     try:
-        build_algorithm(cfg.algorithm.name, **algorithm_kwargs(cfg))
+        algorithm = build_algorithm(cfg.algorithm.name, **algorithm_kwargs(cfg))
     except ConfigError:
         raise
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
+    check_participation(cfg, algorithm, cfg.data.num_clients)
     _check_robust(cfg)
+    from fedforge.privacy.checks import check_privacy  # noqa: PLC0415 (imports this module)
+
+    check_privacy(cfg, algorithm)
+
+
+def check_participation(cfg: RunConfig, algorithm: Any, population: int | None) -> None:
+    """An algorithm whose maths needs every client every round (MARINA) refuses a sampled
+    cohort, and straggler rounds that drop clients, in one line naming it and the driver.
+
+    ``population`` is the number of clients when known (None: only the stragglers are
+    checked here; the runner checks the cohort once the dataset is built)."""
+    if "full_participation" not in algorithm.requires:
+        return
+    per_round = cfg.server.clients_per_round
+    if population is not None and per_round < population:
+        raise ConfigError(
+            f"server.clients_per_round: {algorithm.name!r} needs every client in every round, "
+            f"which synchronous rounds of {per_round} of {population} clients cannot serve; "
+            f"set server.clients_per_round = {population}")
+    k = cfg.sim.straggler_k
+    if cfg.sim.stragglers and k is not None and k < min(per_round, population or per_round):
+        raise ConfigError(
+            f"sim.straggler_k: {algorithm.name!r} needs every client in every round, which "
+            f"straggler rounds keeping the first {k} arrivals cannot serve; set "
+            "sim.straggler_k = none")
 
 
 def _check_robust(cfg: RunConfig) -> None:
@@ -435,8 +678,12 @@ def _check_robust(cfg: RunConfig) -> None:
 
 
 def dump_config(cfg: RunConfig, path: Path) -> None:
-    """Write the resolved config as TOML (``config.resolved.toml``)."""
+    """Write the resolved config as TOML (``config.resolved.toml``), with the sections the
+    run's kind reads only, so the file loads back as the same run."""
     import tomli_w  # noqa: PLC0415 (optional writer)
 
-    data = cfg.model_dump(exclude_none=True)
+    skip = SINGLE_TASK_ONLY if cfg.multitask else (*MULTITASK_ONLY, "tasks")
+    data = cfg.model_dump(exclude_none=True, by_alias=True, exclude=set(skip))
+    if cfg.multitask:
+        data["eval"] = {k: v for k, v in data["eval"].items() if k not in ("every", "per_client")}
     path.write_text(tomli_w.dumps(data), encoding="utf-8")

@@ -7,6 +7,7 @@ from round k draws exactly what an uninterrupted run draws, with no RNG state to
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import time
@@ -35,18 +36,28 @@ from fedforge.engine.distributed import (
     init_distributed,
     is_main_rank,
     make_client_store,
+    world_size,
 )
 from fedforge.engine.local import set_matmul_precision
 from fedforge.engine.round import federated_round
 from fedforge.experiment.checkpoint import (
     last_checkpoint_note,
+    latest_checkpoint_meta,
     load_checkpoint,
     save_checkpoint,
 )
-from fedforge.experiment.config import AlgorithmConfig, RunConfig, algorithm_kwargs, dump_config
+from fedforge.experiment.config import (
+    AlgorithmConfig,
+    ConfigError,
+    RunConfig,
+    algorithm_kwargs,
+    check_participation,
+    dump_config,
+)
 from fedforge.experiment.evaluate import evaluate
 from fedforge.experiment.metrics import MetricsWriter
-from fedforge.experiment.rundir import RUN_MAY_CHANGE, claim_run_dir
+from fedforge.experiment.partition_stats import save_partition_stats
+from fedforge.experiment.rundir import MULTITASK_MAY_CHANGE, RUN_MAY_CHANGE, claim_run_dir
 from fedforge.models import build_model
 from fedforge.robust.divergence import DivergenceError, log_event, scale_lr
 from fedforge.robust.hook import RobustRound
@@ -77,18 +88,30 @@ def round_generator(seed: int, round_: int) -> torch.Generator:
 
 @dataclass
 class Experiment:
-    """Everything a run needs, built once from a config (also used by ``compare`` and benches)."""
+    """Everything a run needs, built once from a config; with a run folder, the object API.
+
+    ``exp = Experiment.from_config(cfg, "runs/a")``, ``exp.run(20)`` (20 more rounds, resumable),
+    ``exp.history`` (every logged record), ``exp.model()`` (the current global model as an
+    ``nn.Module``), ``exp.save()``, ``Experiment.load("runs/a")`` (continue a run folder).
+    The state between calls lives in the folder's checkpoints, as for ``fedforge run``."""
 
     cfg: RunConfig
     data: FederatedDataset
-    model: torch.nn.Module
+    network: torch.nn.Module  # the architecture; the run's weights are held separately
     algorithm: Algorithm
     engine: ChunkedEngine
     device: torch.device
     robust: RobustRound | None = None  # attackers + robust aggregator (fedforge.robust)
+    out_dir: Path | None = None  # the run folder of the object API
 
     @classmethod
-    def from_config(cls, cfg: RunConfig) -> Experiment:
+    def from_config(cls, cfg: RunConfig, out_dir: str | Path | None = None, *,
+                    algorithm: Algorithm | None = None) -> Experiment:
+        """Build everything ``cfg`` names; ``out_dir``: the folder :meth:`run` writes (the
+        config is then resolved as ``fedforge run`` records it); ``algorithm``: ``cfg``'s,
+        when the caller has built it already."""
+        if out_dir is not None:
+            cfg = resolve_config(cfg)
         device = resolve_device(cfg.engine.device)
         splits = load_dataset(cfg.data.dataset, cfg.data.root, **cfg.data.options)
         data = build_federated_dataset(
@@ -98,18 +121,98 @@ class Experiment:
             raise ValueError(f"server.clients_per_round: {cfg.server.clients_per_round} is more "
                              f"than the {data.num_clients} clients of this dataset")
         torch.manual_seed(cfg.seed)
-        model = build_model(cfg.model.name, data.input_shape, data.num_classes, **cfg.model.options)
-        model = model.to(device)
-        algorithm = build_algorithm(cfg.algorithm.name, **algorithm_kwargs(cfg))
+        network = build_model(cfg.model.name, data.input_shape, data.num_classes,
+                              **cfg.model.options).to(device)
+        if algorithm is None:
+            algorithm = build_algorithm(cfg.algorithm.name, **algorithm_kwargs(cfg))
+        try:
+            check_participation(cfg, algorithm, data.num_clients)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
         algorithm.bind_data(data.input_shape, data.num_classes)  # e.g. FedPTR's synthetic set
+        if cfg.privacy.on:  # clipping, noise, Poisson cohorts, accountant (docs/privacy.md)
+            from fedforge.privacy.algorithm import for_run  # noqa: PLC0415 (optional extra)
+
+            algorithm = for_run(cfg, algorithm, data.num_clients, dict(network.named_parameters()))
         engine_kw = {} if cfg.engine.name == "loop" else {
             "chunk_size": cfg.engine.chunk_size, "compile": cfg.engine.compile}
         engine = build_engine(cfg.engine.name, **engine_kw)
         robust = build_robust(cfg, data)  # may flip attackers' labels in data.train_y
         if robust is not None:
             engine.keep_deltas = True  # robust aggregators need every client's delta
-        return cls(cfg, data, model, algorithm, engine, device, robust)
+        return cls(cfg, data, network, algorithm, engine, device, robust,
+                   None if out_dir is None else Path(out_dir))
 
+    @classmethod
+    def load(cls, run_dir: str | Path) -> Experiment:
+        """The experiment of a run folder, at its last checkpoint (:meth:`run` continues it)."""
+        from fedforge.experiment.config import load_config
+        from fedforge.experiment.rundir import CONFIG_NAME
+
+        path = Path(run_dir) / CONFIG_NAME
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no resolved config (is {run_dir} a run folder?)")
+        return cls.from_config(load_config(path, []), run_dir)
+
+    def _folder(self) -> Path:
+        if self.out_dir is None:
+            raise ValueError("out_dir: this Experiment has no run folder; build it with "
+                             "Experiment.from_config(cfg, out_dir)")
+        return self.out_dir
+
+    @property
+    def rounds_done(self) -> int:
+        """The round of the folder's last checkpoint (0 before any)."""
+        ckpt = self._folder() / "checkpoints"
+        return latest_checkpoint_meta(ckpt)[1]["round"] if (ckpt / "latest.json").is_file() else 0
+
+    def run(self, rounds: int | None = None, *, progress: bool = False) -> list[dict]:
+        """Train ``rounds`` more rounds (default: up to ``cfg.rounds``) from the last
+        checkpoint -> the records this call logged. The last round is always evaluated and
+        checkpointed; the rounds drawn are those of one uninterrupted run."""
+        if rounds is not None and rounds < 1:
+            raise ValueError(f"rounds: expected at least 1, got {rounds}")
+        done = self.rounds_done
+        total = self.cfg.rounds if rounds is None else done + rounds
+        if total <= done:
+            return []
+        self.cfg = self.cfg.model_copy(update={"rounds": total})
+        before = len(self.history)
+        run_experiment(self.cfg, self._folder(), resume=True, progress=progress)
+        return self.history[before:]
+
+    @property
+    def history(self) -> list[dict]:
+        """Every record the run logged, one per evaluation (every round with eval.every 1)."""
+        path = self._folder() / "metrics.jsonl"
+        return read_metrics(self._folder()) if path.is_file() else []
+
+    def params(self) -> Params:
+        """The current global parameters: the last checkpoint's, or the initial ones."""
+        if self.out_dir is None or self.rounds_done == 0:
+            return self.initial_params()
+        tensors, _ = load_checkpoint(self.out_dir / "checkpoints", self.device)
+        return restore_like(self.initial_params(), tensors["params"], "params")
+
+    def model(self) -> torch.nn.Module:
+        """A copy of the network holding the current global parameters."""
+        net = copy.deepcopy(self.network)
+        net.load_state_dict(self.params())
+        return net
+
+    def save(self, path: str | Path | None = None) -> Path:
+        """Write the current global model's weights (safetensors; default
+        ``out_dir/model.safetensors``) and, in a fresh folder, the resolved config -> the
+        weights' path. Training state is checkpointed by :meth:`run` at its last round."""
+        from safetensors.torch import save_file
+
+        out = self._folder()
+        target = out / "model.safetensors" if path is None else Path(path)
+        with claim_run_dir(out, lambda p: dump_config(self.cfg, p), resume=True,
+                           may_change=RUN_MAY_CHANGE):
+            tensors = {k: v.detach().cpu().contiguous() for k, v in self.params().items()}
+            save_file(tensors, str(target))
+        return target
     def scale_local_lr(self, scale: float) -> None:
         """Rebuild the algorithm with ``local_lr`` times ``scale`` (divergence rollback)."""
         if scale != 1.0:
@@ -124,7 +227,7 @@ class Experiment:
         return self._sizes
 
     def initial_params(self) -> Params:
-        return {k: v.detach().clone() for k, v in self.model.named_parameters()}
+        return {k: v.detach().clone() for k, v in self.network.named_parameters()}
 
 
 def sample_round(exp: Experiment, round_: int):
@@ -133,6 +236,9 @@ def sample_round(exp: Experiment, round_: int):
     gen = round_generator(cfg.seed, round_)
     num = min(cfg.server.clients_per_round, data.num_clients)
     client_ids = torch.randperm(data.num_clients, generator=gen)[:num].sort().values
+    if (privacy := getattr(exp.algorithm, "privacy", None)) is not None:  # Poisson, rate q
+        client_ids = privacy.sample_cohort(gen)
+        num = len(client_ids)
     sizes = exp.client_sizes[client_ids]  # on the CPU, like the generator
     pos, weights = client_batches(
         sizes, cfg.client.local_steps, cfg.client.local_epochs, cfg.client.batch_size, gen
@@ -142,7 +248,7 @@ def sample_round(exp: Experiment, round_: int):
     if (cfg.server.aggregation or exp.algorithm.aggregation) == "num_samples":
         agg = sizes.double() / sizes.sum().clamp_min(1)
     else:
-        agg = torch.full((num,), 1.0 / num, dtype=torch.float64)
+        agg = torch.full((num,), 1.0 / max(num, 1), dtype=torch.float64)
         if bool((sizes == 0).any()):  # empty clients (warned at partition time): weight 0
             nonempty = (sizes > 0).double()
             agg = nonempty / nonempty.sum().clamp_min(1)
@@ -152,39 +258,88 @@ def sample_round(exp: Experiment, round_: int):
     return (client_ids, sample_idx.to(dev), weights.to(dev), agg.to(dev, dtype), info)
 
 
-def resolve_config(cfg: RunConfig) -> RunConfig:
-    """``cfg`` with every default it relies on written out: the algorithm's canonical name and
-    hyper-parameters (those not set through ``client.*``) and the aggregation weighting."""
-    kwargs = algorithm_kwargs(cfg)
-    from_client = set(kwargs) - set(cfg.algorithm.hparams)
-    full = resolved_hparams(cfg.algorithm.name, kwargs)
+def resolve_algorithm(config: AlgorithmConfig, kwargs: dict | None = None
+                      ) -> tuple[AlgorithmConfig, Algorithm]:
+    """An ``[algorithm]`` table with its canonical name and every hyper-parameter written
+    out (``kwargs``: what the factory is called with, default the table's own; keys not in
+    the table came from ``client.*`` and stay there), and the algorithm, built once."""
+    kwargs = dict(config.hparams) if kwargs is None else kwargs
+    from_client = set(kwargs) - set(config.hparams)
+    full = resolved_hparams(config.name, kwargs)
     hparams = {k: v for k, v in full.items() if k not in from_client and v is not None}
-    algorithm = AlgorithmConfig(name=canonical_name(cfg.algorithm.name), **hparams)
-    aggregation = (cfg.server.aggregation
-                   or build_algorithm(cfg.algorithm.name, **kwargs).aggregation)
-    server = cfg.server.model_copy(update={"aggregation": aggregation})
-    return cfg.model_copy(update={"algorithm": algorithm, "server": server})
+    return (AlgorithmConfig(name=canonical_name(config.name), **hparams),
+            build_algorithm(config.name, **kwargs))
+
+
+def resolve_config(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with every default it relies on written out: the algorithm's (each task's)
+    canonical name and hyper-parameters, the aggregation weighting, the checkpoint period
+    and the multi-task method."""
+    return resolve_run(cfg)[0]
+
+
+def resolve_run(cfg: RunConfig) -> tuple[RunConfig, Algorithm | None]:
+    """:func:`resolve_config` plus the single-task run's algorithm, built once for both."""
+    if cfg.multitask:
+        tasks = [t.model_copy(update={"algorithm": resolve_algorithm(t.algorithm)[0]})
+                 for t in cfg.tasks]
+        every = cfg.checkpoint.every or 2000  # total client updates
+        return cfg.model_copy(update={
+            "tasks": tasks, "method": cfg.method or "fedast",
+            "checkpoint": cfg.checkpoint.model_copy(update={"every": every})}), None
+    table, algorithm = resolve_algorithm(cfg.algorithm, algorithm_kwargs(cfg))
+    server = cfg.server.model_copy(
+        update={"aggregation": cfg.server.aggregation or algorithm.aggregation})
+    checkpoint = cfg.checkpoint.model_copy(update={"every": cfg.checkpoint.every or 10})
+    return cfg.model_copy(update={"algorithm": table, "server": server,
+                                  "checkpoint": checkpoint}), algorithm
 
 
 def run_experiment(
     cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress: bool = True,
     overwrite: bool = False,
 ) -> list[dict]:
-    """Run ``cfg``, writing ``out_dir/{config.resolved.toml, metrics.jsonl, checkpoints/}``.
+    """Run ``cfg``, writing ``out_dir/{config.resolved.toml, metrics.jsonl, checkpoints/}``
+    (multi-task runs also ``events.jsonl`` and ``summary.json``).
 
-    The folder is locked while the run writes it; one that holds an earlier run needs
-    ``resume`` or ``overwrite`` (fedforge.experiment.rundir); RunDirError otherwise."""
-    cfg = resolve_config(cfg)  # config.resolved.toml records every default the run uses
+    The one entry for every kind of run: without ``tasks``, synchronous rounds of one task
+    (this module); with a ``[[tasks]]`` list, ``cfg.method``'s multi-task driver
+    (:mod:`fedforge.experiment.async_runner`). The folder is locked while the run writes it;
+    one that holds an earlier run needs ``resume`` or ``overwrite``
+    (fedforge.experiment.rundir); RunDirError otherwise."""
+    cfg, algorithm = resolve_run(cfg)  # config.resolved.toml records every default used
     out = Path(out_dir)
+    may_change = MULTITASK_MAY_CHANGE if cfg.multitask else RUN_MAY_CHANGE
     if cfg.engine.name == "distributed" and init_distributed() and not is_main_rank():
+        if cfg.multitask and _scatters(cfg):  # serves rank 0's jobs, writes nothing
+            return _run_tasks(cfg, out_dir, resume=resume, progress=progress)
         out = out / f"rank{torch.distributed.get_rank()}"  # each rank claims what it writes
     with claim_run_dir(out, lambda path: dump_config(cfg, path), resume=resume,
-                       overwrite=overwrite, may_change=RUN_MAY_CHANGE):
-        return _run_experiment(cfg, out_dir, resume=resume, progress=progress)
+                       overwrite=overwrite, may_change=may_change):
+        if cfg.multitask:
+            return _run_tasks(cfg, out_dir, resume=resume, progress=progress)
+        return _run_experiment(cfg, out_dir, resume=resume, progress=progress,
+                               algorithm=algorithm)
+
+
+def _scatters(cfg: RunConfig) -> bool:
+    """Asynchronous methods under torchrun: rank 0 simulates, every rank trains jobs."""
+    from fedforge.sim.fedast import ASYNC_METHODS  # noqa: PLC0415
+
+    return cfg.method in ASYNC_METHODS and world_size() > 1
+
+
+def _run_tasks(cfg: RunConfig, out_dir: str | Path, *, resume: bool, progress: bool
+               ) -> list[dict]:
+    from fedforge.experiment.async_runner import run_tasks  # noqa: PLC0415 (imports us)
+
+    return run_tasks(cfg, out_dir, resolve_device(cfg.engine.device), resume=resume,
+                     progress=progress)
 
 
 def _run_experiment(
-    cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress: bool = True
+    cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress: bool = True,
+    algorithm: Algorithm | None = None,
 ) -> list[dict]:
     from fedforge.experiment.progress import RoundProgress
 
@@ -192,9 +347,13 @@ def _run_experiment(
     if cfg.engine.name == "distributed" and init_distributed() and not is_main_rank():
         out = out / f"rank{torch.distributed.get_rank()}"  # rank 0 owns the run directory
     out.mkdir(parents=True, exist_ok=True)
-    exp = Experiment.from_config(cfg)
+    exp = Experiment.from_config(cfg, algorithm=algorithm)
+    if (privacy := getattr(exp.algorithm, "privacy", None)) is not None:  # stop at target ε
+        cfg = cfg.model_copy(update={"rounds": privacy.last_round(cfg.rounds)})
+    if is_main_rank():
+        save_partition_stats(exp.data, out)  # client sizes, label counts: partition.json
     set_matmul_precision(cfg.engine.precision)
-    loss_fn = classification_loss(exp.model, cfg.engine.precision)
+    loss_fn = classification_loss(exp.network, cfg.engine.precision)
     params = exp.initial_params()
     server_state = exp.algorithm.server_init(params)
     # under torchrun each rank keeps its share of the clients' state (sharded by client id)
@@ -217,10 +376,10 @@ def _run_experiment(
     metrics = MetricsWriter(out / "metrics.jsonl", truncate_after=start - 1)
     t0 = time.perf_counter() - wall_offset
     down_per_client, up_per_client = exp.algorithm.message_nbytes(params, server_state)
-    cost = build_cost_model(cfg.sim, exp.model, exp.data.input_shape, cfg.client.batch_size)
+    cost = build_cost_model(cfg.sim, exp.network, exp.data.input_shape, cfg.client.batch_size)
     stragglers = straggler_clock(cfg.sim, exp.data.num_clients, cfg.seed, meta.get("sim_clock"))
     history = metrics.records
-    with RoundProgress(cfg.rounds, start, enabled=progress) as bar:
+    with RoundProgress.for_run(cfg, out, start, enabled=progress) as bar:
         t = start - 1
         while t < cfg.rounds:  # a while loop: a divergence rollback moves t back
             t += 1
@@ -235,6 +394,7 @@ def _run_experiment(
                     exp.algorithm, exp.engine, loss_fn, params, server_state, store, client_ids,
                     exp.data.train_x, exp.data.train_y, sample_idx, weights, agg_weights=agg,
                     info=info, round_=t, divergence=cfg.divergence, robust=exp.robust,
+                    sample_counts=exp.client_sizes[client_ids.cpu()],
                 )
             except DivergenceError as exc:
                 event = {"round": t, "policy": cfg.divergence, "faults": exc.faults}
@@ -281,7 +441,7 @@ def _run_experiment(
             if (t % cfg.eval.every == 0 or t == cfg.rounds) and is_main_rank():
                 record = {"round": t, "train_loss": train_loss}
                 record.update(evaluate(
-                    exp.model, exp.algorithm.eval_params(params, server_state),
+                    exp.network, exp.algorithm.eval_params(params, server_state),
                     exp.data.test_x, exp.data.test_y, cfg.eval.batch_size,
                     exp.data.client_test_indices if cfg.eval.per_client else None,
                 ))
