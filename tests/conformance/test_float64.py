@@ -43,7 +43,7 @@ def test_every_tensor_of_a_float64_run_is_float64(float64_default, name):
         "data.options.num_clients=6", "server.clients_per_round=3", "client.local_epochs=null",
         "client.local_steps=2", f"algorithm.name={name}"])
     exp = Experiment.from_config(cfg)
-    loss_fn = classification_loss(exp.model)
+    loss_fn = classification_loss(exp.network)
     params = exp.initial_params()
     state = exp.algorithm.server_init(params)
     store = ClientStore(exp.data.num_clients, exp.algorithm.client_init(params))

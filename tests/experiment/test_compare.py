@@ -10,11 +10,12 @@ from typer.testing import CliRunner
 
 from fedforge.cli import app
 from fedforge.experiment.compare import (
-    _reached,
     comparison_configs,
+    format_cell,
     rounds_to_target,
     run_comparison,
     sim_time_to_target,
+    summary,
 )
 from fedforge.experiment.config import ConfigError
 
@@ -73,18 +74,26 @@ def test_table_gives_rounds_and_sim_minutes_over_seeds(tmp_path):
     (row,) = rows
     # every round costs 2 steps x 30 s (+ microseconds of transfer): the target 0 is reached
     # at the first evaluation, round 1, i.e. 1 simulated minute
-    assert row["seeds"] == 2 and row["rounds_to_0"] == "1.0±0.0"
-    assert row["sim_min_to_0"] == "1±0"
-    assert float(row["sim_s_per_round"]) == pytest.approx(60.0, rel=1e-3)
+    assert row["seeds"] == 2
+    assert row["rounds_to_0"] == {"mean": 1.0, "std": 0.0, "n": 2, "ci_low": 1.0,
+                                  "ci_high": 1.0}
+    assert row["sim_min_to_0"]["mean"] == pytest.approx(1.0, rel=1e-3)
+    assert row["sim_s_per_round"]["mean"] == pytest.approx(60.0, rel=1e-3)
     assert (tmp_path / "out" / "fedavg" / "seed1" / "metrics.jsonl").is_file()
     assert json.loads((tmp_path / "out" / "table.json").read_text()) == rows
     assert plot.is_file() and (tmp_path / "out" / "accuracy_vs_sim_time.png").is_file()
 
 
-def test_reached_formatting():
-    assert _reached([], 2, "{:.1f}") == "not reached"
-    assert _reached([10.0], 2, "{:.1f}") == "10.0 (1/2)"
-    assert _reached([10.0, 20.0], 2, "{:.1f}") == "15.0±7.1"  # sample std (ddof = 1)
+def test_summary_and_cells():
+    assert format_cell(summary([]), 2) == "not reached"
+    assert summary([10.0]) == {"mean": 10.0, "std": None, "n": 1, "ci_low": None,
+                               "ci_high": None}
+    assert format_cell(summary([10.0]), 2) == "10 (1/2)"
+    # 10, 20: sd 7.0711 (ddof 1), t_{0.975, 1} = 12.706 -> half width 12.706 * 7.0711 / √2
+    two = summary([10.0, 20.0])
+    assert two["std"] == pytest.approx(7.0711, abs=1e-4)
+    assert two["ci_high"] - 15.0 == pytest.approx(63.53, abs=0.01)
+    assert format_cell(two, 2) == "15 ± 64"
 
 
 def test_cli_compare_target_and_seeds(tmp_path):

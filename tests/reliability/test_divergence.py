@@ -94,7 +94,7 @@ def test_skip_client_drops_it_with_renormalised_weights(tmp_path, poisoned_sampl
     exp = Experiment.from_config(_cfg())
     from fedforge.core.store import ClientStore
     from fedforge.engine import classification_loss
-    loss_fn = classification_loss(exp.model)
+    loss_fn = classification_loss(exp.network)
     params = exp.initial_params()
     store = ClientStore(exp.data.num_clients, {}, "cpu")
     ids, idx, w, agg, info = sample_round(exp, bad_round)

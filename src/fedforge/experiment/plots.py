@@ -1,32 +1,101 @@
-"""Plots of metrics.jsonl files (matplotlib, Agg backend: works headless)."""
+"""Figures of run folders: mean over seeds with a 95 % t-interval band, one style per method.
+
+matplotlib with the Agg backend (works headless). Every figure is written three times: a PNG,
+a vector PDF beside it, and a JSON file with the plotted numbers (``<name>.json``: each curve's
+x, mean, interval and number of seeds), so a figure can be checked or redrawn without the
+runs. Runs are grouped by their resolved config without the seed; a group of several seeds is
+drawn as its mean with the t-based 95 % interval of :mod:`fedforge.reproduce.stats`.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from fedforge.experiment.labels import axis_label  # noqa: E402
+from fedforge.experiment.partition_stats import load_partition_stats  # noqa: E402
+from fedforge.reproduce.stats import t_interval  # noqa: E402
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 logger = logging.getLogger(__name__)
 
+# Okabe & Ito's colour-blind-safe palette, darkest first (yellow last: weak on white)
+PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000",
+           "#F0E442")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+LINESTYLES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 2)),
+              (0, (8, 2, 2, 2)))
+BAND_ALPHA = 0.2
+# sections that do not change what a run computes: runs differing only there (and in the
+# seed) are seeds of one method
+_NOT_METHOD = ("seed", "name", "rounds", "eval", "checkpoint", "engine", "compare", "logging",
+               "max_updates", "max_time")
+
+
+@dataclass
+class Run:
+    """One run folder's records, resolved config (``{}`` if none) and partition statistics."""
+
+    path: Path
+    records: list[dict]
+    config: dict = field(default_factory=dict)
+    partition: dict | None = None
+    task: str | None = None  # multi-task runs are split into one Run per task
+
+    @property
+    def algorithm(self) -> str | None:
+        algo = self.config.get("algorithm")
+        name = algo.get("name") if isinstance(algo, dict) else None
+        return name or self.config.get("method")
+
+    @property
+    def seed(self) -> int | None:
+        return self.config.get("seed")
+
+
+def load_run(run_dir: str | Path) -> Run:
+    """``metrics.jsonl`` (required), ``config.resolved.toml`` and ``partition.json`` of a run."""
+    d = Path(run_dir)
+    path = d / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no metrics file (is {d} a fedforge run directory?)")
+    config = {}
+    cfg_path = d / "config.resolved.toml"
+    if cfg_path.is_file():
+        try:
+            config = tomllib.loads(cfg_path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{cfg_path}: not valid TOML ({exc})") from None
+    partition = load_partition_stats(d)
+    return Run(d, read_metrics(path), config, partition)
+
+
+def load_run_list(run_dirs: list[Path]) -> list[Run]:
+    return [load_run(d) for d in run_dirs]
+
 
 def load_runs(run_dirs: list[Path]) -> dict[str, list[dict]]:
-    """``metrics.jsonl`` of each run directory, keyed by the directory's name.
+    """``metrics.jsonl`` of each run directory, keyed by :func:`run_labels`.
 
     A half-written last line (a run still writing, or killed mid-write) is skipped with a
     warning; any other line that is not a JSON record is a ``ValueError`` naming the line.
     """
-    runs = {}
-    for d in run_dirs:
-        path = Path(d) / "metrics.jsonl"
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no metrics file (is {d} a fedforge run directory?)")
-        runs[Path(d).name] = read_metrics(path)
-    return runs
+    runs = load_run_list(run_dirs)
+    return dict(zip(run_labels(runs), (r.records for r in runs)))
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -48,56 +117,235 @@ def read_metrics(path: Path) -> list[dict]:
     return records
 
 
-def metric_keys(runs: dict[str, list[dict]]) -> list[str]:
-    """Every numeric metric some record of ``runs`` has (what ``plot_metric`` can draw)."""
-    return sorted({k for recs in runs.values() for r in recs for k, v in r.items()
-                   if _number(v)})
+def run_labels(runs: list[Run]) -> list[str]:
+    """``fedavg (seed 0)`` from the config; without one, the shortest path tail that tells the
+    runs apart (``fedavg/seed0`` and ``scaffold/seed0``, not ``seed0`` twice)."""
+    labels = []
+    tails = _distinct_tails([r.path for r in runs])
+    for run, tail in zip(runs, tails):
+        if run.algorithm is None:
+            label = tail
+        else:
+            label = run.algorithm if run.seed is None else f"{run.algorithm} (seed {run.seed})"
+        labels.append(label if run.task is None else f"{label} / {run.task}")
+    return _dedupe(labels, tails)
 
 
-def plot_metric(
-    runs: dict[str, list[dict]], out: Path, y: str = "test_accuracy", x: str = "round",
-    title: str | None = None, logx: bool = False,
+def _distinct_tails(paths: list[Path]) -> list[str]:
+    parts = [Path(p).resolve().parts for p in paths]
+    for k in range(1, max((len(p) for p in parts), default=1) + 1):
+        tails = ["/".join(p[-k:]) for p in parts]
+        if len(set(tails)) == len(set(map(tuple, parts))):
+            return tails
+    return ["/".join(p) for p in parts]
+
+
+def _dedupe(labels: list[str], tails: list[str]) -> list[str]:
+    """Labels that collide get the run's distinguishing path tail appended."""
+    return [f"{lab} [{tail}]" if labels.count(lab) > 1 else lab
+            for lab, tail in zip(labels, tails)]
+
+
+def split_tasks(runs: list[Run]) -> list[Run]:
+    """Multi-task runs (records with ``task``) become one Run per task."""
+    out = []
+    for run in runs:
+        tasks = list(dict.fromkeys(r["task"] for r in run.records if "task" in r))
+        if not tasks:
+            out.append(run)
+            continue
+        for task in tasks:
+            recs = [r for r in run.records if r.get("task") == task]
+            out.append(Run(run.path, recs, run.config, run.partition, task))
+    return out
+
+
+def group_runs(runs: list[Run]) -> dict[str, list[Run]]:
+    """Seeds of one method together, labelled by algorithm (and task): configs that differ
+    only in the seed or in settings that do not change the computation form one group."""
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        key = json.dumps({k: v for k, v in run.config.items() if k not in _NOT_METHOD},
+                         sort_keys=True, default=str) if run.config else str(run.path)
+        groups.setdefault(f"{key}|{run.task}", []).append(run)
+    firsts = [g[0] for g in groups.values()]
+    names = []
+    for run in firsts:
+        name = run.algorithm or _distinct_tails([r.path for r in firsts])[firsts.index(run)]
+        names.append(name if run.task is None else f"{name} / {run.task}")
+    parents = _distinct_tails([g[0].path.parent if len(g) > 1 else g[0].path
+                               for g in groups.values()])
+    return dict(zip(_dedupe(names, parents), groups.values()))
+
+
+@dataclass
+class Curve:
+    """One drawn line: mean over ``n`` seeds per point, and its 95 % t-interval."""
+
+    label: str
+    x: list[float]
+    mean: list[float]
+    ci_low: list[float | None]
+    ci_high: list[float | None]
+    n: list[int]
+
+
+def curves(runs: list[Run], y: str, x: str = "round", average: bool = True) -> list[Curve]:
+    """Each group's mean curve (``average``), or one curve per run labelled with its seed.
+
+    Seeds are aligned by ``round`` (by evaluation index if records have none); a point is
+    drawn where every seed of the group has it, at the mean of their ``x``."""
+    out = []
+    for label, group in group_runs(split_tasks(runs)).items():
+        if average and len(group) > 1:
+            members = [(f"{label} (mean of {len(group)} seeds)", group)]
+        else:
+            tails = _distinct_tails([r.path for r in group])
+            members = [(f"{label} (seed {r.seed})" if r.seed is not None else
+                        label if len(group) == 1 else f"{label} [{tail}]", [r])
+                       for r, tail in zip(group, tails)]
+        for name, rs in members:
+            curve = _mean_curve(name, rs, y, x)
+            if curve.x:
+                out.append(curve)
+    return out
+
+
+def _mean_curve(label: str, runs: list[Run], y: str, x: str) -> Curve:
+    per_run = []
+    for run in runs:
+        pts = {}
+        for i, r in enumerate(run.records):
+            if _number(r.get(x)) and _number(r.get(y)):
+                pts[r["round"] if _number(r.get("round")) else i] = (r[x], r[y])
+        per_run.append(pts)
+    common = sorted(set.intersection(*(set(p) for p in per_run))) if per_run else []
+    curve = Curve(label, [], [], [], [], [])
+    for key in common:
+        xs = [p[key][0] for p in per_run]
+        iv = t_interval([p[key][1] for p in per_run])
+        curve.x.append(sum(xs) / len(xs))
+        curve.mean.append(iv.mean)
+        curve.n.append(iv.n)
+        curve.ci_low.append(None if iv.n < 2 else iv.low)
+        curve.ci_high.append(None if iv.n < 2 else iv.high)
+    return curve
+
+
+def metric_keys(runs: list[Run]) -> list[str]:
+    """Every numeric metric some record of ``runs`` has (what :func:`plot_runs` can draw)."""
+    return sorted({k for run in runs for r in run.records for k, v in r.items() if _number(v)})
+
+
+def figure_title(runs: list[Run]) -> str:
+    """``dataset · partition · model · cohort`` from the runs' resolved configs; a part on
+    which the runs differ is shown as ``mixed``."""
+    parts = []
+    for describe in (_dataset, _partition, _model, _cohort):
+        values = {describe(r) for r in runs} - {None}
+        if len(values) == 1:
+            parts.append(values.pop())
+        elif values:
+            parts.append(f"mixed {describe.__name__.strip('_')}")
+    return " · ".join(parts)
+
+
+def _data(run: Run) -> dict:
+    data = run.config.get("data")
+    return data if isinstance(data, dict) else {}
+
+
+def _dataset(run: Run) -> str | None:
+    name = _data(run).get("dataset")
+    if name is None and isinstance(run.config.get("tasks"), list):
+        return f"{len(run.config['tasks'])} tasks"
+    return name
+
+
+def _partition(run: Run) -> str | None:
+    data = _data(run)
+    if "partition" not in data:
+        return None
+    opts = data.get("partition_options") or {}
+    text = ", ".join(f"{'α' if k == 'alpha' else k}={v}" for k, v in sorted(opts.items()))
+    return f"{data['partition']} partition" + (f" ({text})" if text else "")
+
+
+def _model(run: Run) -> str | None:
+    model = run.config.get("model")
+    return model.get("name") if isinstance(model, dict) else None
+
+
+def _cohort(run: Run) -> str | None:
+    server = run.config.get("server")
+    if not isinstance(server, dict) or "clients_per_round" not in server:
+        return None
+    total = (run.partition or {}).get("num_clients") or _data(run).get("num_clients")
+    of = f" of {total}" if total else ""
+    return f"{server['clients_per_round']}{of} clients per round"
+
+
+def plot_runs(
+    runs: list[Run], out: Path, y: str = "test_accuracy", x: str = "round",
+    title: str | None = None, logx: bool = False, average: bool = True,
 ) -> Path:
-    """One curve per run of ``y`` against ``x``; writes a PNG and returns its path.
+    """Draw ``y`` against ``x`` -> the PNG path (a PDF and the plotted numbers as JSON beside).
 
-    ``x="bytes_up", logx=True``: accuracy against cumulative uplink bytes. A metric no
-    record has is a ``ValueError`` listing the available ones (no empty plot is written)."""
-    if x == "round" and any("task" in r for recs in runs.values() for r in recs):
-        x = "sim_time_s"  # multi-task runs: rounds differ per task, the clock is shared
+    ``x="bytes_up", logx=True``: accuracy against cumulative uplink bytes. A metric no record
+    has is a ``ValueError`` listing the available ones (no empty plot is written). Multi-task
+    runs are drawn per task against simulated time (rounds differ per task)."""
+    fig, data = draw(runs, y, x, title, logx, average)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    fig.savefig(out.with_suffix(".pdf"))
+    plt.close(fig)
+    out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    return out
+
+
+def draw(
+    runs: list[Run], y: str = "test_accuracy", x: str = "round", title: str | None = None,
+    logx: bool = False, average: bool = True,
+) -> tuple[Figure, dict]:
+    """The figure of :func:`plot_runs` (the caller saves and closes it) and its numbers."""
+    if x == "round" and any("task" in r for run in runs for r in run.records):
+        x = "sim_time_s"
     keys = metric_keys(runs)
     for name, value in (("metric", y), ("x", x)):
         if value not in keys:
             raise ValueError(f"{name} {value!r}: not in the metrics files; available: "
                              f"{', '.join(keys) or 'none (no records)'}")
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
-    for label, recs in _split_tasks(runs).items():
-        pts = [(r[x], r[y]) for r in recs if _number(r.get(x)) and _number(r.get(y))]
-        if pts:
-            xs, ys = zip(*pts)
-            ax.plot(xs, ys, label=label)
+    drawn = curves(runs, y, x, average)
+    title = figure_title(runs) if title is None else title
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=150)
+    colors = []
+    for i, c in enumerate(drawn):
+        color = PALETTE[i % len(PALETTE)]
+        colors.append(color)
+        ax.plot(c.x, c.mean, label=c.label, color=color, marker=MARKERS[i % len(MARKERS)],
+                linestyle=LINESTYLES[i % len(LINESTYLES)], markersize=4, linewidth=1.5,
+                markevery=max(1, len(c.x) // 12))
+        band = [(xv, lo, hi) for xv, lo, hi in zip(c.x, c.ci_low, c.ci_high) if lo is not None]
+        if band:
+            bx, lo, hi = zip(*band)
+            ax.fill_between(bx, lo, hi, color=color, alpha=BAND_ALPHA, linewidth=0)
     if logx:
         ax.set_xscale("log")
-    ax.set_xlabel(x)
-    ax.set_ylabel(y)
+    if x in ("round", "updates"):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel(axis_label(x))
+    ax.set_ylabel(axis_label(y))
     ax.grid(alpha=0.3)
-    ax.legend()
+    if drawn:
+        ax.legend(fontsize="small", title=("shaded: 95 % t-interval over seeds"
+                                           if any(max(c.n) > 1 for c in drawn) else None),
+                  title_fontsize="x-small")
     if title:
-        ax.set_title(title)
+        ax.set_title(title, fontsize="medium")
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
-
-
-def _split_tasks(runs: dict[str, list[dict]]) -> dict[str, list[dict]]:
-    """Multi-task runs (records with ``task``) become one curve per task: ``run / task``."""
-    out: dict[str, list[dict]] = {}
-    for label, recs in runs.items():
-        for r in recs:
-            key = f"{label} / {r['task']}" if "task" in r else label
-            out.setdefault(key, []).append(r)
-    return out
+    data = {"x": x, "y": y, "title": title, "band_alpha": BAND_ALPHA,
+            "curves": [{**c.__dict__, "color": col} for c, col in zip(drawn, colors)]}
+    return fig, data
 
 
 def _number(value: object) -> bool:

@@ -51,7 +51,7 @@ _CHECKPOINT_FILE = re.compile(r"(?:round_\d{5,}\.(?:json|safetensors)|latest\.js
 # dotted config keys (``*`` matches one list index) that a resumed run may change; a section
 # name covers its keys. The engine only places the computation (world size, chunking,
 # device); its numeric precision changes the results, so it stays fixed.
-RUN_MAY_CHANGE = ("rounds", "eval", "checkpoint", "engine", "compare")
+RUN_MAY_CHANGE = ("rounds", "eval", "checkpoint", "engine", "compare", "logging")
 MULTITASK_MAY_CHANGE = ("max_updates", "max_time", "eval", "checkpoint", "engine",
                         "tasks.*.eval_every")
 NEVER_CHANGE = ("engine.precision",)

@@ -187,7 +187,7 @@ def answer_evaluate(cfg: RunConfig, msg: Message, context: Context) -> Message:
     else:
         idx = data.client_indices[cid].to(data.train_x.device)
         x, y = data.train_x[idx], data.train_y[idx]
-    res = evaluate(exp.model, params, x, y, cfg.eval.batch_size) if len(idx) else {
+    res = evaluate(exp.network, params, x, y, cfg.eval.batch_size) if len(idx) else {
         "test_loss": 0.0, "test_accuracy": 0.0}
     metrics = MetricRecord({"eval_loss": float(res["test_loss"]),
                             "eval_acc": float(res["test_accuracy"]), NUM_EXAMPLES: int(len(idx))})

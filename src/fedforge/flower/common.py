@@ -34,7 +34,7 @@ def experiment(cfg: RunConfig) -> tuple[Experiment, Callable]:
     if key not in _EXPERIMENTS:
         exp = Experiment.from_config(cfg)
         exp.engine = LoopEngine()  # one client per call: the reference engine
-        _EXPERIMENTS[key] = (exp, classification_loss(exp.model, cfg.engine.precision))
+        _EXPERIMENTS[key] = (exp, classification_loss(exp.network, cfg.engine.precision))
     return _EXPERIMENTS[key]
 
 

@@ -1,0 +1,62 @@
+"""Human names and units of the metric keys a run logs (axis labels, table headers, TensorBoard).
+
+One registry, so a figure, the HTML report and the console table name a metric the same way.
+A key that is not registered is shown as itself with underscores turned into spaces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Metric:
+    """``name`` as a reader says it; ``unit`` in brackets after it (None: a pure number)."""
+
+    name: str
+    unit: str | None = None
+    higher_is_better: bool | None = None
+
+    @property
+    def label(self) -> str:
+        return self.name if self.unit is None else f"{self.name} ({self.unit})"
+
+
+METRICS: dict[str, Metric] = {
+    "round": Metric("round"),
+    "test_accuracy": Metric("test accuracy", None, True),
+    "test_loss": Metric("test loss", None, False),
+    "train_loss": Metric("training loss", None, False),
+    "client_mean_accuracy": Metric("mean accuracy on clients' own test data", None, True),
+    "sim_time_s": Metric("simulated time", "s"),
+    "wall_s": Metric("wall-clock time", "s"),
+    "prep_s": Metric("preparation time", "s"),
+    "bytes_up": Metric("bytes up, cumulative", "B"),
+    "bytes_down": Metric("bytes down, cumulative", "B"),
+    "bytes_up_round": Metric("bytes up per round", "B"),
+    "bytes_down_round": Metric("bytes down per round", "B"),
+    "client_state_bytes_per_client": Metric("client state per client", "B"),
+    "updates": Metric("server updates"),
+    # compare's table columns
+    "final_acc": Metric("final test accuracy", None, True),
+    "best_acc": Metric("best test accuracy", None, True),
+    "final_loss": Metric("final test loss", None, False),
+    "sim_s_per_round": Metric("simulated time per round", "s"),
+}
+
+
+def metric(key: str) -> Metric:
+    """The registered metric, or one named after the key."""
+    if key in METRICS:
+        return METRICS[key]
+    if key.startswith("rounds_to_"):
+        return Metric(f"rounds to accuracy {key.removeprefix('rounds_to_')}", None, False)
+    if key.startswith("sim_min_to_"):
+        return Metric(f"simulated time to accuracy {key.removeprefix('sim_min_to_')}", "min",
+                      False)
+    return Metric(key.replace("_", " "))
+
+
+def axis_label(key: str) -> str:
+    """``"simulated time (s)"`` for ``sim_time_s``; the key itself, spaced, if unknown."""
+    return metric(key).label

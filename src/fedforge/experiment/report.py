@@ -1,0 +1,180 @@
+"""``fedforge report``: one self-contained HTML page of a run or a comparison folder.
+
+The page carries everything inline (figures as base64 PNG, no scripts, styles or fonts from
+elsewhere), so it can be mailed, archived or opened offline: the resolved configs, the
+partition statistics (client sizes and a label-by-client heatmap), the curves and the final
+table.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import statistics
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from fedforge.experiment.compare import format_cell, summary
+from fedforge.experiment.labels import metric
+from fedforge.experiment.plots import PALETTE, Run, draw, figure_title, group_runs, load_run
+
+CURVES = (("test_accuracy", "round"), ("test_loss", "round"), ("train_loss", "round"),
+          ("test_accuracy", "sim_time_s"), ("test_accuracy", "bytes_up"))
+_STYLE = """body{font-family:system-ui,sans-serif;max-width:960px;margin:2em auto;padding:0 1em;
+color:#222}h1{font-size:1.5em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em}
+table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #bbb;padding:.3em .6em;
+text-align:right}th{background:#f2f2f2}td:first-child{text-align:left}
+pre{background:#f7f7f7;padding:.8em;overflow-x:auto;font-size:.85em}img{max-width:100%}
+.note{color:#555;font-size:.9em}"""
+
+
+def find_runs(folder: Path) -> list[Path]:
+    """``folder`` itself if it is a run, else every run folder below it (``compare --out``:
+    ``<algorithm>/`` or ``<algorithm>/seed<s>/``), in a stable order."""
+    folder = Path(folder)
+    if (folder / "metrics.jsonl").is_file():
+        return [folder]
+    found = sorted(p.parent for p in folder.glob("*/metrics.jsonl"))
+    found += sorted(p.parent for p in folder.glob("*/*/metrics.jsonl"))
+    if not found:
+        raise FileNotFoundError(f"{folder}: no metrics.jsonl in it or in its subfolders "
+                                "(expected a run folder or a compare --out folder)")
+    return found
+
+
+def write_report(folder: str | Path, out: str | Path | None = None) -> Path:
+    """Write the page for ``folder`` (default ``folder/report.html``) -> its path."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no such folder")
+    target = folder / "report.html" if out is None else Path(out)
+    target.write_text(render(folder), encoding="utf-8")
+    return target
+
+
+def render(folder: Path) -> str:
+    """The HTML page of ``folder`` as text."""
+    runs = [load_run(d) for d in find_runs(folder)]
+    subtitle = figure_title(runs)
+    title = f"fedforge report: {folder.resolve().name}"
+    body = [f"<h1>{_e(title)}</h1>",
+            f"<p>{_e(subtitle)}</p>" if subtitle else "",
+            f'<p class="note">{len(runs)} run folder(s) under {_e(str(folder))}</p>',
+            "<h2>Final results</h2>", _table(folder, runs),
+            "<h2>Curves</h2>", _curves(runs),
+            "<h2>Partition</h2>", _partition(runs),
+            "<h2>Configuration</h2>", _configs(folder, runs)]
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{_e(title)}</title><style>{_STYLE}</style></head><body>\n"
+            + "\n".join(b for b in body if b) + "\n</body></html>\n")
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text))
+
+
+def _png(fig) -> str:
+    """An ``<img>`` holding the figure as a base64 PNG; closes the figure."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    data = base64.b64encode(buf.getvalue()).decode("ascii")
+    return f'<img alt="figure" src="data:image/png;base64,{data}">'
+
+
+def _table(folder: Path, runs: list[Run]) -> str:
+    """``table.json`` of a comparison, else one row per method from the runs' last records."""
+    path = folder / "table.json"
+    if path.is_file():
+        try:
+            rows = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    else:
+        rows = []
+        for label, group in group_runs(runs).items():
+            hists = [r.records for r in group if r.records]
+            if not hists:
+                continue
+            row: dict = {"algorithm": label, "seeds": len(hists)}
+            for key in ("test_accuracy", "test_loss", "sim_time_s", "bytes_up"):
+                values = [h[-1][key] for h in hists if isinstance(h[-1].get(key), (int, float))]
+                if values:
+                    row[f"final {key}"] = summary(values)
+            rows.append(row)
+    if not rows:
+        return "<p>No evaluated round yet.</p>"
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    head = "".join(f"<th>{_e(_col(c))}</th>" for c in cols)
+    lines = ["".join(f"<td>{_e(format_cell(r.get(c), r.get('seeds')))}</td>" for c in cols)
+             for r in rows]
+    return (f'<table id="final"><tr>{head}</tr>'
+            + "".join(f"<tr>{line}</tr>" for line in lines) + "</table>"
+            '<p class="note">mean ± half the 95 % t-interval over seeds; (k/m): only k of m '
+            "seeds reached the target</p>")
+
+
+def _col(key: str) -> str:
+    if key.startswith("final ") and " " not in key[6:]:
+        return f"final {metric(key[6:]).label}"
+    return key if key in ("algorithm", "method", "seeds") else metric(key).label
+
+
+def _curves(runs: list[Run]) -> str:
+    keys = {k for run in runs for r in run.records for k in r}
+    parts = []
+    for y, x in CURVES:
+        if y in keys and x in keys:
+            fig, _ = draw(runs, y, x, logx=x == "bytes_up")
+            parts.append(_png(fig))
+    return "\n".join(parts) or "<p>No evaluated round yet.</p>"
+
+
+def _partition(runs: list[Run]) -> str:
+    run = next((r for r in runs if r.partition), None)
+    if run is None:
+        return "<p>No partition.json (runs from before it was recorded).</p>"
+    part = run.partition
+    sizes = part["sizes"]
+    stats = (f"{part['num_clients']} clients, {sum(sizes)} training samples; samples per "
+             f"client: min {min(sizes)}, median {statistics.median(sizes):g}, max {max(sizes)}")
+    html_parts = [f"<p>{_e(part.get('dataset', ''))}: {_e(stats)} (from {_e(run.path)})</p>"]
+    fig, ax = plt.subplots(figsize=(6.4, 2.6), dpi=120)
+    ax.bar(range(len(sizes)), sizes, color=PALETTE[0], width=1.0)
+    ax.set_xlabel("client")
+    ax.set_ylabel("training samples")
+    ax.set_title("client sizes", fontsize="medium")
+    fig.tight_layout()
+    html_parts.append(_png(fig))
+    counts = part.get("label_counts")
+    if counts:
+        arr = np.asarray(counts, dtype=float)
+        fig, ax = plt.subplots(figsize=(6.4, 3.2), dpi=120)
+        im = ax.imshow(arr.T, aspect="auto", cmap="viridis", interpolation="nearest")
+        ax.set_xlabel("client")
+        ax.set_ylabel("label")
+        ax.set_title("training samples per label and client", fontsize="medium")
+        fig.colorbar(im, ax=ax, label="samples")
+        fig.tight_layout()
+        html_parts.append(_png(fig))
+    else:
+        html_parts.append('<p class="note">No label histogram (next-token task: the labels '
+                          "are the vocabulary).</p>")
+    return "\n".join(html_parts)
+
+
+def _configs(folder: Path, runs: list[Run]) -> str:
+    parts = []
+    for label, group in group_runs(runs).items():
+        path = group[0].path / "config.resolved.toml"
+        text = path.read_text(encoding="utf-8") if path.is_file() else "(no config.resolved.toml)"
+        seeds = sorted({r.seed for r in group if r.seed is not None})
+        note = f" (seeds {', '.join(map(str, seeds))}; shown: seed {group[0].seed})" \
+            if len(seeds) > 1 else ""
+        parts.append(f"<details{' open' if len(runs) == 1 else ''}><summary>{_e(label)}"
+                     f"{_e(note)}</summary><pre>{_e(text)}</pre></details>")
+    return "\n".join(parts)
