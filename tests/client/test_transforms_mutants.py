@@ -18,6 +18,7 @@ from fedforge.client.transforms import (
     at_round,
     chain,
     clip_by_global_norm,
+    clip_statistics,
     identity,
     scale,
     scale_by_adam,
@@ -212,17 +213,40 @@ def test_stateless_transforms_by_hand():
     torch.testing.assert_close(_apply(corr, g, c), g + 1.5)
 
 
+def _clip(tx, g, c=None):
+    c = c or ctx()
+    x = {"w": X0}
+    out, _ = tx.update({"w": g}, tx.init(x, c), x, c)
+    return out["w"]
+
+
 def test_clip_by_global_norm():
     g = torch.tensor([3.0, 4.0, 0.0], dtype=F64)  # norm 5
     assert clip_by_global_norm(1.0).name == "clip"
-    torch.testing.assert_close(_apply(clip_by_global_norm(2.5), g), g / 2, rtol=1e-7, atol=0)
-    torch.testing.assert_close(_apply(clip_by_global_norm(10.0), g), g)  # below: unchanged
-    torch.testing.assert_close(_apply(clip_by_global_norm(EXP), g, ctx(1.0)), g / 50,
+    torch.testing.assert_close(_clip(clip_by_global_norm(2.5), g), g / 2, rtol=1e-7, atol=0)
+    torch.testing.assert_close(_clip(clip_by_global_norm(10.0), g), g)  # below: unchanged
+    torch.testing.assert_close(_clip(clip_by_global_norm(EXP), g, ctx(1.0)), g / 50,
                                rtol=1e-7, atol=0)
     zero = torch.zeros(3, dtype=F64)
-    torch.testing.assert_close(_apply(clip_by_global_norm(1.0), zero), zero)
+    torch.testing.assert_close(_clip(clip_by_global_norm(1.0), zero), zero)
     tiny = torch.tensor([1e-13, 0.0, 0.0], dtype=F64)  # far below the norm: unchanged
-    torch.testing.assert_close(_apply(clip_by_global_norm(1.0), tiny), tiny, rtol=0, atol=0)
+    torch.testing.assert_close(_clip(clip_by_global_norm(1.0), tiny), tiny, rtol=0, atol=0)
+
+
+def test_clip_counts_clipped_steps_and_pre_clip_norms():
+    """Steps of norm 5 (clipped at 4), 4 (at the bound: not clipped) and 1 -> 1/3 clipped,
+    mean pre-clip norm 10/3; the counters are the state's, so masked steps do not count."""
+    tx = clip_by_global_norm(4.0)
+    x, c = {"w": X0}, ctx()
+    st = tx.init(x, c)
+    for g in ([3.0, 4.0, 0.0], [0.0, 4.0, 0.0], [1.0, 0.0, 0.0]):
+        _, st = tx.update({"w": torch.tensor(g, dtype=F64)}, st, x, c)
+    assert float(st["clipped"]) == 1.0 and float(st["norm_sum"]) == pytest.approx(10.0)
+    nested = {"chain": {"decay": {}, "clip": st}}
+    stats = clip_statistics(nested, torch.tensor(3.0, dtype=F64))
+    assert float(stats["clip_fraction"]) == pytest.approx(1 / 3)
+    assert float(stats["clip_norm"]) == pytest.approx(10 / 3)
+    assert clip_statistics({"lr": {}}, torch.tensor(3.0)) == {}
 
 
 def test_chain_order_state_and_duplicates():

@@ -142,15 +142,49 @@ def add_correction(part: str, server_key: str, client_key: str) -> Transform:
 
 
 def clip_by_global_norm(max_norm: ScheduleLike) -> Transform:
-    """Rescale ``g`` to global norm at most ``max_norm`` (no-op below it; may be a schedule)."""
+    """Rescale ``g`` to global norm at most ``max_norm`` (no-op below it; may be a schedule).
+
+    Its state counts, over the round's steps, how many were clipped and the sum of the
+    pre-clip norms: clipping can only matter when it fires (:func:`clip_statistics`)."""
     max_norm = as_schedule(max_norm, "max_grad_norm")
 
-    def fn(g, p, ctx):
-        norm = tree_sq_norm(g).sqrt()
-        factor = torch.clamp(at_round(max_norm, ctx) / (norm + 1e-12), max=1.0)
-        return tree_map(lambda x: x * factor, g)
+    def init(params, ctx):
+        p0 = next(iter(params.values()))
+        zero = torch.zeros((), dtype=p0.dtype, device=p0.device)
+        return {"clipped": zero, "norm_sum": zero.clone()}
 
-    return _stateless("clip", fn)
+    def update(g, state, params, ctx):
+        norm = tree_sq_norm(g).sqrt()
+        bound = at_round(max_norm, ctx)
+        factor = torch.clamp(bound / (norm + 1e-12), max=1.0)
+        state = {"clipped": state["clipped"] + (norm > bound).to(state["clipped"].dtype),
+                 "norm_sum": state["norm_sum"] + norm.to(state["norm_sum"].dtype)}
+        return tree_map(lambda x: x * factor, g), state
+
+    return Transform("clip", init, update)
+
+
+def _find_state(state: Any, name: str) -> State | None:
+    """The state of the transform ``name`` anywhere in a (nested) chain's state."""
+    if not isinstance(state, dict):
+        return None
+    if isinstance(state.get(name), dict) and state[name]:
+        return state[name]
+    for sub in state.values():
+        found = _find_state(sub, name)
+        if found is not None:
+            return found
+    return None
+
+
+def clip_statistics(state: State, steps: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``clip_fraction`` (share of the round's steps clipped) and ``clip_norm`` (mean
+    pre-clip norm) from a local optimizer's final state; ``{}`` without a clip."""
+    clip = _find_state(state, "clip")
+    if not clip:
+        return {}
+    n = steps.clamp_min(1.0)
+    return {"clip_fraction": clip["clipped"] / n, "clip_norm": clip["norm_sum"] / n}
 
 
 def trace(momentum: float, nesterov: bool = False, name: str = "momentum") -> Transform:

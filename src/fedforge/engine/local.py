@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedforge.algorithms.base import Algorithm, FinalizeInputs
-from fedforge.client.transforms import RoundContext
+from fedforge.client.transforms import RoundContext, clip_statistics
 from fedforge.core.tree import (
     Params,
     tree_map2,
@@ -77,6 +77,7 @@ def make_local_update(algorithm: Algorithm, loss_fn: LossFn, *, masked: bool) ->
     grad_and_loss = torch.func.grad_and_value(loss_fn)
     opt = algorithm.local_optimizer
     keep_grad_sum = algorithm.needs_grad_sum
+    privacy = getattr(algorithm, "privacy", None)  # fedforge.privacy: DP-SGD, clipped deltas
 
     def local_update(global_params, broadcast, client_state, info, xs, ys, ws) -> LocalResult:
         # xs: [steps, batch, ...], ys: [steps, batch], ws: [steps, batch]
@@ -87,8 +88,10 @@ def make_local_update(algorithm: Algorithm, loss_fn: LossFn, *, masked: bool) ->
         loss_sum = torch.zeros((), dtype=dtype, device=ws.device)
         steps = torch.zeros((), dtype=dtype, device=ws.device)
         grad_sum = tree_zeros_like(global_params) if keep_grad_sum else None
+        step_grad = None if privacy is None else privacy.step_grad(grad_and_loss, loss_fn, info)
         for k in range(xs.shape[0]):
-            grads, loss = grad_and_loss(params, xs[k], ys[k], ws[k])
+            grads, loss = (grad_and_loss(params, xs[k], ys[k], ws[k]) if step_grad is None
+                           else step_grad(params, xs[k], ys[k], ws[k], k))
             updates, new_state = opt.update(grads, state, params, ctx)
             new_params = tree_map2(torch.add, params, updates)
             if masked:
@@ -103,15 +106,19 @@ def make_local_update(algorithm: Algorithm, loss_fn: LossFn, *, masked: bool) ->
             if grad_sum is not None:
                 grad_sum = tree_map2(lambda s, g, a=a: s + a * g, grad_sum, grads)
         delta = tree_sub(global_params, params)
+        if privacy is not None:  # clipped (central) or clipped and noised (local) upload
+            delta, dp_uploads = privacy.client_delta(delta, broadcast, info)
         fin = FinalizeInputs(ctx, delta, params, state, grad_sum, steps)
         new_client_state, uploads = algorithm.finalize(fin)
+        if privacy is not None:
+            uploads = {**uploads, **dp_uploads}
         if algorithm.codec is not None:  # uplink codec: the engine averages the message
             delta, codec_state = algorithm.codec.encode(
                 delta, client_state.get("codec", {}), ctx)
             if codec_state:
                 new_client_state = {**new_client_state, "codec": codec_state}
         metrics = {"loss": loss_sum / steps.clamp_min(1.0), "steps": steps}
-        diagnostics = algorithm.client_metrics(fin)
+        diagnostics = {**algorithm.client_metrics(fin), **clip_statistics(state, steps)}
         if diagnostics:  # parts' per-client diagnostics, logged as cohort means
             metrics["parts"] = diagnostics
         return LocalResult(delta, new_client_state, uploads, metrics)
