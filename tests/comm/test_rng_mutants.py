@@ -88,6 +88,7 @@ def test_sign_vector_takes_32_bits_per_word_lowest_first():
     assert v.tolist() == ref
     assert rng.sign_vector(torch.tensor(key), 32, dtype=torch.float64).dtype == torch.float64
     assert rng.sign_vector(torch.tensor(key), 32).tolist() == ref[:32]
+    assert rng.sign_vector(torch.tensor(key), 33).tolist() == ref[:33]  # a second word
 
 
 def test_uniform_signs_randint_per_index():
@@ -108,6 +109,10 @@ def test_uniform_signs_randint_per_index():
     assert r.dtype == I64
     assert r.tolist() == [math.floor(h / 2.0**32 * 3) for h in hashes]
     assert set(r.tolist()) == {0, 1, 2}  # the top value occurs (a tighter clamp would show)
+    # a large range needs the float64 scaling (float32 would lose the low digits)
+    big = 2**31 - 1
+    r = rng.randint(torch.tensor(key), _t(idx), big)
+    assert r.tolist() == [math.floor(h / 2.0**32 * big) for h in hashes]
 
 
 def test_normal_is_box_muller_on_two_wide_streams():
