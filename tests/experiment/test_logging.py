@@ -1,0 +1,99 @@
+"""What a run prints: a bar naming algorithm, seed and round in a terminal, one flushed line per
+evaluation without one; TensorBoard scalars through tensorboard's own writer."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+from pathlib import Path
+
+import pytest
+
+from fedforge.experiment.config import load_config
+from fedforge.experiment.progress import RoundProgress, run_position
+from fedforge.experiment.runner import run_experiment
+
+REPO = Path(__file__).resolve().parents[2]
+QUICK = REPO / "examples" / "quickstart.toml"
+SHORT = ["rounds=4", "eval.every=2", "client.local_steps=1", "client.local_epochs=null",
+         "seed=3"]
+
+
+class _File(io.StringIO):
+    """A redirected stdout (not a terminal) that counts flushes."""
+
+    def __init__(self, tty: bool = False) -> None:
+        super().__init__()
+        self.tty, self.flushes = tty, 0
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    def flush(self) -> None:
+        self.flushes += 1
+        super().flush()
+
+
+def _records() -> list[tuple[int, dict | None]]:
+    return [(1, None), (2, {"test_accuracy": 0.5, "test_loss": 1.25, "wall_s": 3.0}),
+            (3, None), (4, {"test_accuracy": 0.75, "test_loss": 0.5, "wall_s": 6.04})]
+
+
+def test_without_a_terminal_one_flushed_line_per_evaluation():
+    out = _File()
+    with run_position("run 2/6"), RoundProgress(4, label="fedavg seed 3", stream=out) as bar:
+        for t, rec in _records():
+            flushes = out.flushes
+            bar.advance(t, rec)
+            if rec is not None:  # the line is out before the next round starts
+                assert out.flushes > flushes
+                assert out.getvalue().endswith("\n")
+    assert out.getvalue().splitlines() == [
+        "fedavg seed 3 [run 2/6]: rounds 1-4",
+        "fedavg seed 3 [run 2/6]: round 2/4 accuracy 0.5000 loss 1.2500 wall 3.0s",
+        "fedavg seed 3 [run 2/6]: round 4/4 accuracy 0.7500 loss 0.5000 wall 6.0s"]
+
+
+def test_in_a_terminal_the_bar_names_algorithm_seed_and_round():
+    out = _File(tty=True)
+    with RoundProgress(4, label="scaffold seed 1", stream=out) as bar:
+        assert not bar.lines
+        for t, rec in _records():
+            bar.advance(t, rec)
+    text = out.getvalue()
+    assert "scaffold seed 1" in text and "round 4/4" in text and "accuracy 0.7500" in text
+    assert "rounds 1-4" not in text  # no plain lines in a terminal
+
+
+def test_disabled_progress_prints_nothing():
+    out = _File()
+    with RoundProgress(4, enabled=False, label="x", stream=out) as bar:
+        for t, rec in _records():
+            bar.advance(t, rec)
+    assert out.getvalue() == ""
+
+
+def test_a_run_names_its_algorithm_and_seed(tmp_path, capsys):
+    run_experiment(load_config(QUICK, SHORT), tmp_path / "run", progress=True)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("fedavg")]
+    assert [ln.split(" accuracy")[0] for ln in lines] == [
+        "fedavg seed 3: rounds 1-4", "fedavg seed 3: round 2/4", "fedavg seed 3: round 4/4"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None,
+                    reason="tensorboard is not installed (pip install 'fedforge[tensorboard]')")
+def test_tensorboard_scalars_match_the_metrics(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from fedforge.experiment.plots import read_metrics
+
+    run = tmp_path / "run"
+    run_experiment(load_config(QUICK, [*SHORT, "logging.tensorboard=true"]), run,
+                   progress=False)
+    acc = EventAccumulator(str(run / "tensorboard"))
+    acc.Reload()
+    events = acc.Scalars("test_accuracy")
+    records = read_metrics(run / "metrics.jsonl")
+    assert [e.step for e in events] == [2, 4] == [r["round"] for r in records]
+    assert [e.value for e in events] == pytest.approx([r["test_accuracy"] for r in records],
+                                                      abs=1e-6)
