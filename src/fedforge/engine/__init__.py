@@ -1,22 +1,25 @@
 """Engines run a cohort's local rounds; they never name an algorithm."""
 
+from fedforge.engine.auto import AutoEngine
 from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput
 from fedforge.engine.distributed import DistributedEngine
 from fedforge.engine.local import LocalResult, classification_loss, make_local_update
 from fedforge.engine.loop import LoopEngine
 from fedforge.engine.vmap import VmapEngine
 
-ENGINES = {"vmap": VmapEngine, "loop": LoopEngine, "distributed": DistributedEngine}
+ENGINES = {"auto": AutoEngine, "vmap": VmapEngine, "loop": LoopEngine,
+           "distributed": DistributedEngine}
 
 
 def build_engine(name: str = "vmap", **kwargs) -> ChunkedEngine:
-    """Engine by name (``vmap`` default, ``loop`` reference)."""
+    """Engine by name (``auto`` times loop and vmap variants, ``loop`` is the reference)."""
     if name not in ENGINES:
         raise ValueError(f"engine.name: unknown engine {name!r}; expected one of {sorted(ENGINES)}")
     return ENGINES[name](**kwargs)
 
 
 __all__ = [
-    "ENGINES", "ChunkedEngine", "CohortInputs", "CohortOutput", "DistributedEngine", "LocalResult",
-    "LoopEngine", "VmapEngine", "build_engine", "classification_loss", "make_local_update",
+    "ENGINES", "AutoEngine", "ChunkedEngine", "CohortInputs", "CohortOutput", "DistributedEngine",
+    "LocalResult", "LoopEngine", "VmapEngine", "build_engine", "classification_loss",
+    "make_local_update",
 ]

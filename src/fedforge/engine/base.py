@@ -59,6 +59,17 @@ class ChunkedEngine:
         self._fns: dict[tuple, Callable] = {}
         self.max_chunk: int | None = None  # lowered after an out-of-memory error
 
+    def state_dict(self) -> dict:
+        """What a resumed run needs to compute exactly as before (JSON-able; none here)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` (checkpoint meta ``engine``)."""
+
+    def report(self) -> dict:
+        """Keys for the run's next metrics record (``auto``: its choice, once)."""
+        return {}
+
     def local_update(self, algorithm: Algorithm, loss_fn: LossFn, masked: bool) -> Callable:
         key = (id(algorithm), id(loss_fn), masked)
         if key not in self._fns:

@@ -9,6 +9,9 @@ import torch
 
 from fedforge.core.tree import tree_nbytes
 from fedforge.engine.base import ChunkedEngine, CohortInputs
+from fedforge.engine.batched_conv import STRATEGIES, BatchedConvMode, ConvPlans
+
+CONV_MODES = ("native", "auto", *STRATEGIES)
 
 
 def _free_memory_bytes(device: torch.device) -> int:
@@ -45,6 +48,13 @@ class VmapEngine(ChunkedEngine):
     dynamo's recompile limit (8 by default), past which dynamo falls back to eager with a
     warning. W1 on a 2-core CPU (benchmarks/RESULTS.md): 1.2x eager vmap but still below the
     plain loop in fp32; with bf16 1.2x the plain bf16 loop, after 75-160 s of compiling.
+
+    ``conv`` chooses how convolutions and max-pooling of the vmapped clients run:
+    ``"native"`` (functorch's batching rules), or through
+    :class:`~fedforge.engine.batched_conv.BatchedConvMode` with one strategy for every layer
+    (``"grouped"``, ``"loop"``, ``"bmm"``) or ``"auto"``, the fastest per layer shape by a
+    one-off micro-benchmark. The per-shape choices are part of :meth:`state_dict`, so a
+    resumed run computes exactly as the interrupted one. Not combined with ``compile``.
     """
 
     name = "vmap"
@@ -59,6 +69,7 @@ class VmapEngine(ChunkedEngine):
         cpu_max_chunk: int | None = None,
         keep_deltas: bool = False,
         compile: bool | str = False,
+        conv: str = "native",
     ) -> None:
         super().__init__(keep_deltas=keep_deltas)
         if chunk_size != "auto" and (not isinstance(chunk_size, int) or chunk_size < 1):
@@ -71,6 +82,10 @@ class VmapEngine(ChunkedEngine):
         self.cpu_model_budget = cpu_model_budget
         self.cpu_max_chunk = cpu_max_chunk
         self.compile = compile
+        if conv not in CONV_MODES:
+            raise ValueError(f"engine.conv: expected one of {CONV_MODES}, got {conv!r}")
+        self.conv = conv
+        self.plans = ConvPlans(conv) if conv != "native" else None
 
     def chunk_size(self, inputs: CohortInputs, x_all: torch.Tensor) -> int:
         if self._chunk != "auto":
@@ -96,7 +111,23 @@ class VmapEngine(ChunkedEngine):
     def wrap(self, fn: Callable) -> Callable:
         # global params and broadcast are shared; everything per-client has a leading axis
         chunk_fn = torch.func.vmap(fn, in_dims=(None, None, 0, 0, 0, 0, 0))
+        if self.plans is not None and not self.compile:
+            plans = self.plans
+
+            def batched_conv_chunk(*args):
+                with BatchedConvMode(plans):
+                    return chunk_fn(*args)
+
+            return batched_conv_chunk
         if not self.compile:
             return chunk_fn
         mode = "default" if self.compile is True else str(self.compile)
         return torch.compile(chunk_fn, mode=mode)
+
+    def state_dict(self) -> dict:
+        """The per-shape convolution strategies chosen so far (empty for ``conv="native"``)."""
+        return {"conv_plans": self.plans.state_dict()} if self.plans is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.plans is not None:
+            self.plans.load_state_dict(state.get("conv_plans", {}))

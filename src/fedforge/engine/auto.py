@@ -1,0 +1,169 @@
+"""AutoEngine (``engine.name = "auto"``): pick the fastest engine for this run by timing it.
+
+Which engine is fastest depends on the model and the machine: on a CPU the vmapped engine
+wins where per-client overhead dominates (small dense models) and can lose where one client's
+convolutions already keep the cores busy. On its first cohort the engine times a few chunks
+of that cohort with each candidate — the loop, the vmapped engine at its automatic chunk
+size and at half of it, each with functorch's convolutions and with the per-shape batched
+ones (:mod:`fedforge.engine.batched_conv`) — keeps the fastest and runs every cohort with it.
+The calibration's results are thrown away (the local update is pure), so the run trains
+exactly as the chosen engine alone would.
+
+Calibration only runs when it costs at most ``max_share`` (2 %) of the run's client updates
+(``budget_updates``, set by the runner to rounds x clients per round) and stops early once
+its wall time passes that share of the projected run; shorter runs use the vmapped engine
+with functorch's convolutions, as before ``auto`` existed. The choice and the per-layer
+convolution strategies are :meth:`state_dict`, stored in every checkpoint, so a resumed run
+reuses them and stays bit-exact.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from fedforge.core.tree import tree_index
+from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput
+from fedforge.engine.loop import LoopEngine
+from fedforge.engine.vmap import VmapEngine
+
+logger = logging.getLogger(__name__)
+
+
+def _label(choice: dict) -> str:
+    if choice["engine"] == "loop":
+        return "loop"
+    return f"vmap chunk {choice['chunk']} conv {choice['conv']}"
+
+
+def _head(inputs: CohortInputs, k: int) -> CohortInputs:
+    """The first ``k`` clients of a cohort (aggregation weights need not sum to 1 here)."""
+    sl = slice(0, k)
+    return inputs._replace(
+        client_states=tree_index(inputs.client_states, sl), info=tree_index(inputs.info, sl),
+        sample_idx=inputs.sample_idx[sl], weights=inputs.weights[sl],
+        agg_weights=inputs.agg_weights[sl])
+
+
+class AutoEngine(ChunkedEngine):
+    """Times candidate engines on the first cohort and runs the fastest (module docstring)."""
+
+    name = "auto"
+
+    def __init__(
+        self,
+        chunk_size: int | str = "auto",
+        *,
+        compile: bool | str = False,
+        keep_deltas: bool = False,
+        budget_updates: int | None = None,
+        max_share: float = 0.02,
+    ) -> None:
+        super().__init__(keep_deltas=keep_deltas)
+        self._chunk = chunk_size
+        self.compile = compile
+        self.budget_updates = budget_updates
+        self.max_share = max_share
+        self.choice: dict | None = None  # {"engine", "chunk", "conv"}
+        self.timings: dict[str, float] = {}  # candidate label -> ms per client update
+        self.calibration_s = 0.0
+        self.engine: ChunkedEngine | None = None
+        self._reported = False
+
+    # --- what runs ------------------------------------------------------------------------
+    def build(self, choice: dict) -> ChunkedEngine:
+        """The engine a choice names (``{"engine": "loop"}`` or vmap with chunk and conv)."""
+        if choice.get("engine") == "loop":
+            return LoopEngine(keep_deltas=self.keep_deltas)
+        if choice.get("engine") != "vmap":
+            raise ValueError(f"engine auto: unknown recorded engine {choice.get('engine')!r}")
+        return VmapEngine(chunk_size=choice.get("chunk", "auto"), compile=self.compile,
+                          conv=choice.get("conv", "native"), keep_deltas=self.keep_deltas)
+
+    def run_cohort(self, algorithm, loss_fn, x_all, y_all, inputs: CohortInputs) -> CohortOutput:
+        if self.engine is None:
+            self._choose(algorithm, loss_fn, x_all, y_all, inputs)
+        assert self.engine is not None
+        self.engine.keep_deltas = self.keep_deltas
+        return self.engine.run_cohort(algorithm, loss_fn, x_all, y_all, inputs)
+
+    def chunk_size(self, inputs: CohortInputs, x_all: torch.Tensor) -> int:
+        return (self.engine or VmapEngine(self._chunk)).chunk_size(inputs, x_all)
+
+    # --- calibration ----------------------------------------------------------------------
+    def candidates(self, inputs: CohortInputs, x_all: torch.Tensor) -> list[dict]:
+        """Loop, then vmap at the automatic chunk ``a`` and ``a // 2``, each with native and
+        batched convolutions (chunks capped at the cohort size)."""
+        num = inputs.sample_idx.shape[0]
+        a = min(VmapEngine(self._chunk).chunk_size(inputs, x_all), num)
+        chunks = [a] if self._chunk != "auto" or a < 4 else [a, a // 2]
+        out = [{"engine": "loop", "chunk": 1, "conv": "native"}]
+        for c in chunks:
+            out += [{"engine": "vmap", "chunk": c, "conv": conv} for conv in ("native", "auto")]
+        return out
+
+    def _default(self, inputs, x_all, reason: str) -> None:
+        self.choice = {"engine": "vmap", "chunk": self._chunk, "conv": "native",
+                       "calibrated": False, "reason": reason}
+        self.engine = self.build(self.choice)
+
+    def _choose(self, algorithm, loss_fn, x_all, y_all, inputs: CohortInputs) -> None:
+        if self.compile:
+            return self._default(inputs, x_all, "engine.compile is set")
+        cands = self.candidates(inputs, x_all)
+        cost = sum(2 * c["chunk"] for c in cands)  # client updates: a warm-up and a timed chunk
+        if self.budget_updates is None or cost > self.max_share * self.budget_updates:
+            return self._default(inputs, x_all, f"run too short to calibrate ({cost} client "
+                                 f"updates > {self.max_share:.0%} of {self.budget_updates})")
+        t_start = time.perf_counter()
+        best, best_ms = None, float("inf")
+        for cand in cands:
+            engine = self.build(cand)
+            sub = _head(inputs, cand["chunk"])
+            engine.run_cohort(algorithm, loss_fn, x_all, y_all, sub)  # warm-up
+            t0 = time.perf_counter()
+            engine.run_cohort(algorithm, loss_fn, x_all, y_all, sub)
+            ms = (time.perf_counter() - t0) * 1000.0 / cand["chunk"]
+            if cand["conv"] == "auto" and not engine.state_dict().get("conv_plans"):
+                continue  # no convolution in this model: same as native
+            self.timings[_label(cand)] = round(ms, 3)
+            if ms < best_ms:
+                best, best_ms = (cand, engine), ms
+            spent = time.perf_counter() - t_start
+            if spent > self.max_share * best_ms / 1000.0 * self.budget_updates:
+                break  # over the share of the projected run: keep the best so far
+        self.calibration_s = time.perf_counter() - t_start
+        assert best is not None
+        self.choice = {**best[0], "calibrated": True}
+        self.engine = best[1]
+        logger.info("engine auto: %s (ms per client update: %s; %.1f s)", _label(best[0]),
+                    self.timings, self.calibration_s)
+
+    # --- records --------------------------------------------------------------------------
+    def report(self) -> dict:
+        """Once, after a calibration: the choice and timings for the run's metrics."""
+        if self._reported or not (self.choice or {}).get("calibrated"):
+            return {}
+        self._reported = True
+        return {"engine_auto": _label(self.choice), "engine_auto_ms": dict(self.timings),
+                "engine_auto_calibration_s": round(self.calibration_s, 3)}
+
+    def state_dict(self) -> dict:
+        if self.choice is None:
+            return {}
+        inner = self.engine.state_dict() if self.engine is not None else {}
+        return {"choice": dict(self.choice), "timings": dict(self.timings), **inner}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Reuse a recorded choice (resume): no calibration, same per-layer strategies."""
+        if not state.get("choice"):
+            return
+        if not isinstance(state["choice"], dict):
+            raise ValueError("checkpoint field 'engine.choice' is not a table")
+        self.choice = dict(state["choice"])
+        self.timings = dict(state.get("timings", {}))
+        self._reported = True  # the run's metrics already hold it
+        self.engine = self.build(self.choice)
+        self.engine.load_state_dict(state)
