@@ -28,7 +28,8 @@ _STYLE = """body{font-family:system-ui,sans-serif;max-width:960px;margin:2em aut
 color:#222}h1{font-size:1.5em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #bbb;padding:.3em .6em;
 text-align:right}th{background:#f2f2f2}td:first-child{text-align:left}
-pre{background:#f7f7f7;padding:.8em;overflow-x:auto;font-size:.85em}img{max-width:100%}
+pre{background:#f7f7f7;padding:.8em;overflow-x:auto;font-size:.85em}img{width:100%}
+.figs{display:grid;grid-template-columns:repeat(auto-fit,minmax(420px,1fr));gap:.5em}
 .note{color:#555;font-size:.9em}"""
 
 
@@ -131,7 +132,9 @@ def _curves(runs: list[Run]) -> str:
         if y in keys and x in keys:
             fig, _ = draw(runs, y, x, logx=x == "bytes_up")
             parts.append(_png(fig))
-    return "\n".join(parts) or "<p>No evaluated round yet.</p>"
+    if not parts:
+        return "<p>No evaluated round yet.</p>"
+    return '<div class="figs">' + "\n".join(parts) + "</div>"
 
 
 def _partition(runs: list[Run]) -> str:
@@ -160,7 +163,7 @@ def _partition(runs: list[Run]) -> str:
         ax.set_title("training samples per label and client", fontsize="medium")
         fig.colorbar(im, ax=ax, label="samples")
         fig.tight_layout()
-        html_parts.append(_png(fig))
+        html_parts[-1] = f'<div class="figs">{html_parts[-1]}{_png(fig)}</div>'
     else:
         html_parts.append('<p class="note">No label histogram (next-token task: the labels '
                           "are the vocabulary).</p>")
