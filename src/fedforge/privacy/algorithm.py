@@ -1,0 +1,204 @@
+"""A differentially private algorithm: any algorithm plus one server stage and client hooks.
+
+:func:`privatize` wraps a built :class:`~fedforge.algorithms.base.Algorithm` in
+:class:`PrivateAlgorithm`, which carries the run's :class:`Mechanism`. The engine's pure
+local round asks it for DP-SGD gradients and for the clipped (and, locally, noised) delta;
+the round weights clipped deltas by ``1/(qN)`` (central); the server chain gains a first
+stage, ``privacy``, which adds the central noise to the aggregate before the server
+optimizer, updates an adaptive clip, and counts rounds for the accountant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from functools import cached_property
+
+import numpy as np
+import torch
+
+from fedforge.algorithms.base import Algorithm
+from fedforge.core.tree import Params
+from fedforge.privacy.accountant import (
+    RunEvents,
+    calibrate_sigma,
+    delta_multiplier,
+    epsilon,
+    rounds_within,
+)
+from fedforge.privacy.checks import check_algorithm
+from fedforge.privacy.config import PrivacyConfig
+from fedforge.privacy.mechanisms import add_noise, clip_tree, dp_sgd_grad
+from fedforge.server.chain import Aggregate, ServerChain, ServerTransform
+
+KEY = "privacy_key"  # per-client round input: the key of that client's noise
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """The resolved privacy settings of one run (σ chosen, q known)."""
+
+    cfg: PrivacyConfig
+    sigma: float  # the noise multiplier the accountant is charged
+    rate: float  # q = clients_per_round / population (Poisson client sampling)
+    num_clients: int  # N
+    events: RunEvents
+    seed: int = 0
+
+    @property
+    def mode(self) -> str:
+        return self.cfg.mode
+
+    @property
+    def expected_cohort(self) -> float:
+        return self.rate * self.num_clients
+
+    @property
+    def count_noise(self) -> float:
+        """σ_b of the adaptive clip's unclipped count (Andrew et al.: expected cohort / 20)."""
+        return self.cfg.count_noise or self.expected_cohort / 20.0
+
+    @property
+    def delta_sigma(self) -> float:
+        """The multiplier of the noise on the delta sum (σ, or σ_Δ with adaptive clipping)."""
+        if self.cfg.adaptive:
+            return delta_multiplier(self.sigma, self.count_noise)
+        return self.sigma
+
+    def epsilon(self, rounds: int) -> float:
+        return epsilon(self.events, self.sigma, rounds, self.cfg.delta, self.cfg.accountant)
+
+    def last_round(self, rounds: int) -> int:
+        """With both σ and ``target_epsilon``: the last round whose ε stays within the target
+        (the run stops there); otherwise ``rounds``."""
+        cfg = self.cfg
+        if cfg.target_epsilon is None or cfg.noise_multiplier is None:
+            return rounds
+        return rounds_within(self.events, self.sigma, rounds, cfg.delta, cfg.target_epsilon,
+                             cfg.accountant)
+
+    # --- sampling and weights -------------------------------------------------------
+    def sample_cohort(self, generator: torch.Generator) -> torch.Tensor:
+        """Poisson sampling: each client independently with probability q (sorted ids)."""
+        keep = torch.rand(self.num_clients, generator=generator) < self.rate
+        return torch.nonzero(keep).flatten()
+
+    def aggregation_weights(self, weights: torch.Tensor) -> torch.Tensor:
+        """Central DP: every clipped delta weighs ``1/(qN)`` (the expected cohort), so one
+        client moves the mean by at most ``C/(qN)`` whatever the cohort drawn."""
+        if self.mode != "central":
+            return weights
+        return torch.full_like(weights, 1.0 / self.expected_cohort)
+
+    # --- client side (inside the pure local round) --------------------------------------
+    def step_grad(self, grad_and_loss: Callable, loss_fn: Callable, info: dict) -> Callable:
+        """``(params, x, y, w, step) -> (grads, loss)``: DP-SGD in mode ``sample``."""
+        if self.mode != "sample":
+            return lambda params, x, y, w, step: grad_and_loss(params, x, y, w)
+        dp_grad = dp_sgd_grad(loss_fn, self.cfg.clip, self.sigma)
+        return lambda params, x, y, w, step: dp_grad(params, x, y, w, info[KEY], step)
+
+    def client_delta(self, delta: Params, broadcast: dict, info: dict) -> tuple[Params, dict]:
+        """The delta a client uploads, and its privacy uploads (the adaptive clip's bit)."""
+        if self.mode not in ("central", "local"):
+            return delta, {}
+        clip = broadcast["privacy"]["clip"]
+        clipped, norm = clip_tree(delta, clip)
+        if self.mode == "local":
+            clipped = add_noise(clipped, self.sigma * clip, info[KEY], -1)
+        unclipped = (norm <= clip).to(norm.dtype)
+        return clipped, ({"privacy": {"unclipped": unclipped}} if self.cfg.adaptive else {})
+
+    # --- server side ----------------------------------------------------------------------
+    def stage(self) -> ServerTransform:
+        """The server stage: central noise on the aggregate, adaptive clip, round count."""
+
+        def init(params: Params) -> dict:
+            dtype = next(iter(params.values())).dtype
+            device = next(iter(params.values())).device
+            return {"clip": torch.tensor(self.cfg.clip, dtype=dtype, device=device),
+                    "rounds": torch.zeros((), dtype=torch.int64, device=device)}
+
+        def update(params: Params, agg: Aggregate, state: dict):
+            clip = state["clip"]
+            new = {"clip": clip, "rounds": state["rounds"] + 1}
+            if self.mode != "central":
+                return params, agg, new
+            gen = self._generator(agg.round)
+            m = self.expected_cohort
+            std = self.delta_sigma * clip / m  # N(0, σ²C²) on the sum -> σC/(qN) on the mean
+            delta = {k: v + std * _randn(v, gen) for k, v in agg.delta.items()}
+            if self.cfg.adaptive:  # Andrew et al. 2021: geometric update toward the quantile
+                count = agg.uploads["privacy"]["unclipped"] * agg.num_sampled
+                noisy = (count + self.count_noise * _randn(count, gen)) / m
+                new["clip"] = clip * torch.exp(-self.cfg.clip_lr
+                                               * (noisy - self.cfg.target_quantile))
+            return params, agg._replace(delta=delta), new
+
+        return ServerTransform("privacy", init, update)
+
+    def _generator(self, round_: int) -> torch.Generator:
+        state = np.random.SeedSequence([self.seed, round_, 0x5EC]).generate_state(1)[0]
+        return torch.Generator().manual_seed(int(state))
+
+
+def _randn(like: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Server noise, drawn on the CPU from the round's generator (device independent)."""
+    return torch.randn(like.shape, generator=gen, dtype=like.dtype).to(like.device)
+
+
+@dataclass(frozen=True)
+class PrivateAlgorithm(Algorithm):
+    """``algorithm`` under a privacy :class:`Mechanism` (same parts, one more server stage)."""
+
+    privacy: Mechanism | None = None
+
+    @cached_property
+    def server(self) -> ServerChain:
+        inner = Algorithm.server.func(self)  # type: ignore[attr-defined]
+        return ServerChain((self.privacy.stage(), *inner.stages))
+
+    def broadcast(self, server_state) -> dict:
+        return {**super().broadcast(server_state),
+                "privacy": {"clip": server_state["privacy"]["clip"]}}
+
+    def round_info(self, num_sampled: int, generator: torch.Generator) -> dict:
+        info = super().round_info(num_sampled, generator)
+        info[KEY] = torch.randint(0, 2**31 - 1, (num_sampled,), generator=generator)
+        return info
+
+    def server_metrics(self, server_state, client_states: dict) -> dict:
+        out = super().server_metrics(server_state, client_states)
+        rounds = int(server_state["privacy"]["rounds"])
+        out.update({"dp_epsilon": self.privacy.epsilon(rounds),
+                    "dp_noise_multiplier": self.privacy.sigma,
+                    "dp_clip": float(server_state["privacy"]["clip"])})
+        return out
+
+
+def resolve(cfg: PrivacyConfig, rounds: int, clients_per_round: int, num_clients: int,
+            local_epochs: int | None, seed: int = 0) -> Mechanism:
+    """The run's mechanism: q, the accountant's events, and σ (given, or calibrated to
+    ``target_epsilon`` over ``rounds`` rounds)."""
+    rate = min(1.0, clients_per_round / num_clients)
+    events = RunEvents(cfg.mode, rate if cfg.mode == "central" else 1.0, local_epochs or 1)
+    sigma = cfg.noise_multiplier
+    if sigma is None:
+        sigma = calibrate_sigma(events, rounds, cfg.delta, cfg.target_epsilon, cfg.accountant)
+    mech = Mechanism(cfg, float(sigma), rate, num_clients, events, seed)
+    mech.delta_sigma  # noqa: B018 (refuses a count_noise too small for σ now, not mid-run)
+    return mech
+
+
+def privatize(algorithm: Algorithm, mechanism: Mechanism, template: Params) -> PrivateAlgorithm:
+    """``algorithm`` with ``mechanism`` (refused when DP is ill-defined for it)."""
+    check_algorithm(algorithm, template, mechanism.cfg)
+    kwargs = {f.name: getattr(algorithm, f.name) for f in fields(algorithm)}
+    return PrivateAlgorithm(**kwargs, privacy=mechanism)
+
+
+def for_run(run, algorithm: Algorithm, num_clients: int, template: Params) -> PrivateAlgorithm:
+    """The private algorithm of RunConfig ``run`` on a population of ``num_clients``."""
+    mech = resolve(run.privacy, run.rounds, run.server.clients_per_round, num_clients,
+                   run.client.local_epochs, run.seed)
+    return privatize(algorithm, mech, template)

@@ -1,0 +1,70 @@
+"""Config-time refusals: where differential privacy is ill-defined or not served.
+
+No ``dp-accounting`` import here, so a config is checked without the ``privacy`` extra.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from fedforge.algorithms.base import NEEDS, Algorithm
+from fedforge.core.tree import Params
+from fedforge.privacy.config import PrivacyConfig
+
+# what each mode cannot protect: values the server would use without noise
+REFUSED = {
+    "central": frozenset({"uploads", "codec", "prepare", "full_participation"}),
+    "local": frozenset({"uploads", "codec", "prepare", "full_participation"}),
+    "sample": frozenset({"prepare", "full_participation"}),
+}
+
+
+def check_algorithm(algorithm: Algorithm, template: Params, cfg: PrivacyConfig) -> None:
+    """Refuse, in one line naming the algorithm and the field, what DP cannot protect."""
+    refused = sorted(algorithm.needs(template) & REFUSED[cfg.mode])
+    if refused:
+        what = ", ".join(NEEDS.get(n, n) for n in refused)
+        raise ValueError(f"privacy.mode: {cfg.mode!r} is ill-defined for algorithm "
+                         f"{algorithm.name!r}: it needs {what}, which the server would use "
+                         f"without noise")
+
+
+def check_run(run) -> None:
+    """Config-time refusals that involve other sections (``run`` is a RunConfig)."""
+    p = run.privacy
+    if not p.on:
+        return
+    if p.mode in ("central", "local") and run.server.aggregator != "mean":
+        raise ValueError(f"server.aggregator: {run.server.aggregator!r} is not the mean; "
+                         f"privacy mode {p.mode!r} bounds only the mean's sensitivity")
+    if run.divergence == "rollback":
+        raise ValueError("divergence: 'rollback' re-runs rounds, which spends privacy budget "
+                         "twice; use 'stop' or 'skip_client' with privacy")
+    if p.mode == "central" and run.divergence != "stop":
+        raise ValueError(f"divergence: {run.divergence!r} reweights the remaining clients, "
+                         f"which breaks central DP's fixed 1/(qN) weights; use 'stop'")
+    if p.mode == "sample" and run.client.local_epochs is None:
+        raise ValueError("privacy.mode: 'sample' needs client.local_epochs (with local_steps "
+                         "a small client's examples repeat within a batch)")
+    if run.engine.name == "distributed":
+        raise ValueError("engine.name: privacy runs on the loop and vmap engines only")
+
+
+def check_privacy(run, algorithm: Algorithm) -> None:
+    """Every privacy refusal for RunConfig ``run`` whose algorithm is ``algorithm``, raised
+    as the config's one-line error."""
+    from fedforge.experiment.config import ConfigError  # noqa: PLC0415 (imports this module)
+
+    if not run.privacy.on:
+        return
+    try:
+        if importlib.util.find_spec("dp_accounting") is None:
+            raise ValueError("privacy: needs the dp-accounting package; pip install "
+                             "'fedforge[privacy]'")
+        check_run(run)
+        check_algorithm(algorithm, {"weight": torch.zeros(2, 2), "bias": torch.zeros(2)},
+                        run.privacy)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
