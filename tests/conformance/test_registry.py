@@ -6,8 +6,9 @@ For each registered algorithm (a new one is covered without editing this file):
   (metrics and final checkpoint), also with random attacks and with straggler rounds;
 * rollback after an injected NaN completes;
 * the state survives a checkpoint round trip in the model's parameter order;
-* the asynchronous driver either serves it or refuses it at build time with one line naming
-  the algorithm and the driver.
+* an algorithm that needs every client every round refuses a sampled cohort in one line.
+
+The multi-task drivers (FedAST, FedBuff, Sync-ST) are ``test_async_registry.py``.
 
 Loop == vmap for every algorithm is ``tests/engine/test_parity.py``.
 """
@@ -25,16 +26,15 @@ import torch
 from fedforge.algorithms import ALGORITHMS, build_algorithm
 from fedforge.core.tree import flatten_dict
 from fedforge.engine.base import ChunkedEngine
-from fedforge.engine.jobs import ASYNC_SERVES, check_async_support
 from fedforge.experiment.checkpoint import load_checkpoint
-from fedforge.experiment.config import load_config
+from fedforge.experiment.config import ConfigError, load_config
 from fedforge.experiment.runner import Experiment, restore_or_init, run_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
-ROUNDS = 4
+ROUNDS, CLIENTS = 4, 8
 BASE = [
     f"rounds={ROUNDS}", "eval.every=1", "checkpoint.every=1", "checkpoint.keep=10",
-    "data.options.num_clients=8", "server.clients_per_round=3", "client.batch_size=5",
+    f"data.options.num_clients={CLIENTS}", "server.clients_per_round=3", "client.batch_size=5",
     "client.local_epochs=null", "client.local_steps=2", "eval.per_client=false",
 ]
 VARIANTS = {
@@ -59,7 +59,13 @@ def _by_name(names):
 
 def _cfg(name: str, *extra: str):
     return load_config(ROOT / "examples/quickstart.toml",
-                       [*BASE, f"algorithm.name={name}", *extra])
+                       [*BASE, *_participation(name), f"algorithm.name={name}", *extra])
+
+
+def _participation(name: str) -> list[str]:
+    """Every client every round for an algorithm whose maths needs it (MARINA)."""
+    return [] if "full_participation" not in build_algorithm(name).requires else [
+        f"server.clients_per_round={CLIENTS}"]
 
 
 def _stop_round(name: str) -> int:
@@ -158,15 +164,23 @@ def test_rollback_after_injected_nan(tmp_path, name, nan_once):
     assert "rollback to round 2" in events
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_async_driver_serves_or_refuses_at_build_time(name):
-    algorithm = build_algorithm(name)
-    needs = algorithm.needs({"w": torch.zeros(2)})
-    unserved = needs - ASYNC_SERVES
-    if not unserved:
-        check_async_support(algorithm, {"w": torch.zeros(2)}, "tasks[0].algorithm.name")
+@pytest.mark.parametrize("name", _by_name(NAMES))
+def test_sampled_cohort_is_refused_or_served(tmp_path, name):
+    """A full-participation algorithm refuses a sampled cohort in one line naming it and the
+    driver: when the config is loaded if it gives the client count, else when the run is
+    built (natural partitions count clients from the data); every other algorithm loads."""
+    sampled = [*BASE, "data.partition=iid", f"data.num_clients={CLIENTS}",
+               f"algorithm.name={name}"]
+    if "full_participation" not in build_algorithm(name).requires:
+        assert load_config(ROOT / "examples/quickstart.toml", sampled).server.clients_per_round == 3
         return
-    with pytest.raises(ValueError) as err:
-        check_async_support(algorithm, {"w": torch.zeros(2)}, "tasks[0].algorithm.name")
-    message = str(err.value)
-    assert "\n" not in message and name in message and "asynchronous" in message
+    expected = (rf"^server\.clients_per_round: {name!r} needs every client in every round, "
+                rf"which synchronous rounds of 3 of {CLIENTS} clients cannot serve; "
+                rf"set server\.clients_per_round = {CLIENTS}$")
+    with pytest.raises(ConfigError, match=expected):
+        load_config(ROOT / "examples/quickstart.toml", sampled)
+    natural = load_config(ROOT / "examples/quickstart.toml", [*BASE, f"algorithm.name={name}"])
+    with pytest.raises(ValueError, match=expected):
+        run_experiment(natural, tmp_path / "run", progress=False)
+    with pytest.raises(ConfigError, match=rf"^sim\.straggler_k: {name!r} needs every client"):
+        _cfg(name, "sim.stragglers=true", "sim.straggler_k=2")

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from fedforge.algorithms.base import Algorithm, check_support
+from fedforge.algorithms.base import Algorithm
 from fedforge.core.tree import Params, tree_index, tree_stack
 from fedforge.data.batching import client_batches
 from fedforge.engine.base import ChunkedEngine, CohortInputs, _cat
@@ -95,10 +95,6 @@ def driver_serves(method: str) -> tuple[str, frozenset[str]]:
     if method in ASYNC_METHODS:
         return "asynchronous driver", ASYNC_SERVES
     return "synchronous multi-task driver", SYNC_MULTITASK_SERVES
-
-
-def check_async_support(algorithm: Algorithm, template: Params, field: str) -> None:
-    check_support(algorithm, template, field, "asynchronous driver", ASYNC_SERVES)
 
 
 class TaskExecutor:
@@ -196,6 +192,23 @@ class TaskExecutor:
                                          self.max_batch)
         self.batches_run += calls
         return deltas, losses
+
+    # --- checkpoints -------------------------------------------------------------------
+    def computed(self) -> tuple[dict[str, Params], dict[str, float]]:
+        """Results computed but not yet consumed -> (``{"j<id>": delta}``, ``{"j<id>": loss}``).
+
+        A checkpoint keeps them: recomputing them after a resume would train them in other
+        batches than the uninterrupted run, and a batch's composition moves the last bits."""
+        return ({f"j{i}": delta for i, (delta, _, _) in sorted(self.results.items())},
+                {f"j{i}": loss for i, (_, loss, _) in sorted(self.results.items())})
+
+    def restore(self, job: Job, params: Params, broadcast: dict, delta: Params | None = None,
+                loss: float | None = None) -> None:
+        """Resume a job in flight: waiting, or (``delta`` given) computed but not consumed."""
+        self.submit(job, params, broadcast)
+        if delta is not None:
+            del self.waiting[job.job_id]
+            self.results[job.job_id] = (delta, float(loss), self.versions[job.version][0])
 
     def _store(self, jobs: list[Job], deltas: Params, losses: list[float]) -> None:
         for i, j in enumerate(jobs):

@@ -1,7 +1,8 @@
 """Checkpoint state of the drivers: tensors (models, buffers, versions in flight) + JSON meta.
 
-Computed-but-not-yet-arrived results are not saved: a job's result is a pure function of the
-model version it was sent, its client and its seed, so a resumed run recomputes it.
+Results computed but not yet arrived are saved too: a job's result is a pure function of the
+model version it was sent, its client and its seed, but recomputed in another batch of jobs
+it may differ in the last bits, and a resumed run must equal the uninterrupted one exactly.
 """
 
 from __future__ import annotations
@@ -46,9 +47,14 @@ def driver_state(d: AsyncDriver | SyncDriver) -> tuple[dict, dict]:
         if d.code is not None:
             meta["code"] = d.code.state_dict()
         for m, t in enumerate(d.tasks):
+            # by version, so a resumed run writes the same file; clones: may alias params
+            versions = sorted(t.executor.versions.items(), key=lambda item: item[0])
             tensors[f"task{m}"]["versions"] = {
                 f"v{v}": {"params": tree_clone(p), "bcast": tree_clone(b)}
-                for v, (p, b) in t.executor.versions.items()}  # clones: may alias params
+                for v, (p, b) in versions}
+            deltas, losses = t.executor.computed()
+            tensors[f"task{m}"]["results"] = deltas
+            meta["tasks"][m]["results"] = losses
             tensors[f"task{m}"]["window"] = {f"w{i}": w for i, w in enumerate(d.window[m])}
     else:
         meta.update(round=d.round, first_loss=d.first_loss, last_loss=d.last_loss,
@@ -77,11 +83,14 @@ def load_driver_state(d: AsyncDriver | SyncDriver, tensors: dict, meta: dict) ->
             versions = tt.get("versions", {})
             win = tt.get("window", {})
             d.window[m] = [win[f"w{i}"] for i in range(len(win))]
+            deltas, losses = tt.get("results", {}), meta["tasks"][m].get("results", {})
             for job in d.clock.pending(m):
                 v = versions[f"v{job.version}"]
-                t.executor.submit(job, v["params"], {"round": v["bcast"]["round"],
-                                                     **{k: x for k, x in v["bcast"].items()
-                                                        if k != "round"}})
+                key = f"j{job.job_id}"
+                t.executor.restore(job, v["params"], {"round": v["bcast"]["round"],
+                                                      **{k: x for k, x in v["bcast"].items()
+                                                         if k != "round"}},
+                                   deltas.get(key), losses.get(key))
     else:
         d.round, d.assigned = meta["round"], list(meta["assigned"])
         d.first_loss, d.last_loss = list(meta["first_loss"]), list(meta["last_loss"])
