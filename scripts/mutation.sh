@@ -94,7 +94,12 @@ tests_for() {
            "tests/algorithms/test_defaults.py" ;;
     src/fedforge/algorithms/compressed.py)
       echo "tests/algorithms/test_safl.py tests/algorithms/test_multiround_compressed.py" \
-           "tests/algorithms/test_defaults.py" ;;
+           "tests/algorithms/test_compressed_mutants.py tests/algorithms/test_defaults.py" \
+           "-k 'not baselines_run'" ;;
+    src/fedforge/algorithms/base.py)
+      echo "tests/algorithms/test_base_mutants.py tests/algorithms/test_multiround_compressed.py" \
+           "tests/algorithms/test_fadamgc.py::test_full_gradient_init_by_hand" \
+           "tests/algorithms/test_multiround_sgd.py::test_feddyn_four_rounds" ;;
     src/fedforge/algorithms/fedptr.py)
       echo "tests/algorithms/test_fedptr.py tests/algorithms/test_defaults.py" ;;
     src/fedforge/algorithms/*)
