@@ -1,0 +1,151 @@
+"""The compressed algorithms' factories pass every argument to the right place
+(src/fedforge/algorithms/compressed.py): each one's codec fields, local optimizer and server
+optimizer next to the same pieces built directly, the cosine horizon and the errors
+(docs/testing.md).
+"""
+
+import pytest
+import torch
+
+from fedforge.algorithms.compressed import (
+    SERVER_OPTS,
+    _cosine,
+    _server,
+    fetchsgd,
+    marina,
+    onebit_adam,
+    safl,
+    topk_ef,
+)
+from fedforge.client.optimizers import local_optimizer
+from fedforge.client.transforms import RoundContext
+from fedforge.comm.codec import CompressCodec, FetchSGDCodec, MarinaCodec, SketchCodec
+from fedforge.server.optimizers import server_adam, server_sgd
+
+F64 = torch.float64
+X0 = torch.tensor([3.0, -4.0], dtype=F64)
+DELTAS = [[0.2, -0.1], [0.05, 0.3], [-0.4, 0.0]]
+
+
+def local_path(tx):
+    x = {"w": X0.clone()}
+    ctx = RoundContext(x, {"round": torch.tensor(1.0, dtype=F64)}, {}, {})
+    state, out = tx.init(x, ctx), []
+    for g in [[1.0, 2.0], [0.0, 0.0], [-3.0, 0.5]]:
+        upd, state = tx.update({"w": torch.tensor(g, dtype=F64)}, state, x, ctx)
+        x = {"w": x["w"] + upd["w"]}
+        out.append(x["w"])
+    return torch.stack(out)
+
+
+def server_path(opt):
+    params = {"w": X0.clone()}
+    state, out = opt.init(params), []
+    for d in DELTAS:
+        upd, state = opt.update({"w": torch.tensor(d, dtype=F64)}, state, params)
+        params = {"w": params["w"] + upd["w"]}
+        out.append(upd["w"])
+    return torch.stack(out)
+
+
+def same(a, b):
+    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)
+
+
+MOMENTUM = local_path(local_optimizer("momentum", 0.05, weight_decay=0.3))
+
+
+def test_server_choice():
+    assert SERVER_OPTS == ("amsgrad", "adam", "sgd")
+    same(server_path(_server("sgd", 0.7, 0.5, 0.8, 0.05)), server_path(server_sgd(0.7)))
+    same(server_path(_server("adam", 0.7, 0.5, 0.8, 0.05)),
+         server_path(server_adam(0.7, 0.5, 0.8, 0.05)))
+    same(server_path(_server("amsgrad", 0.7, 0.5, 0.8, 0.05)),
+         server_path(server_adam(0.7, 0.5, 0.8, 0.05, amsgrad=True)))
+    with pytest.raises(ValueError, match=r"^algorithm\.optimizer: expected one of \('amsgrad', "
+                                         r"'adam', 'sgd'\), got 'sgdm'$"):
+        _server("sgdm", 0.7, 0.5, 0.8, 0.05)
+
+
+def test_cosine_horizon():
+    assert _cosine(0.1, None, 1e-5) == 0.1
+    sched = {"kind": "step", "init": 0.1, "gamma": 0.5, "every": 2}
+    assert _cosine(sched, 10, 1e-5) is sched  # a schedule is kept as given
+    assert _cosine(1, 10.0, 0) == {"kind": "cosine", "init": 1.0, "rounds": 10, "final": 0.0}
+    assert _cosine(0.1, 1, 1e-5) == {"kind": "cosine", "init": 0.1, "rounds": 1,
+                                     "final": 1e-5}
+    for rounds in (0, -3):
+        with pytest.raises(ValueError, match=rf"^algorithm\.rounds: expected an int >= 1, "
+                                             rf"got {rounds}$"):
+            _cosine(0.1, rounds, 1e-5)
+
+
+def test_safl_passes_every_argument():
+    alg = safl(local_lr=0.05, server_lr=0.7, rounds=None, b1=0.5, b2=0.8, eps=0.05,
+               optimizer="adam", sketch="count", sketch_size=6, compression=3.0, sketch_rows=2,
+               sketch_seed=4, client_optimizer="momentum", weight_decay=0.3)
+    assert alg.name == "safl" and isinstance(alg.codec, SketchCodec)
+    c = alg.codec
+    assert (c.kind, c.size, c.ratio, c.seed, c.rows) == ("count", 6, None, 4, 2)
+    same(local_path(alg.local_optimizer), MOMENTUM)
+    same(server_path(alg.server_optimizer), server_path(server_adam(0.7, 0.5, 0.8, 0.05)))
+    by_ratio = safl(compression=3.0).codec
+    assert (by_ratio.kind, by_ratio.size, by_ratio.ratio, by_ratio.seed, by_ratio.rows) == (
+        "srht", None, 3.0, 0, 1)
+    cosine = safl(server_lr=0.7, rounds=5, min_lr=0.1, b1=0.5, b2=0.8, eps=0.05)
+    ref = server_adam({"kind": "cosine", "init": 0.7, "rounds": 5, "final": 0.1}, 0.5, 0.8,
+                      0.05, amsgrad=True)
+    same(server_path(cosine.server_optimizer), server_path(ref))
+
+
+def test_fetchsgd_passes_every_argument():
+    alg = fetchsgd(local_lr=0.05, server_lr=0.7, momentum=0.4, sketch_size=12, sketch_rows=3,
+                   k=2, topk_compression=5.0, sketch_seed=4, client_optimizer="momentum",
+                   weight_decay=0.3)
+    c = alg.codec
+    assert alg.name == "fetchsgd" and isinstance(c, FetchSGDCodec)
+    assert (c.k, c.k_ratio, c.rho, c.lr) == (2, 5.0, 0.4, 0.7)
+    assert (c.sk.kind, c.sk.size, c.sk.ratio, c.sk.rows, c.sk.seed) == ("count", 12, None, 3, 4)
+    same(local_path(alg.local_optimizer), MOMENTUM)
+    same(server_path(alg.server_optimizer), server_path(server_sgd(1.0)))
+    by_ratio = fetchsgd(compression=7.0).codec
+    assert (by_ratio.sk.size, by_ratio.sk.ratio, by_ratio.sk.rows) == (None, 7.0, 5)
+
+
+def test_topk_ef_passes_every_argument():
+    alg = topk_ef(local_lr=0.05, server_lr=0.7, b1=0.5, b2=0.8, eps=0.05, optimizer="amsgrad",
+                  method="qsgd", k=3, compression=4.0, levels=5, error_feedback=False, seed=9,
+                  client_optimizer="momentum", weight_decay=0.3)
+    c = alg.codec
+    assert alg.name == "topk_ef" and isinstance(c, CompressCodec)
+    assert (c.method, c.k, c.ratio, c.levels, c.ef, c.seed) == ("qsgd", 3, None, 5, False, 9)
+    same(local_path(alg.local_optimizer), MOMENTUM)
+    same(server_path(alg.server_optimizer),
+         server_path(server_adam(0.7, 0.5, 0.8, 0.05, amsgrad=True)))
+    d = topk_ef(compression=4.0).codec
+    assert (d.method, d.k, d.ratio, d.levels, d.ef, d.seed) == ("topk", None, 4.0, 16, True, 0)
+
+
+def test_onebit_adam_passes_every_argument():
+    alg = onebit_adam(local_lr=0.05, server_lr=0.7, b1=0.5, b2=0.8, eps=0.05,
+                      error_feedback=False, client_optimizer="momentum", weight_decay=0.3)
+    c = alg.codec
+    assert alg.name == "onebit_adam" and (c.method, c.ef) == ("sign", False)
+    assert onebit_adam().codec.ef is True
+    same(local_path(alg.local_optimizer), MOMENTUM)
+    same(server_path(alg.server_optimizer), server_path(server_adam(0.7, 0.5, 0.8, 0.05)))
+
+
+def test_marina_passes_every_argument():
+    alg = marina(local_lr=0.05, server_lr=0.7, optimizer="adam", b1=0.5, b2=0.8, eps=0.05,
+                 k=3, compression=4.0, sync_prob=0.3, seed=6, client_optimizer="momentum",
+                 weight_decay=0.3)
+    c = alg.codec
+    assert alg.name == "marina" and isinstance(c, MarinaCodec)
+    assert (c.p, c.seed, c.q.k, c.q.ratio, c.q.seed) == (0.3, 6, 3, None, 6)
+    assert alg.requires == frozenset({"full_participation"})
+    same(local_path(alg.local_optimizer), MOMENTUM)
+    same(server_path(alg.server_optimizer), server_path(server_adam(0.7, 0.5, 0.8, 0.05)))
+    by_ratio = marina(compression=4.0).codec
+    assert (by_ratio.q.k, by_ratio.q.ratio) == (None, 4.0)
+    same(server_path(marina(server_lr=0.7).server_optimizer), server_path(server_sgd(0.7)))
