@@ -110,7 +110,8 @@ class EvalConfig(_Section):
 
 
 class EngineConfig(_Section):
-    name: Literal["vmap", "loop", "distributed"] = "vmap"
+    # auto: times loop and vmap variants on the first cohort (engine/auto.py)
+    name: Literal["auto", "vmap", "loop", "distributed"] = "auto"
     chunk_size: int | Literal["auto"] = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: Literal["fp32", "bf16", "tf32"] = "fp32"  # bf16 = autocast of the forward

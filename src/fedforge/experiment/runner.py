@@ -136,6 +136,8 @@ class Experiment:
             algorithm = for_run(cfg, algorithm, data.num_clients, dict(network.named_parameters()))
         engine_kw = {} if cfg.engine.name == "loop" else {
             "chunk_size": cfg.engine.chunk_size, "compile": cfg.engine.compile}
+        if cfg.engine.name == "auto":  # calibrates only where it costs <= 2 % of the run
+            engine_kw["budget_updates"] = cfg.rounds * cfg.server.clients_per_round
         engine = build_engine(cfg.engine.name, **engine_kw)
         robust = build_robust(cfg, data)  # may flip attackers' labels in data.train_y
         if robust is not None:
@@ -372,6 +374,7 @@ def _run_experiment(
         bytes_up, bytes_down = meta["bytes_up"], meta["bytes_down"]
         sim_time_s, prep_s = meta["sim_time_s"], meta["prep_s"]
         lr_scale, rollbacks = meta["lr_scale"], meta["rollbacks"]
+        exp.engine.load_state_dict(meta.get("engine", {}))  # auto: the recorded choice
         exp.scale_local_lr(lr_scale)
     metrics = MetricsWriter(out / "metrics.jsonl", truncate_after=start - 1)
     t0 = time.perf_counter() - wall_offset
@@ -456,6 +459,7 @@ def _run_experiment(
                     record["prep_s"] = round(prep_s, 3)
                 record.update(cohort_means(cohort.metrics.get("parts", {}), trained))
                 record.update(exp.algorithm.server_metrics(server_state, store.state))
+                record.update(exp.engine.report())  # auto: its choice and timings, once
                 metrics.write(record)
             if t % cfg.checkpoint.every == 0 or t == cfg.rounds:
                 clients = store.state_dict()  # a collective when sharded: every rank
@@ -468,6 +472,7 @@ def _run_experiment(
                          "sim_time_s": sim_time_s,
                          "sim_clock": stragglers.state_dict() if stragglers is not None else None,
                          "lr_scale": lr_scale, "rollbacks": rollbacks,
+                         "engine": exp.engine.state_dict(),  # auto: choice, conv plans
                          "rng": "derived per round from (seed, round)"},
                         keep=cfg.checkpoint.keep,
                     )
