@@ -30,6 +30,7 @@ from fedforge.engine.loop import LoopEngine
 from fedforge.engine.vmap import VmapEngine
 
 logger = logging.getLogger(__name__)
+MAX_SHARE = 0.02  # calibration may cost at most this share of the run
 
 
 def _label(choice: dict) -> str:
@@ -59,13 +60,13 @@ class AutoEngine(ChunkedEngine):
         compile: bool | str = False,
         keep_deltas: bool = False,
         budget_updates: int | None = None,
-        max_share: float = 0.02,
+        max_share: float | None = None,
     ) -> None:
         super().__init__(keep_deltas=keep_deltas)
         self._chunk = chunk_size
         self.compile = compile
         self.budget_updates = budget_updates
-        self.max_share = max_share
+        self.max_share = MAX_SHARE if max_share is None else max_share
         self.choice: dict | None = None  # {"engine", "chunk", "conv"}
         self.timings: dict[str, float] = {}  # candidate label -> ms per client update
         self.calibration_s = 0.0

@@ -1,0 +1,89 @@
+"""AutoEngine: the calibrated choice trains like the reference, short runs keep the vmapped
+engine bit for bit, and a resumed run reuses the recorded choice without recalibrating."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedforge.algorithms import build_algorithm
+from fedforge.engine import AutoEngine, LoopEngine, VmapEngine, build_engine
+from fedforge.engine import auto as auto_mod
+from fedforge.experiment.config import load_config
+from fedforge.experiment.runner import run_experiment
+from fedforge.models import build_model
+from tests.engine.test_batched_conv import LENET_LIKE
+from tests.engine.test_parity import _data, _run, assert_same_run
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.toml"
+
+
+def _setup():
+    name, shape, kwargs = LENET_LIKE
+    torch.manual_seed(0)
+    model = build_model(name, shape, 5, **kwargs)
+    return model, _data("image", shape), build_algorithm("scaffold", local_lr=0.05)
+
+
+def test_calibrated_choice_agrees_with_loop_and_records_timings():
+    model, (x, y, idx, w), algo = _setup()
+    engine = AutoEngine(budget_updates=10**6)
+    got = _run(algo, engine, model, x, y, idx, w)
+    ref = _run(algo, LoopEngine(), model, x, y, idx, w)
+    assert_same_run(ref, got, rtol=1e-4)
+    assert engine.choice["calibrated"] is True
+    labels = {"loop", "vmap chunk 4 conv native", "vmap chunk 4 conv auto",
+              "vmap chunk 2 conv native", "vmap chunk 2 conv auto"}
+    assert set(engine.timings) <= labels and "loop" in engine.timings
+    assert min(engine.timings, key=engine.timings.get) == auto_mod._label(engine.choice)
+    rep = engine.report()
+    assert rep["engine_auto"] == auto_mod._label(engine.choice) and engine.report() == {}
+
+
+def test_short_run_is_the_vmapped_engine_bit_for_bit():
+    model, (x, y, idx, w), algo = _setup()
+    engine = AutoEngine(budget_updates=100)  # 2 % of 100 updates is less than one chunk
+    got = _run(algo, engine, model, x, y, idx, w)
+    ref = _run(algo, VmapEngine(), model, x, y, idx, w)
+    assert engine.choice["calibrated"] is False and "too short" in engine.choice["reason"]
+    assert_same_run(ref, got, rtol=0, atol=0)
+    assert engine.report() == {}
+
+
+def test_recorded_choice_is_reused_without_calibrating(monkeypatch):
+    model, (x, y, idx, w), algo = _setup()
+    first = AutoEngine(budget_updates=10**6)
+    _run(algo, first, model, x, y, idx, w)
+    state = json.loads(json.dumps(first.state_dict()))  # as the checkpoint meta stores it
+    second = AutoEngine(budget_updates=10**6)
+    monkeypatch.setattr(AutoEngine, "_choose", lambda *a: pytest.fail("recalibrated"))
+    second.load_state_dict(state)
+    assert _run(algo, second, model, x, y, idx, w)  # runs with the recorded engine
+    assert second.choice == first.choice
+    assert second.engine.state_dict() == first.engine.state_dict()  # same conv strategies
+    with pytest.raises(ValueError, match="unknown recorded engine"):
+        AutoEngine().load_state_dict({"choice": {"engine": "jax"}})
+
+
+def test_build_engine_auto_and_config_default():
+    assert isinstance(build_engine("auto"), AutoEngine)
+    assert load_config(QUICKSTART).engine.name == "auto"
+
+
+def test_run_records_the_choice_and_resume_reuses_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(auto_mod, "MAX_SHARE", 100.0)  # calibrate even this short run
+    over = ["rounds=2", "eval.every=1", "checkpoint.every=2", "model.name=mlp",
+            "model.options.hidden=[8]"]
+    hist = run_experiment(load_config(QUICKSTART, over), tmp_path, progress=False)
+    assert "engine_auto" in hist[0] and "engine_auto" not in hist[1]
+    ckpt = tmp_path / "checkpoints"
+    meta = json.loads((ckpt / json.loads((ckpt / "latest.json").read_text())["checkpoint"])
+                      .read_text())
+    assert auto_mod._label(meta["engine"]["choice"]) == hist[0]["engine_auto"]
+    monkeypatch.setattr(AutoEngine, "_choose", lambda *a: pytest.fail("recalibrated"))
+    over[0] = "rounds=3"
+    more = run_experiment(load_config(QUICKSTART, over), tmp_path, resume=True,
+                          progress=False)
+    assert [r["round"] for r in more] == [1, 2, 3] and "engine_auto" not in more[2]
+
