@@ -101,6 +101,7 @@ def test_compressed_nbytes_by_hand():
     assert C.compressed_nbytes("qsgd", 16, levels=1) == 4 + 2 + 2
     assert C.compressed_nbytes("sign", 17) == 4 + 3
     assert C.compressed_nbytes("sign", 16) == 4 + 2
+    assert C.compressed_nbytes("topk", 17) == 0 and C.compressed_nbytes("randk", 17) == 8
     with pytest.raises(ValueError, match=r"^compressor: unknown method 'dropout'; expected "
                                          r"one of \('topk', 'randk', 'qsgd', 'sign'\)$"):
         C.compressed_nbytes("dropout", 17)
@@ -137,6 +138,22 @@ def test_wire_tensors_by_hand():
     assert level_bits.tolist() == [0b01001000]
     with pytest.raises(ValueError, match=r"^compressor: unknown method 'x'; expected one of "):
         C.wire("x", v, v)
+
+
+def test_wire_of_float64_vectors_is_float32_and_zero_is_not_negative():
+    v = torch.tensor([0.0, -3.0, 1.0, 2.0], dtype=F64)
+    vals, _ = C.wire("topk", v, C.topk(v, 2), k=2)
+    assert vals.dtype == torch.float32 and vals.tolist() == [-3.0, 2.0]
+    scale, signs = C.wire("sign", v, C.scaled_sign(v))
+    assert scale.dtype == torch.float32 and scale.tolist() == [1.5]
+    assert signs.tolist() == [2]  # the zero entry is not sent as negative
+    _, sign_bits, _ = C.wire("qsgd", v, v, levels=1)
+    assert sign_bits.tolist() == [2]
+    # a vector of norm below 1: levels relative to its own norm 0.5
+    w = torch.tensor([0.3, 0.0, -0.4], dtype=F64)
+    recon = torch.tensor([0.5, 0.0, -0.5], dtype=F64)  # levels 1, 0, 1 of s = 1
+    _, _, level_bits = C.wire("qsgd", w, recon, levels=1)
+    assert level_bits.tolist() == [0b101]
 
 
 def test_wire_qsgd_of_zero_vector_has_zero_levels():
