@@ -12,7 +12,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from fedforge.algorithms import ALGORITHMS
+from fedforge.algorithms import ALGORITHMS, build_algorithm
 from fedforge.experiment.config import load_config
 from fedforge.experiment.runner import run_experiment
 
@@ -30,6 +30,7 @@ TASKS: dict[str, list[str]] = {
     ],
 }
 CONFIGS = {"quickstart": "examples/quickstart.toml", "mnist_cnn": "examples/mnist_dirichlet.toml"}
+CLIENTS = {"quickstart": 30, "mnist_cnn": 20}  # each task's population
 
 
 def algorithm_names() -> list[str]:
@@ -43,11 +44,18 @@ def algorithm_names() -> list[str]:
 
 
 def golden_run(task: str, algorithm: str) -> list[dict]:
-    overrides = [*TASKS[task], f"algorithm.name={algorithm}"]
+    overrides = [*TASKS[task], *participation(task, algorithm), f"algorithm.name={algorithm}"]
     cfg = load_config(ROOT / CONFIGS[task], overrides)
     with tempfile.TemporaryDirectory() as tmp:
         records = run_experiment(cfg, Path(tmp) / "run", progress=False)
     return [{k: v for k, v in r.items() if k not in WALL_KEYS} for r in records]
+
+
+def participation(task: str, algorithm: str) -> list[str]:
+    """Every client every round for an algorithm whose maths needs it (MARINA)."""
+    if "full_participation" not in build_algorithm(algorithm).requires:
+        return []
+    return [f"server.clients_per_round={CLIENTS[task]}"]
 
 
 def record() -> dict:
