@@ -104,6 +104,13 @@ tests_for() {
       echo "tests/algorithms/test_fedptr.py tests/algorithms/test_defaults.py" ;;
     src/fedforge/algorithms/*)
       echo "tests/algorithms -k 'not fedptr and not backbone'" ;;
+    src/fedforge/sim/delays.py | src/fedforge/sim/clock.py | src/fedforge/sim/allocation.py | \
+    src/fedforge/sim/multitask_sync.py)
+      local stem="${1##*/}"
+      echo "tests/sim/test_${stem%.py}.py tests/sim/test_${stem%.py}_mutants.py" ;;
+    src/fedforge/sim/fedast.py)
+      echo "tests/sim/test_allocation.py tests/sim/test_allocation_code.py" \
+           "tests/sim/test_fedast_mutants.py" ;;
     src/fedforge/sim/*)
       echo "tests/sim" ;;
     src/fedforge/engine/round.py | src/fedforge/experiment/round.py)
