@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedforge.algorithms import ALGORITHMS
+from fedforge.algorithms import ALGORITHMS, build_algorithm
 from fedforge.core.store import ClientStore
 from fedforge.core.tree import flatten_dict, tree_leaves
 from fedforge.engine.local import classification_loss
@@ -39,9 +39,10 @@ def _floats(tree) -> list[torch.dtype]:
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if n in SLOW else [])
                                   for n in sorted(ALGORITHMS)])
 def test_every_tensor_of_a_float64_run_is_float64(float64_default, name):
+    per_round = 6 if "full_participation" in build_algorithm(name).requires else 3  # MARINA
     cfg = load_config(ROOT / "examples/quickstart.toml", [
-        "data.options.num_clients=6", "server.clients_per_round=3", "client.local_epochs=null",
-        "client.local_steps=2", f"algorithm.name={name}"])
+        "data.options.num_clients=6", f"server.clients_per_round={per_round}",
+        "client.local_epochs=null", "client.local_steps=2", f"algorithm.name={name}"])
     exp = Experiment.from_config(cfg)
     loss_fn = classification_loss(exp.network)
     params = exp.initial_params()

@@ -29,7 +29,9 @@ def _served(name: str) -> bool:
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n in FAST else [pytest.mark.slow])
                                   for n in sorted(ALGORITHMS)])
 def test_bridge_serves_like_the_simulator_or_refuses(name, tmp_path):
-    cfg = tiny_cfg(f"algorithm.name={name}", "rounds=3")
+    full = "full_participation" in build_algorithm(name).requires  # MARINA: every client
+    cfg = tiny_cfg(f"algorithm.name={name}", "rounds=3",
+                   *([f"server.clients_per_round={NUM_CLIENTS}"] if full else []))
     grid = FakeGrid(client_app(cfg), NUM_CLIENTS)
     if not _served(name):
         with pytest.raises(ValueError) as err:

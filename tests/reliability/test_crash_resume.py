@@ -23,6 +23,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from fedforge.algorithms import build_algorithm
+
 CONFIG = """
 name = "crash"
 seed = 7
@@ -40,7 +42,7 @@ local_lr = 0.05
 batch_size = 8
 local_steps = 4
 [server]
-clients_per_round = 4
+clients_per_round = {per_round}
 [eval]
 every = 1
 per_client = false
@@ -123,7 +125,9 @@ def _crash_and_compare(tmp_path: Path, rounds: int, kills: int, seed: int, in_pr
                        startup_kill: bool = False, algorithm: str = "scaffold",
                        variant: str = "plain") -> int:
     cfg = tmp_path / "crash.toml"
-    cfg.write_text(CONFIG.format(rounds=rounds, algorithm=algorithm, extra=VARIANTS[variant]))
+    per_round = 12 if "full_participation" in build_algorithm(algorithm).requires else 4
+    cfg.write_text(CONFIG.format(rounds=rounds, algorithm=algorithm, extra=VARIANTS[variant],
+                                 per_round=per_round))
     rng = random.Random(seed)
     out = tmp_path / "killed"
     killed, resume = 0, False
