@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from fedforge.algorithms.base import Algorithm, PrepareInputs
+from fedforge.algorithms.base import UPLOAD_SCALE, Algorithm, PrepareInputs
 from fedforge.core.store import ClientStore
 from fedforge.core.tree import Params
 from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput
@@ -46,6 +46,7 @@ def federated_round(
     round_: int = 1,
     divergence: str | None = None,
     robust: Callable | None = None,
+    sample_counts: torch.Tensor | None = None,
 ) -> RoundResult:
     """Run one round for the sampled ``client_ids``.
 
@@ -59,6 +60,9 @@ def federated_round(
         :mod:`fedforge.robust.divergence`); ``None`` skips the screening.
       robust: attack + robust aggregator applied to the per-client deltas
         (:class:`fedforge.robust.RobustRound`; the engine must keep deltas).
+      sample_counts: ``[C]`` the clients' training-sample counts n_i; needed by an algorithm
+        with a part whose uploads are averaged with weights n_i / n (``upload_weights =
+        "num_samples"``).
     """
     num_sampled = int(client_ids.numel())
     if agg_weights is None:
@@ -71,6 +75,8 @@ def federated_round(
     broadcast = {**algorithm.broadcast(server_state),
                  "round": torch.tensor(float(round_), device=x_all.device)}
     client_states, info = store.gather(client_ids), info or {}
+    if algorithm.weights_uploads:  # the scale a num_samples part multiplies its uploads by
+        info = {**info, UPLOAD_SCALE: upload_scale(algorithm, sample_counts, params)}
     if algorithm.prepares:  # eager per-client work before local training (FedPTR's MTT)
         client_states, info, client_metrics = algorithm.prepare_cohort(PrepareInputs(
             params, broadcast, client_states, info, loss_fn, x_all, y_all, sample_idx, weights,
@@ -88,6 +94,8 @@ def federated_round(
     cohort = engine.run_cohort(algorithm, loss_fn, x_all, y_all, inputs)
     if divergence is not None:  # NaN/Inf screening; skip_client re-runs the good clients
         run = rerun_fn(engine, algorithm, loss_fn, x_all, y_all)
+        if UPLOAD_SCALE in info:  # clients skipped: the others' weights sum to one again
+            run = _renormalised(run)
         cohort, inputs, client_ids, _ = screen_cohort(
             divergence, cohort, run, inputs, client_ids, round_)
         num_sampled = int(client_ids.numel())
@@ -101,3 +109,26 @@ def federated_round(
     if divergence is not None:
         check_model(new_params, round_)
     return RoundResult(new_params, new_server_state, cohort)
+
+
+def upload_scale(algorithm: Algorithm, sample_counts: torch.Tensor | None,
+                 params: Params) -> torch.Tensor:
+    """``S n_i / sum_j n_j`` per client, in the model's dtype (see ``UPLOAD_SCALE``)."""
+    if sample_counts is None:
+        raise ValueError(f"algorithm {algorithm.name!r} averages part uploads with the "
+                         "clients' sample counts; pass sample_counts= to federated_round")
+    ref = next(iter(params.values()))
+    counts = sample_counts.to(ref.device, torch.float64)
+    scale = counts * counts.numel() / counts.sum().clamp_min(1.0)
+    return scale.to(ref.dtype)
+
+
+def _renormalised(run: Callable) -> Callable:
+    """``run`` on a subset of the cohort, with that subset's upload scales summing to S'."""
+
+    def wrapped(inputs, keep_deltas):
+        s = inputs.info[UPLOAD_SCALE]
+        s = s * s.numel() / s.sum().clamp_min(torch.finfo(s.dtype).tiny)
+        return run(inputs._replace(info={**inputs.info, UPLOAD_SCALE: s}), keep_deltas)
+
+    return wrapped

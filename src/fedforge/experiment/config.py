@@ -49,7 +49,9 @@ class _Section(BaseModel):
 
 class DataConfig(_Section):
     dataset: str = "synthetic"
-    root: str | None = None  # folder holding the dataset folders (fedforge.data.root)
+    # folder holding the dataset folders; --data-root wins over it, it wins over
+    # $FEDFORGE_DATA, then ./data or ../shared/data beside a checkout (fedforge.data.root)
+    root: str | None = None
     partition: str = "natural"
     num_clients: int | None = Field(default=None, ge=1)
     options: dict[str, Any] = Field(default_factory=dict)  # loader options

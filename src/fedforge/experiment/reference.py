@@ -146,12 +146,12 @@ def keys(model: type[BaseModel] = schema.RunConfig, prefix: str = "") -> list[Ke
             continue
         if typing.get_origin(ann) is list and any(
                 isinstance(a, type) and issubclass(a, BaseModel) for a in typing.get_args(ann)):
-            text = NOTES.get(f"{prefix}{key}") or notes.get(name, "")
+            text = notes.get(name) or NOTES.get(f"{prefix}{key}", "")
             out.append(Key(f"{prefix}{key}", "list of tables", [], _clean(text)))
             continue
         path = f"{prefix}{key}"
-        text = (NOTES.get(path) or NOTES.get(path.removeprefix("tasks[]."))
-                or notes.get(name, ""))
+        text = (notes.get(name) or NOTES.get(path)
+                or NOTES.get(path.removeprefix("tasks[]."), ""))
         out.append(Key(path, _annotation(ann), _default(field), _clean(text)))
     return out
 
@@ -236,7 +236,8 @@ NOTES: dict[str, str] = {
     "sync.ucb_c": "Sync-UCB-ST exploration weight",
     "tasks[].name": "the task's name in logs and summaries (default: dataset-model)",
 }
-"""Descriptions of keys whose definition in ``config.py`` carries no comment."""
+"""Descriptions of keys whose definition in ``config.py`` carries no comment (a comment there
+wins, so a changed field is described where it is changed)."""
 
 
 # --- `fedforge config --defaults` ----------------------------------------------------------

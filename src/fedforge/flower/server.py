@@ -113,9 +113,10 @@ def _non_finite(view: ServerView) -> list[str]:
             and not bool(torch.isfinite(v).all())]
 
 
-FLOWER_SERVES: frozenset[str] = frozenset(NEEDS) - {"prepare"}
+FLOWER_SERVES: frozenset[str] = frozenset(NEEDS) - {"prepare", "weighted_uploads"}
 """The bridge carries client state (in each node's context), uploads, codec messages and
-round inputs; per-cohort preparation (FedPTR's trajectory matching) has no message."""
+round inputs; per-cohort preparation (FedPTR's trajectory matching) has no message, and
+uploads are averaged uniformly (no sample-count weighting of part uploads)."""
 
 
 def _check_supported(exp: Experiment, options: ServerOptions) -> None:
