@@ -104,8 +104,10 @@ tests_for() {
       echo "tests/algorithms/test_fedptr.py tests/algorithms/test_defaults.py" ;;
     src/fedforge/algorithms/*)
       echo "tests/algorithms -k 'not fedptr and not backbone'" ;;
-    src/fedforge/sim/delays.py | src/fedforge/sim/clock.py | src/fedforge/sim/allocation.py | \
-    src/fedforge/sim/multitask_sync.py)
+    src/fedforge/sim/allocation.py)  # the dynamic-allocation run takes a minute
+      echo "tests/sim/test_allocation.py tests/sim/test_allocation_mutants.py" \
+           "-k 'not dynamic_allocation'" ;;
+    src/fedforge/sim/delays.py | src/fedforge/sim/clock.py | src/fedforge/sim/multitask_sync.py)
       local stem="${1##*/}"
       echo "tests/sim/test_${stem%.py}.py tests/sim/test_${stem%.py}_mutants.py" ;;
     src/fedforge/sim/fedast.py)
