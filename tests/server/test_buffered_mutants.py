@@ -4,6 +4,7 @@ default exponent, the server optimizer's state across steps and the checkpoint r
 (docs/testing.md).
 """
 
+import pytest
 import torch
 
 from fedforge.algorithms import build_algorithm
@@ -86,3 +87,25 @@ def test_server_momentum_carries_across_steps_and_through_a_checkpoint():
     for srv in (s, fresh):
         assert srv.receive(_w(0.0, 0.0))
         torch.testing.assert_close(srv.params["w"], torch.tensor([-1.5, -2.0], dtype=F64))
+
+
+def test_fedasync_uses_the_sent_model():
+    """x = (1, 2), sent (2, 0), delta (1, 1): x_i = sent - delta = (1, -1);
+    a_t = 0.5 (staleness 0, alpha 0.5): x <- (x + x_i) / 2 = (1, 0.5)."""
+    s = BufferedServer(build_algorithm("fedavg"), _w(1.0, 2.0), 1, 10)
+    s.mix(_w(2.0, 0.0), _w(1.0, 1.0), 0.5, 0)
+    torch.testing.assert_close(s.params["w"], torch.tensor([1.0, 0.5], dtype=F64))
+
+
+def test_load_names_what_does_not_match_and_needs_no_server_tree():
+    s = BufferedServer(build_algorithm("fedavg"), _w(1.0, 2.0), 2, 10)
+    s.receive(_w(1.0, 1.0))
+    tensors = s.state_dict()
+    fresh = BufferedServer(build_algorithm("fedavg"), _w(0.0, 0.0), 2, 10)
+    fresh.load({k: v for k, v in tensors.items() if k != "server"}, s.meta())
+    assert fresh.buf_sum["w"].tolist() == [1.0, 1.0] and fresh.buf_count == 1
+    bad = {"v": torch.zeros(2, dtype=F64)}
+    with pytest.raises(ValueError, match=r"^checkpoint params state does not match"):
+        fresh.load({**tensors, "params": bad}, s.meta())
+    with pytest.raises(ValueError, match=r"^checkpoint buffer state does not match"):
+        fresh.load({**tensors, "buf_sum": bad}, s.meta())
