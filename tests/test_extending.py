@@ -117,6 +117,28 @@ def test_part_uploads_uniform_or_sample_weighted(engine):
     assert float(cohort.mean_uploads["weighted_steps"]["tau"]) == pytest.approx(1.25)
 
 
+def test_skipped_client_leaves_the_others_weights_summing_to_one():
+    """Client 2's data is NaN, so ``skip_client`` drops it and re-runs clients 0 and 1 with
+    n = (1, 3) of the counts (1, 3, 4): the weighted mean of the steps (1, 2) is again
+    ¼·1 + ¾·2 = 1.75 (with the three-client scales kept it would be (⅜·1 + 9⁄8·2)/2)."""
+    algo = Algorithm("probe", local_optimizer("sgd", 0.5), server_sgd(1.0),
+                     parts=(WeightedStepsUpload(),))
+    nan = float("nan")
+    x_all = torch.tensor([[1.0, 0.0], [0.0, 2.0], [nan, nan]], dtype=torch.float64)
+    params = {"w": torch.zeros(2, dtype=torch.float64)}
+    sample_idx = torch.tensor([[[0], [0]], [[1], [1]], [[2], [2]]])
+    weights = torch.tensor([[[1.0], [0.0]], [[1.0], [1.0]], [[1.0], [1.0]]],
+                           dtype=torch.float64)
+    _, _, cohort = federated_round(
+        algo, LoopEngine(), quadratic, params, algo.server_init(params),
+        ClientStore(3, algo.client_init(params)), torch.arange(3), x_all,
+        torch.zeros(3, dtype=torch.long), sample_idx, weights,
+        agg_weights=torch.full((3,), 1 / 3, dtype=torch.float64),
+        sample_counts=torch.tensor([1, 3, 4]), divergence="skip_client")
+    assert cohort.metrics["skipped_clients"].tolist() == [2]
+    assert float(cohort.mean_uploads["weighted_steps"]["tau"]) == pytest.approx(1.75)
+
+
 def test_weighted_uploads_need_counts_and_a_driver_that_serves_them():
     algo = Algorithm("probe", local_optimizer("sgd", 0.5), server_sgd(1.0),
                      parts=(WeightedStepsUpload(),))
