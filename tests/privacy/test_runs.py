@@ -1,0 +1,129 @@
+"""Private runs end to end: refusals at config time, engine parity, float64, the ε budget."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("dp_accounting", reason="needs the privacy extra (dp-accounting)")
+
+from fedforge.core.store import ClientStore  # noqa: E402
+from fedforge.engine.local import classification_loss  # noqa: E402
+from fedforge.experiment.config import ConfigError, load_config  # noqa: E402
+from fedforge.experiment.round import federated_round  # noqa: E402
+from fedforge.experiment.runner import Experiment, run_experiment, sample_round  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = ["data.options.num_clients=12", "server.clients_per_round=4", "client.batch_size=8"]
+
+
+def _cfg(*overrides: str):
+    return load_config(ROOT / "examples/quickstart.toml", [*BASE, *overrides])
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["algorithm.name=scaffold", "privacy.mode=central"],
+     "privacy.mode: 'central' is ill-defined for algorithm 'scaffold'"),
+    (["algorithm.name=feddyn", "privacy.mode=local"],
+     "privacy.mode: 'local' is ill-defined for algorithm 'feddyn'"),
+    (["algorithm.name=topk_ef", "privacy.mode=central"], "'topk_ef': it needs an uplink codec"),
+    (["algorithm.name=fedptr_s", "privacy.mode=sample"], "ill-defined for algorithm 'fedptr_s'"),
+    (["server.aggregator=median", "privacy.mode=central"], "server.aggregator: 'median'"),
+    (["divergence=rollback", "privacy.mode=sample"], "divergence: 'rollback'"),
+    (["divergence=skip_client", "privacy.mode=central"], "divergence: 'skip_client'"),
+    (["client.local_epochs=null", "client.local_steps=3", "privacy.mode=sample"],
+     "privacy.mode: 'sample' needs client.local_epochs"),
+])
+def test_refused_at_config_time_in_one_line(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")) as err:
+        _cfg(*overrides, "privacy.noise_multiplier=1.0")
+    assert "\n" not in str(err.value)
+
+
+def test_missing_noise_and_target_is_refused():
+    with pytest.raises(ConfigError, match="^privacy: set noise_multiplier or target_epsilon"):
+        _cfg("privacy.mode=central")
+
+
+def test_scaffold_runs_with_sample_level_dp():
+    # DP-SGD privatises every gradient, so control variates are post-processing
+    cfg = _cfg("algorithm.name=scaffold", "privacy.mode=sample", "privacy.noise_multiplier=1.0")
+    assert cfg.privacy.mode == "sample"
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("mode", ["central", "local", "sample"])
+def test_loop_and_vmap_engines_agree(tmp_path, mode):
+    extra = ["privacy.adaptive=true", "privacy.count_noise=2.0"] if mode == "central" else []
+    runs = {}
+    for engine in ("loop", "vmap"):
+        cfg = _cfg("rounds=2", "eval.every=1", f"engine.name={engine}", f"privacy.mode={mode}",
+                   "privacy.noise_multiplier=0.8", "privacy.clip=0.5", *extra)
+        run_experiment(cfg, tmp_path / engine, progress=False)
+        runs[engine] = _metrics(tmp_path / engine)
+    for a, b in zip(runs["loop"], runs["vmap"]):
+        assert a["dp_epsilon"] == b["dp_epsilon"] > 0
+        assert a["test_accuracy"] == pytest.approx(b["test_accuracy"], abs=1e-6)
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
+        assert a["dp_clip"] == pytest.approx(b["dp_clip"], rel=1e-6)
+
+
+def test_target_epsilon_stops_the_run_within_budget(tmp_path):
+    cfg = _cfg("rounds=40", "eval.every=1", "privacy.mode=central",
+               "privacy.noise_multiplier=0.7", "privacy.target_epsilon=8.0")
+    run_experiment(cfg, tmp_path / "run", progress=False)
+    records = _metrics(tmp_path / "run")
+    from fedforge.privacy.algorithm import resolve
+
+    mech = resolve(cfg.privacy, 40, 4, 12, None)
+    last = mech.last_round(40)
+    assert 0 < last < 40
+    assert records[-1]["round"] == last
+    assert records[-1]["dp_epsilon"] <= 8.0 < mech.epsilon(last + 1)
+
+
+def test_target_epsilon_alone_chooses_sigma():
+    cfg = _cfg("rounds=20", "privacy.mode=central", "privacy.target_epsilon=4.0")
+    exp = Experiment.from_config(cfg)
+    mech = exp.algorithm.privacy
+    assert mech.epsilon(20) <= 4.0 < mech.epsilon(21)  # calibrated for exactly 20 rounds
+
+
+def test_poisson_cohorts_vary_and_keep_rate_q():
+    exp = Experiment.from_config(_cfg("privacy.mode=central", "privacy.noise_multiplier=1.0"))
+    sizes = [len(sample_round(exp, t)[0]) for t in range(1, 301)]
+    assert len(set(sizes)) > 3  # the cohort size varies
+    assert sum(sizes) / len(sizes) == pytest.approx(4.0, rel=0.1)  # q N = 4 / 12 · 12
+
+
+@pytest.fixture
+def float64_default():
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
+
+@pytest.mark.parametrize("mode", ["central", "local", "sample"])
+def test_float64_runs_stay_float64(float64_default, mode):
+    extra = ["privacy.adaptive=true", "privacy.count_noise=2.0"] if mode == "central" else []
+    exp = Experiment.from_config(_cfg(f"privacy.mode={mode}", "privacy.noise_multiplier=1.0",
+                                      *extra))
+    loss_fn = classification_loss(exp.network)
+    params = exp.initial_params()
+    state = exp.algorithm.server_init(params)
+    store = ClientStore(exp.data.num_clients, exp.algorithm.client_init(params))
+    for t in (1, 2):
+        ids, idx, weights, agg, info = sample_round(exp, t)
+        params, state, cohort = federated_round(
+            exp.algorithm, exp.engine, loss_fn, params, state, store, ids, exp.data.train_x,
+            exp.data.train_y, idx, weights, agg_weights=agg, info=info, round_=t)
+    assert {v.dtype for v in params.values()} == {torch.float64}
+    assert state["privacy"]["clip"].dtype == torch.float64
+    assert {v.dtype for v in cohort.mean_delta.values()} == {torch.float64}
