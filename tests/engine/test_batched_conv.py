@@ -144,3 +144,27 @@ def test_every_algorithm_with_batched_conv(algo_name):
 def test_unknown_conv_mode_names_the_field():
     with pytest.raises(ValueError, match="engine.conv"):
         VmapEngine(conv="fft")
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_bf16_autocast_runs_each_strategy_in_bf16_with_fp32_weight_grads(strategy):
+    g = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(2, 3, 2, 6, 6, generator=g), torch.randn(2, 4, 2, 3, 3, generator=g),
+               torch.randn(2, 4, generator=g))
+    plans = ConvPlans(strategy)
+
+    def loss(x, w, b, batched):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if batched:
+                with BatchedConvMode(plans):
+                    out = F.conv2d(x, w, b, padding=1)
+            else:
+                out = F.conv2d(x, w, b, padding=1)
+        assert out.dtype == torch.bfloat16  # no round trip through fp32 inside the layer
+        return (out.float() * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum()
+
+    got = vmap(grad(lambda *a: loss(*a, True), argnums=(0, 1, 2)))(x, w, b)
+    ref = vmap(grad(lambda *a: loss(*a, False), argnums=(0, 1, 2)))(x, w, b)
+    for a, e in zip(got, ref):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a, e, rtol=3e-2, atol=3e-2)
