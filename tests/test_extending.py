@@ -189,6 +189,10 @@ def test_register_model_and_partitioner_reach_the_config():
     assert (cfg.model.name, cfg.data.partition) == ("my_logreg", "strided")
     with pytest.raises(ValueError, match="'natural' is already registered"):
         fedforge.register_partitioner("natural", halves)
+    with pytest.raises(ValueError, match="'mnist' is already registered$"):
+        fedforge.register_dataset("mnist", halves, "not MNIST")
+    with pytest.raises(ValueError, match="'MyData': dataset names are lower case"):
+        fedforge.register_dataset("MyData", halves, "upper case")
 
 
 # --- plugins: Python, config key, command line --------------------------------------------

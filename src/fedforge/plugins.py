@@ -19,8 +19,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import ModuleType
 
-from fedforge.data.loaders import register_dataset
-
 __all__ = ["PluginError", "load_plugins", "register_algorithm", "register_dataset",
            "register_model", "register_partitioner"]
 
@@ -65,6 +63,26 @@ def register_algorithm(name: str, factory: Callable, *, replace: bool = False) -
         raise ValueError(f"register_algorithm: {name!r}: every hyper-parameter needs a default "
                          f"(no default for {missing})")
     register(name, factory)
+
+
+def register_dataset(name: str, loader: Callable, description: str, *,
+                     folder: str | None = None, files: tuple[str, ...] = (), source: str = "",
+                     replace: bool = False) -> None:
+    """Make ``loader`` the dataset ``name`` (the config's ``data.dataset``; lower case).
+
+    ``loader(root, **options) -> fedforge.data.DatasetSplits`` reads files under the data
+    root fedforge resolved (``root`` is that folder); give the dataset's ``folder`` under it,
+    the ``files`` it needs and ``source`` (how to get them), and a missing dataset is
+    reported in one line before the loader runs. A loader without a ``root`` parameter needs
+    no files. Its other keyword arguments are the config's ``data.options``.
+    """
+    from fedforge.data.loaders import _REGISTRY, DatasetEntry
+
+    if isinstance(name, str) and name != name.lower():
+        raise ValueError(f"register_dataset: {name!r}: dataset names are lower case")
+    _check_name("dataset", name, {k: e.loader for k, e in _REGISTRY.items()}, loader, replace,
+                _BUILTIN_DATASETS)
+    _REGISTRY[name] = DatasetEntry(loader, description, folder, tuple(files), source)
 
 
 def register_model(name: str, cls: Callable, description: str = "", *,
@@ -141,3 +159,4 @@ def _builtin(module: str, attr: str) -> frozenset[str]:
 _BUILTIN_ALGORITHMS = _builtin("fedforge.algorithms", "ALGORITHMS")
 _BUILTIN_MODELS = _builtin("fedforge.models", "MODELS")
 _BUILTIN_PARTITIONERS = _builtin("fedforge.data.partition", "PARTITIONERS")
+_BUILTIN_DATASETS = _builtin("fedforge.data.loaders", "_REGISTRY")

@@ -2,7 +2,7 @@
 
 The dataset registry lives here, once: each name maps to a :class:`DatasetEntry` (loader,
 description, the folder and files it reads and where to get them). Users add entries with
-:func:`register_dataset` (also ``fedforge.register_dataset``). A loader that takes a ``root``
+``fedforge.register_dataset`` (:mod:`fedforge.plugins`). A loader that takes a ``root``
 parameter reads files and is given the data root resolved by :mod:`fedforge.data.root`;
 one without it (``synthetic``) needs no files.
 """
@@ -23,6 +23,7 @@ from fedforge.data.images import (
     load_mnist,
 )
 from fedforge.data.root import ENV_VAR, DataRoot, describe_root, resolve_data_root
+from fedforge.data.subsets import pop_subset_options, select_train
 from fedforge.data.synthetic import make_synthetic
 from fedforge.data.text import load_shakespeare, load_sst2
 
@@ -73,7 +74,6 @@ _REGISTRY: dict[str, DatasetEntry] = {
         "FedProx Synthetic(alpha, beta) logistic data, 60 features, 10 classes, no files"),
 }
 _ALIASES = {"fmnist": "fashion_mnist", "fashion-mnist": "fashion_mnist", "cifar-10": "cifar10"}
-_BUILTIN = frozenset(_REGISTRY)
 
 
 class _View(Mapping):
@@ -100,34 +100,6 @@ DATASETS: Mapping[str, str] = _View("description")
 _LOADERS: Mapping[str, Callable[..., DatasetSplits]] = _View("loader")
 
 
-def register_dataset(name: str, loader: Callable[..., DatasetSplits], description: str, *,
-                     folder: str | None = None, files: tuple[str, ...] = (), source: str = "",
-                     replace: bool = False) -> None:
-    """Add ``loader`` under ``name`` (the config's ``data.dataset``).
-
-    ``loader(root, **options)`` reads files under the resolved data root (``root`` is that
-    folder; give ``folder``/``files``/``source`` so a missing dataset is reported in one
-    line before the loader runs); a loader without ``root`` needs no files. Its other keyword
-    arguments are the config's ``data.options``. Built-in names cannot be replaced;
-    registering the same loader again (a re-imported plugin) is a no-op.
-    """
-    key = name.lower()
-    if not key.isidentifier():
-        raise ValueError(f"register_dataset: {name!r} is not a valid name (letters, digits, _)")
-    old = _REGISTRY.get(key)
-    if old is not None and not _same(old.loader, loader):
-        if key in _BUILTIN or not replace:
-            raise ValueError(f"register_dataset: {key!r} is already registered"
-                             + ("" if key in _BUILTIN else "; pass replace=True to replace it"))
-    _REGISTRY[key] = DatasetEntry(loader, description, folder, tuple(files), source)
-
-
-def _same(a: Callable, b: Callable) -> bool:
-    """The same function, possibly from a second import of its module."""
-    name = lambda f: (getattr(f, "__module__", None), getattr(f, "__qualname__", None))  # noqa: E731
-    return a is b or name(a) == name(b)
-
-
 def default_data_root() -> Path | None:
     """``$FEDFORGE_DATA`` if set (and non-empty), else ``None`` (see :mod:`fedforge.data.root`
     for the whole resolution order)."""
@@ -138,7 +110,9 @@ def default_data_root() -> Path | None:
 def dataset_options(name: str) -> dict[str, object]:
     """The options ``load_dataset(name, ...)`` accepts, with their defaults."""
     params = inspect.signature(_REGISTRY[_canonical(name)].loader).parameters
-    return {k: p.default for k, p in params.items() if k != "root"}
+    subset = inspect.signature(select_train).parameters  # every dataset: fixed subsets
+    return {k: p.default for k, p in [*params.items(), *subset.items()]
+            if k not in ("root", "splits")}
 
 
 def _canonical(name: str) -> str:
@@ -189,8 +163,9 @@ def load_dataset(name: str, root: str | Path | None = None, **options: object) -
             f"load_dataset({key!r}): unknown option(s) {unknown}; accepted: {sorted(accepted)}"
         )
     entry = _REGISTRY[key]
+    options, subset = pop_subset_options(options)
     if not entry.reads_files:
-        return entry.loader(**options)
+        return select_train(entry.loader(**options), **subset)
     where = resolve_data_root(root)
     check_files(key, where)
-    return entry.loader(where.path, **options)
+    return select_train(entry.loader(where.path, **options), **subset)
