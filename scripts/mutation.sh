@@ -5,6 +5,8 @@
 #   scripts/mutation.sh --since <git-rev>        # configured modules changed since <git-rev>
 #   scripts/mutation.sh --all                    # every configured module
 #   scripts/mutation.sh --list                   # show the modules and their test selections
+#   scripts/mutation.sh --recheck <module>...    # a finished run's survivors against the
+#                                                # current tests (one pytest per survivor)
 #
 # Each module runs in its own scratch copy of src/, tests/, pyproject.toml (so the working
 # tree is never touched and mutmut's mutants/ folder stays out of it), under `nice`, with
@@ -15,9 +17,10 @@
 # (the diff of every surviving mutant). Which tests run for a module is `tests_for` below:
 # fast, targeted files, so a module finishes in minutes. MUTATION_REV=<git-rev> copies the
 # files from that commit instead of the working tree (a run unaffected by uncommitted edits).
+# Bash reads a script while it runs: for long runs, run a copy with MUTATION_ROOT=<repo>.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+ROOT="${MUTATION_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}"  # the repository
 JOBS="${MUTATION_JOBS:-2}"
 BUDGET="${MUTATION_BUDGET:-1200}"
 OUT="${MUTATION_OUT:-$ROOT/.mutation}"
@@ -173,10 +176,64 @@ EOF
   (cd "$dir" && OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 timeout --signal=INT "$BUDGET" \
      nice -n 10 mutmut run --max-children "$JOBS" >"$dir/run.log" 2>&1) || status=$?
   (cd "$dir" && mutmut results --all true 2>/dev/null) >"$dir/results.txt" || true
-  local total killed survivors
-  total=$(grep -c ': ' "$dir/results.txt" || true)
-  killed=$(grep -c -E ': (killed|timeout|caught by type check)$' "$dir/results.txt" || true)
-  survivors=$(grep -v -E ': (killed|timeout|caught by type check)$' "$dir/results.txt" \
+  report "$module" "$dir" "$dir/results.txt" "$start" "$status"
+}
+
+selection_args() {  # a selection's pytest arguments inside $1 (globs expanded, absent skipped)
+  (cd "$1" && SELECTION="$2" python3 -c '
+import glob, os, shlex
+for word in shlex.split(os.environ["SELECTION"]):
+    if "*" in word:
+        print("\n".join(sorted(glob.glob(word))))
+    elif not word.startswith("tests/") or os.path.exists(word.split("::")[0]):
+        print(word)
+')
+}
+
+recheck_module() {  # a finished run's survivors against the current tests, one pytest each
+  local module="$1" slug dir line name rc start=$SECONDS
+  slug="$(echo "${module#src/fedforge/}" | tr '/' '.')"
+  slug="${slug%.py}"
+  dir="$WORK/$slug"
+  if [[ ! -f "$dir/results.txt" || ! -d "$dir/mutants/src" ]]; then
+    echo "mutation: no finished run of $module in $dir to recheck" >&2
+    return 1
+  fi
+  rm -rf "$dir/mutants/tests"
+  if [[ -n "$REV" ]]; then
+    (cd "$ROOT" && git archive "$REV" tests) | tar -xf - -C "$dir/mutants"
+  else
+    (cd "$ROOT" && tar --exclude=__pycache__ -cf - tests) | tar -xf - -C "$dir/mutants"
+  fi
+  local -a args
+  mapfile -t args < <(selection_args "$dir/mutants" "$(tests_for "$module")")
+  echo "== recheck $module${REV:+ at $REV}: pytest ${args[*]}"
+  cp "$dir/results.txt" "$dir/results.recheck.txt"
+  while IFS= read -r line; do
+    [[ "$line" =~ ^\ *([^:]+):\ (survived|no\ tests)$ ]] || continue
+    name="${BASH_REMATCH[1]}"
+    rc=0
+    (cd "$dir/mutants" && MUTANT_UNDER_TEST="$name" PYTHONPATH=src OMP_NUM_THREADS=1 \
+       timeout 600 nice -n 10 python -m pytest -x -q -p no:cacheprovider "${args[@]}" \
+       >/dev/null 2>&1) || rc=$?
+    if [[ $rc -ne 0 && $rc -ne 5 ]]; then  # 5: nothing collected
+      NAME="$name" python3 -c '
+import os, sys
+name, path = os.environ["NAME"], sys.argv[1]
+lines = open(path).read().splitlines()
+out = [l.split(":")[0] + ": killed" if l.strip().startswith(name + ":") else l for l in lines]
+open(path, "w").write("\n".join(out) + "\n")' "$dir/results.recheck.txt"
+    fi
+  done <"$dir/results.txt"
+  report "$module" "$dir" "$dir/results.recheck.txt" "$start" 0
+}
+
+report() {  # scores.tsv and the survivors file from a results listing
+  local module="$1" dir="$2" results="$3" start="$4" status="$5" slug total killed survivors
+  slug="$(basename "$dir")"
+  total=$(grep -c ': ' "$results" || true)
+  killed=$(grep -c -E ': (killed|timeout|caught by type check)$' "$results" || true)
+  survivors=$(grep -v -E ': (killed|timeout|caught by type check)$' "$results" \
               | sed -E 's/^ *//' || true)
   {
     echo "# $module: surviving mutants (mutmut show NAME), $(date -u +%F)"
@@ -203,9 +260,10 @@ EOF
 }
 
 modules=()
+recheck=0
 case "${1:-}" in
   ""|-h|--help)
-    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
     exit 0 ;;
   --list)
     cd "$ROOT"
@@ -224,6 +282,9 @@ case "${1:-}" in
       echo "mutation: no configured module changed since $rev"
       exit 0
     fi ;;
+  --recheck)
+    shift
+    recheck=1 ;&
   *)
     cd "$ROOT"
     for m in "$@"; do
@@ -240,7 +301,11 @@ for m in "${modules[@]}"; do
   case "$m" in  # the do_not_mutate of [tool.mutmut]: registries, data tables, benchmarks
     */__init__.py | */algorithms/defaults.py | */comm/bench.py) continue ;;
   esac
-  run_module "$m" || failed=1
+  if [[ $recheck -eq 1 ]]; then
+    recheck_module "$m" || failed=1
+  else
+    run_module "$m" || failed=1
+  fi
 done
 echo "scores: $OUT/scores.tsv"
 column -t -s $'\t' "$OUT/scores.tsv" 2>/dev/null || cat "$OUT/scores.tsv"
