@@ -158,7 +158,7 @@ def keys(model: type[BaseModel] = schema.RunConfig, prefix: str = "") -> list[Ke
 
 def sections() -> list[tuple[str, type[BaseModel], str]]:
     """(name, schema, one-line description) of the top level and each section."""
-    out = [("", schema.RunConfig, "top-level keys")]
+    out = [("", schema.RunConfig, "")]
     for name, field in schema.RunConfig.model_fields.items():
         ann = field.annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel):
