@@ -1,5 +1,5 @@
-"""``fedforge`` command line: run | compare | reproduce | plot | bench | config | algorithms |
-datasets | models."""
+"""``fedforge`` command line: run | compare | reproduce | pretrain | plot | bench | config |
+algorithms | datasets | models."""
 
 from __future__ import annotations
 
@@ -92,6 +92,9 @@ def run(
     variant: Annotated[str | None, typer.Option(
         "--variant", help="apply the config's [compare.VARIANT] table and algorithm, as "
                           "fedforge compare -a VARIANT does")] = None,
+    profile: Annotated[bool, typer.Option(
+        "--profile", help="torch profiler trace of the run in OUT/profile/ and its top "
+                          "kernels (use a few rounds: the trace grows with the run)")] = False,
 ) -> None:
     """Run one experiment (one task, or a [[tasks]] list: FedAST and the multi-task
     baselines); writes config.resolved.toml, metrics.jsonl and checkpoints/.
@@ -104,9 +107,12 @@ def run(
 
     cfg = (_load(config, overrides or []) if variant is None
            else _variant(config, variant, overrides or []))
+    from fedforge.bench.profiling import profiled
+
     try:
-        history = run_experiment(cfg, out, resume=resume, progress=not quiet,
-                                 overwrite=overwrite)
+        with profiled(out / "profile", "run", enabled=profile):
+            history = run_experiment(cfg, out, resume=resume, progress=not quiet,
+                                     overwrite=overwrite)
     except (DatasetError, ValueError, OSError, FloatingPointError) as exc:
         _fail(str(exc))
     if cfg.multitask:
@@ -124,6 +130,42 @@ def run(
         f"{last.get('round')} test_accuracy={last.get('test_accuracy', float('nan')):.4f} "
         f"test_loss={last.get('test_loss', float('nan')):.4f}  -> {out}"
     )
+
+
+@app.command()
+def pretrain(
+    config: Annotated[Path, typer.Argument(help="TOML or YAML run config (model and data)")],
+    overrides: Overrides = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="output directory")] = Path(
+        "runs/pretrain"),
+    part: Annotated[str, typer.Option(
+        "--part", help="public | private | all: which part of the training set "
+                       "(data.options.train_part; all keeps the config's data)")] = "public",
+    epochs: Annotated[int, typer.Option("--epochs")] = 1,
+    lr: Annotated[float, typer.Option("--lr")] = 1e-3,
+    batch_size: Annotated[int, typer.Option("--batch-size")] = 64,
+    optimizer: Annotated[str, typer.Option("--optimizer", help="adam | sgd")] = "adam",
+    max_steps: Annotated[int | None, typer.Option("--max-steps")] = None,
+    plugin: Plugins = None,
+    data_root: DataRootOption = None,
+) -> None:
+    """Train the config's model centrally (default: on the public half of its training set);
+    writes OUT/model.safetensors for model.init_from and OUT/pretrain.json."""
+    _setup(plugin, data_root)
+    from fedforge.data import DatasetError
+    from fedforge.pretrain import pretrain as run_pretrain
+
+    cfg = _load(config, overrides or [])
+    if part not in ("public", "private", "all"):
+        _fail(f"--part: expected public, private or all, got {part!r}")
+    try:
+        summary = run_pretrain(cfg, out, part=part, epochs=epochs, lr=lr,  # type: ignore[arg-type]
+                               batch_size=batch_size, optimizer=optimizer, max_steps=max_steps)
+    except (DatasetError, ValueError, OSError) as exc:
+        _fail(str(exc))
+    console.print(f"[bold green]done[/bold green] pretrained {cfg.model.name} on "
+                  f"{summary['train_samples']} samples: test_accuracy="
+                  f"{summary['test_accuracy']:.4f} -> {out}", highlight=False)
 
 
 def _multitask(config: Path) -> bool:
@@ -297,21 +339,26 @@ def bench(
     workload: Annotated[str, typer.Argument(help="w1 | w2 (throughput) | w3 (time to accuracy)")],
     cohorts: Annotated[str, typer.Option(help="w1/w2: comma-separated cohort sizes")] = "10,100",
     engines: Annotated[str, typer.Option(
-        help="w1/w2: plain,loop,vmap,flower; suffixes :bf16 (bf16 autocast) and, for vmap, "
-             ":compile (torch.compile), e.g. vmap:bf16:compile")] = "plain,loop,vmap",
+        help="w1/w2: plain,loop,vmap,auto,flower; suffixes :bf16 (bf16 autocast), :procs2 "
+             "(two single-threaded processes) and, for vmap, :compile (torch.compile), e.g. "
+             "vmap:bf16:compile")] = "plain,loop,vmap,auto",
     device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
     chunk: Annotated[str, typer.Option(help="vmap chunk size or auto")] = "auto",
     repeats: Annotated[int, typer.Option(help="timed repetitions after a warm-up")] = 1,
     config: Annotated[Path, typer.Option(help="w3: run config")] = Path(
         "examples/femnist_fedavg.toml"),
     target: Annotated[float, typer.Option(help="w3: test-accuracy target")] = 0.8,
-    out: Annotated[Path, typer.Option(help="w3: run directory")] = Path("runs/bench_w3"),
+    out: Annotated[Path, typer.Option(
+        help="w3: run directory; --profile: where traces go")] = Path("runs/bench_w3"),
     results: Annotated[Path, typer.Option(help="markdown file to append to")] = Path(
         "benchmarks/RESULTS.md"),
     plot: Annotated[Path | None, typer.Option(help="w1/w2: write a scaling PNG here")] = None,
     model: Annotated[str | None, typer.Option(
         help="w1/w2: another registered model on the workload's inputs (e.g. mlp, logreg)")
     ] = None,
+    profile: Annotated[bool, typer.Option(
+        "--profile", help="torch profiler trace of each row in OUT/profile/ and its top "
+                          "kernels")] = False,
 ) -> None:
     """Run a benchmark workload, print a table and append it to benchmarks/RESULTS.md."""
     import torch
@@ -320,7 +367,7 @@ def bench(
 
     dev = torch.device(device)
     if workload in ("w1", "w2"):
-        from fedforge.bench.throughput import W1, W2, run_w1
+        from fedforge.bench.throughput import W1, W1_HEADER, W2, run_w1
 
         work = W1 if workload == "w1" else W2
         if model is not None:
@@ -333,10 +380,11 @@ def bench(
             work = replace(work, model=model)
         try:
             rows = run_w1([int(c) for c in cohorts.split(",")], engines.split(","), dev,
-                          chunk if chunk == "auto" else int(chunk), repeats, work)
+                          chunk if chunk == "auto" else int(chunk), repeats, work,
+                          profile_dir=out / "profile" if profile else None)
         except ValueError as exc:
             _fail(str(exc))
-        header = ["engine", "cohort", "client updates/s", "peak GPU GiB", "vs plain"]
+        header = W1_HEADER
         title = (f"{work.name} ({work.model}, {work.steps} steps x batch {work.batch}, "
                  "FedAvg)")
         if plot is not None:
@@ -344,9 +392,11 @@ def bench(
 
             plot_scaling(rows, plot, f"{title}, {dev.type}")
     elif workload == "w3":
+        from fedforge.bench.profiling import profiled
         from fedforge.bench.time_to_accuracy import run_w3
 
-        rows = [run_w3(config, out, target, [f"engine.device={device}"])]
+        with profiled(out / "profile", "w3", enabled=profile):
+            rows = [run_w3(config, out, target, [f"engine.device={device}"])]
         header = ["config", "target", "round reached", "wall s to target", "final acc",
                   "total wall s"]
         title = "W3 time to accuracy"

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fedforge.algorithms.base import Algorithm
+from fedforge.algorithms.uplink_diagnostics import UplinkDiagnostics
 from fedforge.client.optimizers import local_optimizer
 from fedforge.comm.codec import (
     Codec,
@@ -50,9 +51,11 @@ def _cosine(lr: ScheduleLike, rounds: int | None, min_lr: float) -> ScheduleLike
 
 
 def _algorithm(name: str, local_lr, client_optimizer, weight_decay, server, codec: Codec,
-               description: str) -> Algorithm:
+               description: str, diagnostics_window: int = 0) -> Algorithm:
+    """``diagnostics_window`` > 0 adds :class:`UplinkDiagnostics` (decode error, top-k energy)."""
+    parts = (UplinkDiagnostics(diagnostics_window),) if diagnostics_window else ()
     return Algorithm(name, local_optimizer(client_optimizer, local_lr, weight_decay=weight_decay),
-                     server, description=description, codec=codec)
+                     server, parts=parts, description=description, codec=codec)
 
 
 def safl(
@@ -60,7 +63,7 @@ def safl(
     min_lr: float = 1e-5, b1: float = 0.9, b2: float = 0.99, eps: float = 1e-3,
     optimizer: str = "amsgrad", sketch: str = "srht", sketch_size: int | None = None,
     compression: float | None = 100.0, sketch_rows: int = 1, sketch_seed: int = 0,
-    client_optimizer: str = "sgd", weight_decay: ScheduleLike = 0.0,
+    client_optimizer: str = "sgd", weight_decay: ScheduleLike = 0.0, diagnostics_window: int = 0,
 ) -> Algorithm:
     """SAFL. ``sketch_size`` (b) overrides ``compression`` (d/b); ``rounds`` turns a numeric
     ``server_lr`` into cosine decay to ``min_lr`` over that many rounds."""
@@ -69,14 +72,15 @@ def safl(
     return _algorithm(
         "safl", local_lr, client_optimizer, weight_decay,
         _server(optimizer, _cosine(server_lr, rounds, min_lr), b1, b2, eps), codec,
-        "SAFL (Chen et al.): sketched deltas, one desketch, server AMSGrad/Adam")
+        "SAFL (Chen et al.): sketched deltas, one desketch, server AMSGrad/Adam",
+        diagnostics_window)
 
 
 def fetchsgd(
     local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1.0, momentum: float = 0.9,
     sketch_size: int | None = None, compression: float | None = 100.0, sketch_rows: int = 5,
     k: int | None = None, topk_compression: float | None = None, sketch_seed: int = 0,
-    client_optimizer: str = "sgd", weight_decay: ScheduleLike = 0.0,
+    client_optimizer: str = "sgd", weight_decay: ScheduleLike = 0.0, diagnostics_window: int = 0,
 ) -> Algorithm:
     """FetchSGD; top-k size ``k`` or ``d / topk_compression``; default ``cols // 10``
     (heavy hitters are recoverable only for k well below the sketch's column count)."""
@@ -85,7 +89,7 @@ def fetchsgd(
                           server_lr, sketch_seed)
     return _algorithm("fetchsgd", local_lr, client_optimizer, weight_decay, server_sgd(1.0),
                       codec, "FetchSGD (Rothchild et al. 2020): count sketch, sketched "
-                      "momentum + error, top-k unsketch")
+                      "momentum + error, top-k unsketch", diagnostics_window)
 
 
 def topk_ef(
@@ -93,14 +97,15 @@ def topk_ef(
     b2: float = 0.99, eps: float = 1e-3, optimizer: str = "adam", method: str = "topk",
     k: int | None = None, compression: float | None = 100.0, levels: int = 16,
     error_feedback: bool = True, seed: int = 0, client_optimizer: str = "sgd",
-    weight_decay: ScheduleLike = 0.0,
+    weight_decay: ScheduleLike = 0.0, diagnostics_window: int = 0,
 ) -> Algorithm:
     """Compressed uplink (``method``: topk | randk | qsgd | sign) + optional EF, server Adam."""
     codec = CompressCodec(method, k, None if k is not None else compression, levels,
                           error_feedback, seed)
     return _algorithm("topk_ef", local_lr, client_optimizer, weight_decay,
                       _server(optimizer, server_lr, b1, b2, eps), codec,
-                      "top-k (or randk/qsgd/sign) uplink with error feedback, server Adam")
+                      "top-k (or randk/qsgd/sign) uplink with error feedback, server Adam",
+                      diagnostics_window)
 
 
 def onebit_adam(
@@ -120,7 +125,7 @@ def marina(
     local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1.0, optimizer: str = "sgd",
     b1: float = 0.9, b2: float = 0.99, eps: float = 1e-3, k: int | None = None,
     compression: float | None = 100.0, sync_prob: float = 0.1, seed: int = 0,
-    client_optimizer: str = "sgd", weight_decay: ScheduleLike = 0.0,
+    client_optimizer: str = "sgd", weight_decay: ScheduleLike = 0.0, diagnostics_window: int = 0,
 ) -> Algorithm:
     """MARINA on deltas: unbiased random-k of delta differences, full sync w.p. ``sync_prob``.
 
@@ -132,5 +137,5 @@ def marina(
     algorithm = _algorithm("marina", local_lr, client_optimizer, weight_decay,
                            _server(optimizer, server_lr, b1, b2, eps), codec,
                            "MARINA (Gorbunov et al. 2021): compressed differences, random "
-                           "full sync")
+                           "full sync", diagnostics_window)
     return replace(algorithm, requires=frozenset({"full_participation"}))

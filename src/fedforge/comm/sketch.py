@@ -229,3 +229,22 @@ def make_sketch(kind: str, d: int, b: int, seed: int = 0, rows: int = 1) -> Sket
     if kind == "count":
         return CountSketch(d, max(1, b // rows), rows, seed)
     return SKETCHES[kind](d, b, seed)
+
+
+# --- diagnostics (simulation only: they need the true mean delta) ---------------------------
+def relative_error(decoded: torch.Tensor, true: torch.Tensor) -> torch.Tensor:
+    """``||u - Δ|| / ||Δ||``: how far the server's decoded mean update is from the true mean
+    delta (0 for an exact codec; about sqrt(d/b) for one unbiased SRHT desketch)."""
+    return (decoded - true).norm() / true.norm().clamp_min(torch.finfo(true.dtype).tiny)
+
+
+def topk_energy(window: torch.Tensor, ks: tuple[int, ...]) -> list[torch.Tensor]:
+    """Share of ``||W||_F^2`` in the top-k singular directions of the stacked rows ``W``
+    ``[w, d]`` (the last w flattened deltas), for each k: 1.0 when the deltas span k lines.
+
+    Computed from the eigenvalues of the small Gram matrix ``W W^T`` (float64), so a window
+    of model-sized rows costs O(w^2 d), never a d x d matrix."""
+    w = window.to(torch.float64)
+    sq = torch.linalg.eigvalsh(w @ w.T).clamp_min(0.0).flip(0)  # squared singular values
+    total = sq.sum().clamp_min(torch.finfo(torch.float64).tiny)
+    return [sq[:k].sum() / total for k in ks]

@@ -94,8 +94,13 @@ def check_builders(where: str, dataset: str, model: str, partition: str,
 
     key = loaders._canonical(dataset)  # noqa: SLF001 (the registry's own name resolution)
     loader = loaders.make_synthetic if key == "synthetic" else loaders._LOADERS[key]  # noqa: SLF001
-    check_options(f"{where}data.options", loader, data_options,
+    from fedforge.data.subsets import pop_subset_options, select_train  # noqa: PLC0415
+
+    own, subset = pop_subset_options(dict(data_options))  # subsets: every dataset
+    check_options(f"{where}data.options", loader, own,
                   {"root": "set by data.root"}, f"dataset {dataset!r}")
+    check_options(f"{where}data.options", select_train, subset,
+                  {"splits": "the loaded dataset"}, f"dataset {dataset!r}")
     cls = MODELS[model][0]
     first_two = list(inspect.signature(cls).parameters)[:2]  # input_shape, num_classes
     check_options(f"{where}model.options", cls, model_options,

@@ -59,6 +59,7 @@ from fedforge.experiment.metrics import MetricsWriter
 from fedforge.experiment.partition_stats import save_partition_stats
 from fedforge.experiment.rundir import MULTITASK_MAY_CHANGE, RUN_MAY_CHANGE, claim_run_dir
 from fedforge.models import build_model
+from fedforge.models.init_from import init_network
 from fedforge.robust.divergence import DivergenceError, log_event, scale_lr
 from fedforge.robust.hook import RobustRound
 from fedforge.robust.setup import build_robust
@@ -123,6 +124,8 @@ class Experiment:
         torch.manual_seed(cfg.seed)
         network = build_model(cfg.model.name, data.input_shape, data.num_classes,
                               **cfg.model.options).to(device)
+        if cfg.model.init_from is not None:  # fine-tuning from saved weights
+            init_network(network, cfg.model.init_from)
         if algorithm is None:
             algorithm = build_algorithm(cfg.algorithm.name, **algorithm_kwargs(cfg))
         try:

@@ -1,0 +1,96 @@
+"""``model.init_from``: start a run from saved weights (fine-tuning a pre-trained model).
+
+Accepted sources, all read without unpickling:
+
+* a ``.safetensors`` file of the model's parameters (``fedforge pretrain`` writes
+  ``model.safetensors``; so does :meth:`fedforge.experiment.runner.Experiment.save`);
+* a ``.pt`` / ``.pth`` state dict saved with ``torch.save(model.state_dict(), path)`` (read with
+  ``weights_only=True``);
+* a fedforge run folder: the global parameters of its last complete checkpoint.
+
+Every parameter of the model must be present with the same shape; extra keys (buffers, an
+optimizer's state) are refused too, so a wrong file fails in one line naming it and the key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from fedforge.core.tree import Params
+
+
+class InitFromError(ValueError):
+    """A checkpoint that cannot initialise the model (one line: the file and the key)."""
+
+
+def read_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], Path]:
+    """The flat parameter tensors saved at ``path`` -> (tensors, the file they came from)."""
+    src = Path(path).expanduser()
+    if src.is_dir():
+        ckpt = src / "checkpoints"
+        if not (ckpt / "latest.json").is_file():
+            model = src / "model.safetensors"
+            if model.is_file():
+                return read_weights(model)
+            raise InitFromError(f"model.init_from: {src} is a folder without "
+                                "checkpoints/latest.json or model.safetensors")
+        from fedforge.experiment.checkpoint import load_checkpoint  # noqa: PLC0415
+
+        tensors, _ = load_checkpoint(ckpt, torch.device("cpu"))
+        if "params" not in tensors:
+            raise InitFromError(f"model.init_from: {ckpt}: the checkpoint has no 'params'")
+        return _flat(tensors["params"]), ckpt
+    if not src.is_file():
+        raise InitFromError(f"model.init_from: {src}: no such file or folder")
+    try:
+        if src.suffix == ".safetensors":
+            from safetensors.torch import load_file  # noqa: PLC0415
+
+            return load_file(str(src)), src
+        loaded = torch.load(src, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 (corrupt or foreign file: one line)
+        raise InitFromError(f"model.init_from: {src}: cannot read weights "
+                            f"({type(exc).__name__}: {exc})") from None
+    if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor)
+                                               for v in loaded.values()):
+        raise InitFromError(f"model.init_from: {src}: expected a state dict of tensors")
+    return dict(loaded), src
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}/"))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def load_init(params: Params, path: str | Path) -> Params:
+    """``params``' structure, dtype and device, with the values saved at ``path``."""
+    loaded, src = read_weights(path)
+    for key, value in params.items():
+        if key not in loaded:
+            raise InitFromError(f"model.init_from: {src}: missing key {key!r} "
+                                f"(the model has {len(params)} tensors, the file {len(loaded)})")
+        if tuple(loaded[key].shape) != tuple(value.shape):
+            raise InitFromError(f"model.init_from: {src}: key {key!r} has shape "
+                                f"{tuple(loaded[key].shape)}, the model expects "
+                                f"{tuple(value.shape)}")
+    extra = sorted(set(loaded) - set(params))
+    if extra:
+        raise InitFromError(f"model.init_from: {src}: unexpected key {extra[0]!r} "
+                            f"(+{len(extra) - 1} more), not a parameter of this model")
+    return {k: loaded[k].to(v.device, v.dtype).clone() for k, v in params.items()}
+
+
+def init_network(network: torch.nn.Module, path: str | Path) -> None:
+    """Copy the weights saved at ``path`` into ``network``'s parameters, in place."""
+    params = dict(network.named_parameters())
+    values = load_init(params, path)
+    with torch.no_grad():
+        for k, p in params.items():
+            p.copy_(values[k])
