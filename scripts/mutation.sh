@@ -190,8 +190,8 @@ for word in shlex.split(os.environ["SELECTION"]):
 ')
 }
 
-recheck_module() {  # a finished run's survivors against the current tests, one pytest each
-  local module="$1" slug dir line name rc start=$SECONDS
+recheck_module() {  # a finished run's survivors against the current tests, in one process
+  local module="$1" slug dir start=$SECONDS
   slug="$(echo "${module#src/fedforge/}" | tr '/' '.')"
   slug="${slug%.py}"
   dir="$WORK/$slug"
@@ -206,25 +206,33 @@ recheck_module() {  # a finished run's survivors against the current tests, one 
     (cd "$ROOT" && tar --exclude=__pycache__ -cf - tests) | tar -xf - -C "$dir/mutants"
   fi
   local -a args
-  mapfile -t args < <(selection_args "$dir/mutants" "$(tests_for "$module")")
+  # a survivor passed the whole selection once: MUTATION_TESTS may name just the new tests
+  mapfile -t args < <(selection_args "$dir/mutants" "${MUTATION_TESTS:-$(tests_for "$module")}")
   echo "== recheck $module${REV:+ at $REV}: pytest ${args[*]}"
-  cp "$dir/results.txt" "$dir/results.recheck.txt"
-  while IFS= read -r line; do
-    [[ "$line" =~ ^\ *([^:]+):\ (survived|no\ tests)$ ]] || continue
-    name="${BASH_REMATCH[1]}"
-    rc=0
-    (cd "$dir/mutants" && MUTANT_UNDER_TEST="$name" PYTHONPATH=src OMP_NUM_THREADS=1 \
-       timeout 600 nice -n 10 python -m pytest -x -q -p no:cacheprovider "${args[@]}" \
-       >/dev/null 2>&1) || rc=$?
-    if [[ $rc -ne 0 && $rc -ne 5 ]]; then  # 5: nothing collected
-      NAME="$name" python3 -c '
-import os, sys
-name, path = os.environ["NAME"], sys.argv[1]
-lines = open(path).read().splitlines()
-out = [l.split(":")[0] + ": killed" if l.strip().startswith(name + ":") else l for l in lines]
-open(path, "w").write("\n".join(out) + "\n")' "$dir/results.recheck.txt"
-    fi
-  done <"$dir/results.txt"
+  # one pytest process: the trampolines read MUTANT_UNDER_TEST at every call, so each
+  # survivor is one pytest.main; the clean pass first imports every test module unmutated
+  (cd "$dir/mutants" && PYTHONPATH=src OMP_NUM_THREADS=1 nice -n 10 python3 -c '
+import os, re, sys
+import pytest
+src, dst, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+base = ["-x", "-q", "-p", "no:cacheprovider", *args]
+os.environ["MUTANT_UNDER_TEST"] = ""
+if pytest.main(base) != 0:
+    sys.exit("recheck: the tests fail without a mutant")
+out = []
+for line in open(src).read().splitlines():
+    m = re.match(r"^\s*([^:]+): (survived|no tests)$", line)
+    if m:
+        os.environ["MUTANT_UNDER_TEST"] = m.group(1)
+        if pytest.main(base) not in (0, 5):  # 5: nothing collected
+            line = line.split(":")[0] + ": killed"
+    out.append(line)
+open(dst, "w").write("\n".join(out) + "\n")
+' "$dir/results.txt" "$dir/results.recheck.txt" "${args[@]}" >"$dir/recheck.log" 2>&1) || {
+    echo "   recheck failed; the end of $dir/recheck.log:" >&2
+    tail -n 15 "$dir/recheck.log" >&2
+    return 1
+  }
   report "$module" "$dir" "$dir/results.recheck.txt" "$start" 0
 }
 
