@@ -2,10 +2,19 @@
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
 from fedforge.bench import append_results
-from fedforge.bench.throughput import Workload, make_data, run_w1
+from fedforge.bench.throughput import (
+    W1_HEADER,
+    Workload,
+    flops_per_update,
+    make_data,
+    peak_gflops,
+    run_w1,
+)
 from fedforge.bench.time_to_accuracy import first_reaching
+from fedforge.models import build_model
 
 TINY = Workload("T", "logreg", (1, 28, 28), steps=2, batch=4)
 
@@ -17,19 +26,53 @@ def test_make_data_gives_each_client_its_own_epoch():
         assert sorted(idx[c].flatten().tolist()) == list(range(8 * c, 8 * c + 8))
 
 
+def test_flops_per_update_counts_forward_and_backward():
+    model = build_model("logreg", (1, 28, 28), 10)
+    # forward 2*B*784*10; backward: weight grad 2*B*784*10 (the input needs no grad)
+    assert flops_per_update(model, TINY) == 2 * (2 * 4 * 784 * 10) * TINY.steps
+
+
+def test_peak_gflops_is_a_rate():
+    assert peak_gflops(torch.device("cpu"), n=64, repeats=1) > 0
+
+
 def test_run_w1_rows_and_results_file(tmp_path):
-    rows = run_w1([2], ["plain", "loop", "vmap", "vmap:bf16"], torch.device("cpu"), work=TINY)
-    assert [r[0] for r in rows] == ["plain", "loop", "vmap", "vmap:bf16"]
-    assert all(r[1] == 2 and r[2] > 0 for r in rows) and rows[0][4] == "1.00x"
+    engines = ["plain", "loop", "vmap", "auto", "vmap:bf16"]
+    rows = run_w1([2], engines, torch.device("cpu"), work=TINY, profile_dir=tmp_path / "prof")
+    assert [r[0] for r in rows] == engines and all(len(r) == len(W1_HEADER) for r in rows)
+    assert all(r[1] == 2 and r[2] > 0 for r in rows) and rows[0][6] == "1.00x"
+    gflop = flops_per_update(build_model("logreg", (1, 28, 28), 10), TINY) / 1e9
+    assert rows[1][3] == pytest.approx(rows[1][2] * gflop)  # GFLOP/s = updates/s x GFLOP
+    assert (tmp_path / "prof" / "T_vmap-bf16_2.trace.json").is_file()
+    assert "aten::" in (tmp_path / "prof" / "T_auto_2.top.txt").read_text()
     path = tmp_path / "RESULTS.md"
-    append_results(path, "T", torch.device("cpu"), ["engine", "cohort", "u/s", "GiB", "x"], rows)
+    append_results(path, "T", torch.device("cpu"), W1_HEADER, rows)
     text = path.read_text()
     assert "| vmap:bf16 | 2 |" in text and "torch " + torch.__version__ in text
 
 
-def test_unknown_engine_is_a_clear_error():
-    with pytest.raises(ValueError, match="--engines"):
-        run_w1([1], ["jax"], torch.device("cpu"), work=TINY)
+def test_two_processes_row():
+    rows = run_w1([2], ["plain:procs2"], torch.device("cpu"), work=TINY)
+    assert rows[0][0] == "plain:procs2" and rows[0][2] > 0
+
+
+@pytest.mark.parametrize(("engines", "match"), [
+    (["jax"], "unknown engine"), (["vmap:fp8"], "unknown suffix"),
+    (["plain:compile"], "vmap options"), (["flower:procs2"], "procs2")])
+def test_bad_engine_names_are_clear_errors(engines, match):
+    with pytest.raises(ValueError, match=match):
+        run_w1([1], engines, torch.device("cpu"), work=TINY)
+
+
+def test_run_profile_writes_a_trace_in_the_run_folder(tmp_path):
+    from fedforge.cli import app
+
+    cfg = "examples/quickstart.toml"
+    res = CliRunner().invoke(app, ["run", cfg, "rounds=1", "eval.every=1", "--out",
+                                   str(tmp_path / "run"), "--quiet", "--profile"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "run" / "profile" / "run.trace.json").stat().st_size > 0
+    assert "Self CPU" in (tmp_path / "run" / "profile" / "run.top.txt").read_text()
 
 
 def test_first_reaching():

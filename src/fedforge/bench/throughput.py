@@ -9,8 +9,15 @@ and the vmap engine ``:compile`` (``torch.compile`` of the chunk function, ``vma
 ``vmap:bf16:compile``; ``:cudagraphs`` for its ``reduce-overhead`` mode on a GPU): its one
 engine/algorithm/loss are reused across calls, so the warm-up
 call compiles and the timed calls run the compiled graph; the warm-up time is printed.
+``auto`` is the default engine of a run (``AutoEngine``: its calibration happens in the
+warm-up call). The suffix ``:procs2`` runs the cohort as two halves in two single-threaded
+worker processes (started before timing) instead of one process with two intra-op threads.
 
-    fedforge bench w1 --cohorts 10,100 --engines plain,loop,vmap,vmap:bf16,vmap:compile
+Every row reports the achieved GFLOP/s (FLOPs of one update, counted by
+``torch.utils.flop_counter`` on the workload's forward and backward, x updates/s) and its
+share of the GEMM peak measured at the start (``torch.mm`` of 2048x2048 in fp32 or bf16).
+
+    fedforge bench w1 --cohorts 10,100 --engines plain,loop,vmap,auto,vmap:bf16,vmap:compile
 """
 
 from __future__ import annotations
@@ -24,12 +31,15 @@ import torch.nn.functional as F
 
 from fedforge.algorithms import build_algorithm
 from fedforge.core.store import ClientStore
-from fedforge.engine import LoopEngine, VmapEngine, classification_loss
+from fedforge.engine import AutoEngine, LoopEngine, VmapEngine, classification_loss
 from fedforge.engine.round import federated_round
 from fedforge.models import build_model
 
 LR = 0.01
-ENGINES = ("plain", "loop", "vmap", "flower")
+ENGINES = ("plain", "loop", "vmap", "auto", "flower")
+FLAGS = ("compile", "cudagraphs", "procs2", "fp32", "bf16")
+W1_HEADER = ["engine", "cohort", "client updates/s", "GFLOP/s", "% of peak", "peak GPU GiB",
+             "vs plain"]
 
 
 @dataclass(frozen=True)
@@ -95,6 +105,50 @@ def fedforge_round(engine, model, x, y, idx, precision: str = "fp32", algo=None,
                     weights)
 
 
+def peak_gflops(device: torch.device, dtype: torch.dtype = torch.float32, n: int = 2048,
+                repeats: int = 5, budget_s: float = 3.0) -> float:
+    """Measured GEMM peak: the best of ``repeats`` ``torch.mm`` calls of two square matrices,
+    n x n, or smaller where a call at twice the size would take more than ``budget_s``
+    (CPUs without native bf16 run bf16 GEMMs a thousand times slower)."""
+    size = min(256, n)
+    while True:
+        a = torch.randn(size, size, device=device).to(dtype)
+        b = torch.randn(size, size, device=device).to(dtype)
+        _time_mm(a, b, device)  # warm-up
+        one = _time_mm(a, b, device)
+        if size >= n or one * 8 > budget_s:  # the next size costs 8x
+            break
+        size *= 2
+    best = one
+    for _ in range(max(0, min(repeats, int(budget_s / max(one, 1e-9))) - 1)):
+        best = min(best, _time_mm(a, b, device))
+    return 2 * size**3 / best / 1e9
+
+
+def _time_mm(a: torch.Tensor, b: torch.Tensor, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    torch.mm(a, b)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def flops_per_update(model, work: Workload) -> float:
+    """FLOPs of one client update: forward + backward of ``steps`` batches (the SGD update
+    itself, a few FLOPs per parameter, is left out)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    device = next(model.parameters()).device
+    x = torch.randn(work.batch, *work.input_shape, device=device)
+    y = torch.zeros(work.batch, dtype=torch.long, device=device)
+    with FlopCounterMode(display=False) as counter:
+        F.cross_entropy(model(x), y).backward()
+    model.zero_grad(set_to_none=True)
+    return float(counter.get_total_flops()) * work.steps
+
+
 LAST_WARMUP_S: list[float] = [0.0]  # seconds of the latest ``timed`` warm-up call
 
 
@@ -112,34 +166,112 @@ def timed(fn: Callable[[], None], device: torch.device, repeats: int) -> float:
     return (time.perf_counter() - t0) / repeats
 
 
-def runner(name: str, chunk, data, device: torch.device) -> Callable[[], None]:
+_PEAKS: dict[str, dict[str, float]] = {}
+
+
+def check_engine_name(name: str, device: torch.device) -> tuple[str, bool | str, str, bool]:
+    """``engine[:flag...]`` -> (engine, compile mode, precision, two processes), or a
+    ``ValueError`` naming ``--engines``."""
     engine, *flags = name.split(":")
     # ":compile" = torch.compile, ":cudagraphs" = its "reduce-overhead" mode (CUDA graphs)
     compile_ = "reduce-overhead" if "cudagraphs" in flags else "compile" in flags
-    precision = next((f for f in flags if f not in ("compile", "cudagraphs")), "fp32")
+    precision = "bf16" if "bf16" in flags else "fp32"
     if engine not in ENGINES:
         raise ValueError(f"--engines: unknown engine {engine!r}; expected one of {ENGINES}")
+    unknown = [f for f in flags if f not in FLAGS]
+    if unknown:
+        raise ValueError(f"--engines: unknown suffix {unknown[0]!r} in {name!r}; expected "
+                         f"one of {FLAGS}")
     if compile_ and engine != "vmap":
         raise ValueError(f"--engines: ':compile' and ':cudagraphs' are vmap options, got {name!r}")
-    if compile_:  # one engine/algorithm/loss, so the compiled graph is reused, not recompiled
-        eng = VmapEngine(chunk_size=chunk, compile=compile_)
-        algo = build_algorithm("fedavg", local_lr=LR)
-        loss_fn = classification_loss(data[0], precision)
-        return lambda: fedforge_round(eng, *data, precision, algo=algo, loss_fn=loss_fn)
+    if "procs2" in flags and (engine not in ("plain", "loop", "vmap", "auto") or compile_
+                              or device.type != "cpu"):
+        raise ValueError(f"--engines: ':procs2' is for CPU plain/loop/vmap/auto, got {name!r}")
+    return engine, compile_, precision, "procs2" in flags
+
+
+def runner(name: str, chunk, data, device: torch.device, work: Workload = W1
+           ) -> Callable[[], None]:
+    engine, compile_, precision, procs2 = check_engine_name(name, device)
+    if procs2:
+        return _two_processes(engine, precision, chunk, data[2].shape[0], work)
+    if engine == "flower":
+        raise ValueError("flower is timed by run_w1 itself")
     if engine == "plain":
         return lambda: plain_loop(*data, precision)
+    # one engine/algorithm/loss: a compiled graph or an auto calibration is made once
+    eng = make_engine(engine, chunk, compile_, data[2].shape[0])
+    algo = build_algorithm("fedavg", local_lr=LR)
+    loss_fn = classification_loss(data[0], precision)
+    return lambda: fedforge_round(eng, *data, precision, algo=algo, loss_fn=loss_fn)
+
+
+def make_engine(engine: str, chunk, compile_=False, cohort: int = 1):
+    """The fedforge engine a benchmark row names; ``auto`` is given a 1000-round budget."""
     if engine == "loop":
-        return lambda: fedforge_round(LoopEngine(), *data, precision)
-    if engine == "vmap":
-        return lambda: fedforge_round(VmapEngine(chunk_size=chunk), *data, precision)
-    raise ValueError("flower is timed by run_w1 itself")
+        return LoopEngine()
+    if engine == "auto":
+        return AutoEngine(chunk_size=chunk, budget_updates=1000 * cohort)
+    return VmapEngine(chunk_size=chunk, compile=compile_)
+
+
+_POOLS: list = []  # worker pools of ':procs2' rows, shut down after the row
+
+
+def _two_processes(engine: str, precision: str, chunk, cohort: int, work: Workload):
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    pool = ProcessPoolExecutor(2, mp_context=mp.get_context("spawn"), initializer=_worker_init,
+                               initargs=(engine, precision, chunk, cohort, work))
+    _POOLS.append(pool)
+    halves = [(0, cohort // 2), (cohort // 2, cohort)]
+    list(pool.map(_worker_half, halves))  # start-up and first call are not timed
+    return lambda: list(pool.map(_worker_half, halves))
+
+
+_WORKER: dict = {}
+
+
+def _worker_init(engine, precision, chunk, cohort, work) -> None:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = build_model(work.model, work.input_shape, work.num_classes)
+    _WORKER.update(engine=engine, precision=precision, chunk=chunk,
+                   data=(model, *make_data(cohort, torch.device("cpu"), work)))
+
+
+def _worker_half(bounds: tuple[int, int]) -> None:
+    model, x, y, idx = _WORKER["data"]
+    part = (model, x, y, idx[bounds[0]:bounds[1]])
+    if _WORKER["engine"] == "plain":
+        plain_loop(*part, _WORKER["precision"])
+    else:
+        key = ("engine", bounds)
+        if key not in _WORKER:
+            _WORKER[key] = make_engine(_WORKER["engine"], _WORKER["chunk"],
+                                       cohort=bounds[1] - bounds[0])
+        fedforge_round(_WORKER[key], *part, _WORKER["precision"])
 
 
 def run_w1(cohorts: list[int], engines: list[str], device: torch.device, chunk="auto",
-           repeats: int = 1, work: Workload = W1) -> list[list[object]]:
-    """Rows ``[engine, cohort, client updates/s, peak GPU GiB, x vs plain]``, printed as they go."""
+           repeats: int = 1, work: Workload = W1, profile_dir=None) -> list[list[object]]:
+    """Rows of :data:`W1_HEADER`, printed as they go. ``profile_dir``: profile each row's
+    timed calls there (``fedforge bench --profile``)."""
+    from fedforge.bench.profiling import profiled
+
     torch.manual_seed(0)
     model = build_model(work.model, work.input_shape, work.num_classes).to(device)
+    for name in engines:  # bad names fail before anything is measured
+        if name != "flower":
+            check_engine_name(name, device)
+    gflop = flops_per_update(model, work) / 1e9
+    if device.type not in _PEAKS:  # measured once per process
+        _PEAKS[device.type] = {p: peak_gflops(device, d) for p, d in (
+            ("fp32", torch.float32), ("bf16", torch.bfloat16))}
+    peaks = _PEAKS[device.type]
+    print(f"{work.name} {work.model}: {gflop:.3f} GFLOP per update; GEMM peak fp32 "
+          f"{peaks['fp32']:.0f} GFLOP/s, bf16 {peaks['bf16']:.0f} GFLOP/s", flush=True)
     rows: list[list[object]] = []
     for cohort in cohorts:
         data = (model, *make_data(cohort, device, work))
@@ -147,20 +279,26 @@ def run_w1(cohorts: list[int], engines: list[str], device: torch.device, chunk="
         for name in engines:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            if name == "flower":
-                from fedforge.bench.flower_w1 import flower_round  # optional dependency
+            with profiled(profile_dir or ".", f"{work.name}_{name.replace(':', '-')}_{cohort}",
+                          enabled=profile_dir is not None and name != "flower"):
+                if name == "flower":
+                    from fedforge.bench.flower_w1 import flower_round  # optional dependency
 
-                seconds = flower_round(*data, device=device, rounds=2 + repeats)
-            else:
-                seconds = timed(runner(name, chunk, data, device), device, repeats)
+                    seconds = flower_round(*data, device=device, rounds=2 + repeats)
+                else:
+                    seconds = timed(runner(name, chunk, data, device, work), device, repeats)
+            while _POOLS:
+                _POOLS.pop().shutdown()
             peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
             rate = cohort / seconds
-            if name == "plain":
+            if name.split(":")[0] == "plain" and plain_rate is None:
                 plain_rate = rate
             ratio = None if plain_rate is None else f"{rate / plain_rate:.2f}x"
-            rows.append([name, cohort, rate, peak, ratio])
+            achieved = rate * gflop
+            share = 100.0 * achieved / peaks["bf16" if "bf16" in name else "fp32"]
+            rows.append([name, cohort, rate, achieved, share, peak, ratio])
             mem = f", peak {peak:.2f} GiB" if peak is not None else ""
             warm = "" if name == "flower" else f", warm-up call {LAST_WARMUP_S[0]:.1f} s"
-            print(f"{work.name} {name:11s} cohort {cohort:5d}: {rate:8.1f} client updates/s{mem}"
-                  f"{warm}", flush=True)
+            print(f"{work.name} {name:11s} cohort {cohort:5d}: {rate:8.1f} client updates/s, "
+                  f"{achieved:6.1f} GFLOP/s ({share:.0f} % of peak){mem}{warm}", flush=True)
     return rows
