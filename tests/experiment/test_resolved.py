@@ -27,6 +27,26 @@ def test_resolved_config_records_every_default(tmp_path):
     assert saved["server"]["aggregation"] == "uniform"  # Reddi et al.: 1/|S|
 
 
+def test_a_run_builds_its_algorithm_once(tmp_path, monkeypatch):
+    """Resolving the config and building the run share one build (the loaded config was
+    validated before, which builds it for its own checks)."""
+    from fedforge.experiment import runner
+
+    calls = []
+
+    def counted(name, **kwargs):
+        calls.append(name)
+        return build_algorithm(name, **kwargs)
+
+    cfg = load_config(QUICK, ["rounds=1", "algorithm.name=scaffold"])
+    monkeypatch.setattr(runner, "build_algorithm", counted)
+    run_experiment(cfg, tmp_path / "run", progress=False)
+    assert calls == ["scaffold"]
+    saved = tomllib.loads((tmp_path / "run/config.resolved.toml").read_text())
+    assert saved["server"]["aggregation"] == "uniform" and saved["checkpoint"]["every"] == 10
+    assert not {"tasks", "async", "sync", "system", "method"} & set(saved)
+
+
 @pytest.mark.parametrize(("alias", "canonical"), sorted(ALIASES.items()))
 def test_old_names_are_aliases_of_unambiguous_ones(alias, canonical):
     assert build_algorithm(alias).name == canonical
