@@ -2,16 +2,19 @@
 
 Reads ``<data>/<name>/<condition>/seed<k>.jsonl`` only, so ``--report-only`` regenerates
 everything on a machine that never ran the grid. Writes ``docs/reproductions/<name>.md``
-(included by ``docs/reproductions.md``) and ``docs/img/<name>_*.png``.
+(included by ``docs/reproductions.md``) and ``docs/img/<name>_*.png``. A multi-task spec
+also reads ``seed<k>.summary.json`` (time to each task's target, idle share) and reports
+simulated time to *every* target, per-task times and the paired gain over its baseline.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from fedforge.reproduce.grid import read_metrics
+from fedforge.reproduce.grid import read_metrics, summary_path
 from fedforge.reproduce.spec import Comparison, Reproduction
 from fedforge.reproduce.stats import (
     INCONCLUSIVE,
@@ -42,6 +45,8 @@ class RunSummary:
     reached: bool
     sim_per_round: float
     history: list[dict]
+    tasks: dict[str, float | None] = field(default_factory=dict)  # multi-task: T per task
+    idle: float = math.nan  # multi-task: share of available client time left idle
 
 
 def summarize(history: list[dict], seed: int, target: float | None, key: str) -> RunSummary:
@@ -55,6 +60,24 @@ def summarize(history: list[dict], seed: int, target: float | None, key: str) ->
     return RunSummary(seed, rounds, sim, final, hit is not None, per_round, history)
 
 
+def summarize_multitask(history: list[dict], summary: dict, seed: int,
+                        key: str) -> RunSummary:
+    """A multi-task run: ``sim_time`` = time to every task's target (censored at the run's
+    end), ``rounds`` = client updates, ``final_acc`` = mean of each task's last evaluation."""
+    done = summary.get("time_all_tasks")
+    sim = float(done if done is not None else summary["sim_time_s"])
+    updates = float(summary["updates"])
+    last: dict[str, float] = {}
+    for r in history:
+        if key in r:
+            last[r["task"]] = float(r[key])
+    final = sum(last.values()) / max(1, len(last))
+    idle = summary.get("idle_share")
+    return RunSummary(seed, updates, sim, final, done is not None, sim / max(updates, 1.0),
+                      history, dict(summary.get("time_to_target", {})),
+                      math.nan if idle is None else float(idle))
+
+
 def load_runs(spec: Reproduction, data: Path) -> dict[str, dict[int, RunSummary]]:
     """Every finished run found under ``data`` -> ``{condition: {seed: summary}}``."""
     out: dict[str, dict[int, RunSummary]] = {}
@@ -62,7 +85,12 @@ def load_runs(spec: Reproduction, data: Path) -> dict[str, dict[int, RunSummary]
         runs = {}
         for seed in spec.seeds:
             hist = read_metrics(data / spec.name / cond.name / f"seed{seed}.jsonl")
-            if hist:
+            if hist and spec.multitask:
+                spath = summary_path(data, spec, cond.name, seed)
+                if spath.is_file():
+                    summary = json.loads(spath.read_text(encoding="utf-8"))
+                    runs[seed] = summarize_multitask(hist, summary, seed, spec.metric)
+            elif hist:
                 runs[seed] = summarize(hist, seed, spec.target, spec.metric)
         out[cond.name] = runs
     return out
@@ -93,6 +121,119 @@ def condition_table(spec: Reproduction, runs: dict, names: list[str] | None = No
                  per_round if r else "–", ", ".join(str(s) for s in sorted(r)) or "none"]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def gains(base: dict[int, RunSummary], runs: dict[int, RunSummary]) -> Interval:
+    """Paired ``(T_base - T) / T_base`` on the time to every target, over common seeds."""
+    seeds = sorted(set(base) & set(runs))
+    return t_interval([(base[s].sim_time - runs[s].sim_time) / base[s].sim_time for s in seeds
+                       if base[s].sim_time > 0])
+
+
+def multitask_table(spec: Reproduction, runs: dict, names: list[str] | None = None) -> str:
+    """Time to every target, paired gain, per-task times, idle share, updates."""
+    names = names or [c.name for c in spec.conditions]
+    tasks = _tasks(runs)
+    base = spec.gain_baseline
+    head = ["method", spec.paper_title, "sim. s to every target",
+            f"gain vs {spec.condition(base).title if base else '–'}", *[f"T {t}" for t in tasks],
+            "idle share", "client updates", "seeds"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in names:
+        r = runs.get(name, {})
+        gain = "–"
+        if base and r and runs.get(base) and name != base:
+            g = gains(runs[base], r)
+            gain = "–" if g.n == 0 else g.format("{:+.1%}")
+        per_task = []
+        for t in tasks:
+            vals = [x.tasks.get(t) for x in r.values()]
+            hit = [v for v in vals if v is not None]
+            cell = t_interval(hit).format("{:.3g}") if hit else "–"
+            per_task.append(cell if len(hit) == len(vals) else f"{cell} ({len(hit)}/{len(vals)})")
+        cells = [spec.condition(name).title, spec.paper.get(name, "–"), _cell(r, "sim_time"),
+                 gain, *per_task,
+                 t_interval([x.idle for x in r.values()]).format("{:.1%}") if r else "–",
+                 t_interval([x.rounds for x in r.values()]).format("{:.0f}") if r else "–",
+                 ", ".join(str(s) for s in sorted(r)) or "none"]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def _tasks(runs: dict) -> list[str]:
+    """Task names in task-index order, over every run."""
+    from fedforge.sim.diagnostics import task_names
+
+    out: list[str] = []
+    for r in runs.values():
+        for x in r.values():
+            out += [t for t in task_names(x.history) if t not in out]
+    return out
+
+
+def plot_multitask(spec: Reproduction, runs: dict, path: Path) -> Path:
+    """Accuracy against simulated time, one panel per task, the lowest seed of each
+    condition; dotted lines mark the runs' end."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = _tasks(runs)
+    ncols = 2 if len(tasks) > 1 else 1
+    nrows = max(1, -(-len(tasks) // ncols))
+    fig, grid = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.4 * nrows), squeeze=False)
+    axes = dict(zip(tasks, grid.flat))
+    for name in spec.curves or [c.name for c in spec.conditions]:
+        if not runs.get(name):
+            continue
+        seed = min(runs[name])
+        for t, ax in axes.items():
+            pts = [(r["sim_time_s"], r[spec.metric]) for r in runs[name][seed].history
+                   if r.get("task") == t and spec.metric in r]
+            if pts:
+                ax.plot(*zip(*pts), lw=1, label=f"{spec.condition(name).title} (seed {seed})")
+    for t, ax in axes.items():
+        ax.set_title(t, fontsize=9)
+        ax.set_xlabel("simulated time (s)")
+        ax.grid(alpha=0.3)
+    if axes:
+        next(iter(axes.values())).legend(fontsize=6)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_allocation(spec: Reproduction, runs: dict, path: Path) -> Path | None:
+    """Requests per task against simulated time (the lowest seed of each async condition)."""
+    from fedforge.sim.diagnostics import requests_over_time
+
+    shown = [n for n in (spec.curves or [c.name for c in spec.conditions])
+             if runs.get(n) and any("requests" in r for r in runs[n][min(runs[n])].history)]
+    if not shown:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, grid = plt.subplots(1, len(shown), figsize=(4.2 * len(shown), 3.2), squeeze=False)
+    for ax, name in zip(grid.flat, shown):
+        seed = min(runs[name])
+        for task, (xs, ys) in requests_over_time(runs[name][seed].history).items():
+            ax.step(xs, ys, where="post", label=task)
+        ax.set_title(f"{spec.condition(name).title} (seed {seed})", fontsize=8)
+        ax.set_xlabel("simulated time (s)")
+        ax.grid(alpha=0.3)
+    grid.flat[0].set_ylabel("requests R_m")
+    grid.flat[0].legend(fontsize=6)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def compare(spec: Reproduction, runs: dict, comp: Comparison) -> tuple[Interval, str, float]:
@@ -236,8 +377,15 @@ def write_report(spec: Reproduction, data: Path, docs: Path, *, command: str = "
     runs = load_runs(spec, data)
     done = sum(len(r) for r in runs.values())
     total = len(spec.conditions) * len(spec.seeds)
-    acc_png = plot_accuracy(spec, runs, docs / "img" / f"{spec.name}_accuracy.png")
-    diag_png = plot_diagnostics(spec, runs, docs / "img" / f"{spec.name}_diagnostics.png")
+    img = docs / "img"
+    if spec.multitask:
+        acc_png = plot_multitask(spec, runs, img / f"{spec.name}_accuracy.png")
+        diag_png = plot_allocation(spec, runs, img / f"{spec.name}_diagnostics.png")
+        table = multitask_table
+    else:
+        acc_png = plot_accuracy(spec, runs, img / f"{spec.name}_accuracy.png")
+        diag_png = plot_diagnostics(spec, runs, img / f"{spec.name}_diagnostics.png")
+        table = condition_table
     out = [f"<!-- generated by `fedforge reproduce {spec.name}`; do not edit by hand -->",
            f"### Reproduction `{spec.name}` (generated)", ""]
     if done < total:
@@ -249,9 +397,9 @@ def write_report(spec: Reproduction, data: Path, docs: Path, *, command: str = "
     out += [f"Seeds {', '.join(map(str, spec.seeds))}; mean ± 95 % t-interval over the seeds "
             "that finished; \"≥\" marks runs that never reached the target (counted at the "
             "budget, so the difference is a bound).", "",
-            condition_table(spec, runs, list(spec.curves) or None), ""]
+            table(spec, runs, list(spec.curves) or None), ""]
     for title, names in spec.ablations:
-        out += [f"**{title}.**", "", condition_table(spec, runs, list(names)), ""]
+        out += [f"**{title}.**", "", table(spec, runs, list(names)), ""]
     out += ["**Paired comparisons** (same seed = same partition, cohorts and batches).", "",
             comparison_table(spec, runs), "", "**Verdict so far.**", "", *headline(spec, runs),
             ""]

@@ -71,6 +71,10 @@ class Reproduction:
     # execution order: each stage's conditions for every seed, stage after stage (the
     # claim's core first); conditions in no stage run last
     stages: tuple[tuple[str, ...], ...] = ()
+    # multi-task runs (a config with [[tasks]]; each condition's algorithm is the method):
+    # time to every task's target is the metric, gains are paired against ``gain_baseline``
+    multitask: bool = False
+    gain_baseline: str | None = None
 
     def condition(self, name: str) -> Condition:
         for c in self.conditions:
@@ -86,6 +90,9 @@ class Reproduction:
             for side in (comp.a, comp.b):
                 if side not in names:
                     raise ValueError(f"{self.name}: comparison names unknown condition {side!r}")
+        if self.gain_baseline is not None and self.gain_baseline not in names:
+            raise ValueError(f"{self.name}: gain_baseline names unknown condition "
+                             f"{self.gain_baseline!r}")
 
 
 REPRODUCTIONS: dict[str, Callable[[], Reproduction]] = {}
