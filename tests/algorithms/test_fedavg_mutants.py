@@ -251,3 +251,19 @@ def test_feddc_correction_by_hand():
     same(part.adjust_params({"w": torch.tensor([1.0, 1.0], dtype=F64)},
                             {"hbar": {"w": torch.tensor([0.5, -1.0], dtype=F64)}})["w"],
          torch.tensor([1.5, 0.0], dtype=F64))
+
+
+def test_schedule_arguments_are_named_in_errors():
+    with pytest.raises(ValueError, match=r"^eps: expected a number or a schedule"):
+        extrapolation(True)
+    with pytest.raises(ValueError, match=r"^local_lr: expected a number or a schedule"):
+        DriftCorrection(True)
+
+
+def test_message_sizes():
+    """Model of 2 float64 = 16 bytes: FedExP uploads one scalar besides the delta (counted
+    as 0 models), FedDC receives G and uploads dG (one model each way), FedDyn nothing."""
+    params = {"w": torch.zeros(2, dtype=F64)}
+    for alg, sizes in [(fedexp(), (16, 16)), (feddc(), (32, 32)), (feddyn(), (16, 16)),
+                       (fedavg(), (16, 16))]:
+        assert alg.message_nbytes(params, alg.server_init(params)) == sizes, alg.name
