@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fedforge.experiment.config import load_config
@@ -76,8 +78,12 @@ def test_disabled_progress_prints_nothing():
 def test_a_run_names_its_algorithm_and_seed(tmp_path, capsys):
     run_experiment(load_config(QUICK, SHORT), tmp_path / "run", progress=True)
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("fedavg")]
-    assert [ln.split(" accuracy")[0] for ln in lines] == [
-        "fedavg seed 3: rounds 1-4", "fedavg seed 3: round 2/4", "fedavg seed 3: round 4/4"]
+    sizes = json.loads((tmp_path / "run" / "partition.json").read_text())["sizes"]
+    assert len(sizes) == 30 and lines[0] == (
+        f"fedavg seed 3: rounds 1-4; synthetic: 30 clients, {sum(sizes)} training samples; "
+        f"per client: min {min(sizes)}, median {np.median(sizes):g}, max {max(sizes)}")
+    assert [ln.split(" accuracy")[0] for ln in lines[1:]] == [
+        "fedavg seed 3: round 2/4", "fedavg seed 3: round 4/4"]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None,

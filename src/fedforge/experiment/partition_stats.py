@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 from pathlib import Path
 
 from fedforge.data import FederatedDataset
@@ -48,3 +49,12 @@ def load_partition_stats(run_dir: Path) -> dict | None:
         return json.loads(path.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from None
+
+
+def partition_summary(stats: dict) -> str:
+    """``30 clients, 4587 training samples; per client: min 41, median 77, max 937``."""
+    sizes = stats["sizes"]
+    if not sizes:
+        return "no clients"
+    return (f"{stats['num_clients']} clients, {sum(sizes)} training samples; per client: "
+            f"min {min(sizes)}, median {statistics.median(sizes):g}, max {max(sizes)}")

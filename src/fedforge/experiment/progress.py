@@ -59,6 +59,7 @@ class RoundProgress:
         self.stream = stream if stream is not None else sys.stdout
         self.lines = enabled and not _is_terminal(self.stream)
         self._tb_dir = tensorboard
+        self.intro = ""  # a line shown at the start (the partition's client sizes)
         self._tb = None
         desc = f"[bold]{_escape(self.label)}[/bold] " if self.label else ""
         self._progress = Progress(
@@ -71,9 +72,15 @@ class RoundProgress:
     def for_run(cls, cfg: RunConfig, out: Path, start: int = 1,
                 enabled: bool = True) -> RoundProgress:
         """The progress of a run of ``cfg`` writing into ``out`` (its TensorBoard folder)."""
+        from fedforge.experiment.partition_stats import load_partition_stats, partition_summary
+
         tb = out / "tensorboard" if cfg.logging.tensorboard else None
-        return cls(cfg.rounds, start, enabled, label=f"{cfg.algorithm.name} seed {cfg.seed}",
-                   tensorboard=tb)
+        bar = cls(cfg.rounds, start, enabled, label=f"{cfg.algorithm.name} seed {cfg.seed}",
+                  tensorboard=tb)
+        stats = load_partition_stats(out)  # written just before, at the run's start
+        if stats is not None:
+            bar.intro = f"{stats['dataset']}: {partition_summary(stats)}"
+        return bar
 
     def __enter__(self) -> RoundProgress:
         if self._tb_dir is not None:
@@ -82,7 +89,11 @@ class RoundProgress:
         self._task = self._progress.add_task("rounds", total=self.rounds,
                                              completed=self.start - 1, status="")
         if self.lines:
-            self._line(f"rounds {self.start}-{self.rounds}")
+            self._line(f"rounds {self.start}-{self.rounds}"
+                       + (f"; {self.intro}" if self.intro else ""))
+        elif self.enabled and self.intro:
+            self._progress.console.print(f"{self.label}: {self.intro}", markup=False,
+                                         highlight=False)
         return self
 
     def advance(self, round_: int, record: dict | None) -> None:

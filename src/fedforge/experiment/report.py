@@ -12,7 +12,6 @@ import base64
 import html
 import io
 import json
-import statistics
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -20,6 +19,7 @@ import numpy as np
 
 from fedforge.experiment.compare import format_cell, summary
 from fedforge.experiment.labels import metric
+from fedforge.experiment.partition_stats import partition_summary
 from fedforge.experiment.plots import PALETTE, Run, draw, figure_title, group_runs, load_run
 
 CURVES = (("test_accuracy", "round"), ("test_loss", "round"), ("train_loss", "round"),
@@ -143,9 +143,8 @@ def _partition(runs: list[Run]) -> str:
         return "<p>No partition.json (runs from before it was recorded).</p>"
     part = run.partition
     sizes = part["sizes"]
-    stats = (f"{part['num_clients']} clients, {sum(sizes)} training samples; samples per "
-             f"client: min {min(sizes)}, median {statistics.median(sizes):g}, max {max(sizes)}")
-    html_parts = [f"<p>{_e(part.get('dataset', ''))}: {_e(stats)} (from {_e(run.path)})</p>"]
+    html_parts = [f"<p>{_e(part.get('dataset', ''))}: {_e(partition_summary(part))} "
+                  f"(from {_e(run.path)})</p>"]
     fig, ax = plt.subplots(figsize=(6.4, 2.6), dpi=120)
     ax.bar(range(len(sizes)), sizes, color=PALETTE[0], width=1.0)
     ax.set_xlabel("client")
