@@ -137,3 +137,15 @@ def test_compare_with_three_seeds_draws_the_band(tmp_path):
     # control: the same figure of one seed has no band, only the line's anti-aliased edges
     one = plot_runs(load_run_list([out / "fedavg" / "seed0"]), tmp_path / "one.png")
     assert band > 20 * max(1, _band_pixels(one, curve["color"]))
+
+
+def test_same_algorithm_with_other_settings_is_another_line(tmp_path):
+    dirs = []
+    for sweep, lr in (("lr_small", 0.01), ("lr_large", 0.1)):
+        for s in (0, 1):
+            d = _run(tmp_path / sweep / f"seed{s}", "fedavg", s, [0.1 + lr, 0.2])
+            (d / "config.resolved.toml").write_text(CONFIG.format(seed=s, algo="fedavg").replace(
+                'name = "fedavg"', f'name = "fedavg"\nlocal_lr = {lr}'))
+            dirs.append(d)
+    labels = [c.label for c in curves(load_run_list(dirs), "test_accuracy")]
+    assert labels == ["fedavg [lr_small] (mean of 2 seeds)", "fedavg [lr_large] (mean of 2 seeds)"]

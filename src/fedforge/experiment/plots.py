@@ -169,10 +169,8 @@ def group_runs(runs: list[Run]) -> dict[str, list[Run]]:
                          sort_keys=True, default=str) if run.config else str(run.path)
         groups.setdefault(f"{key}|{run.task}", []).append(run)
     firsts = [g[0] for g in groups.values()]
-    names = []
-    for run in firsts:
-        name = run.algorithm or _distinct_tails([r.path for r in firsts])[firsts.index(run)]
-        names.append(name if run.task is None else f"{name} / {run.task}")
+    names = [(run.algorithm or tail) + ("" if run.task is None else f" / {run.task}")
+             for run, tail in zip(firsts, _distinct_tails([r.path for r in firsts]))]
     parents = _distinct_tails([g[0].path.parent if len(g) > 1 else g[0].path
                                for g in groups.values()])
     return dict(zip(_dedupe(names, parents), groups.values()))
