@@ -24,7 +24,6 @@ from fedforge.data import load_dataset
 from fedforge.experiment.config import RunConfig
 from fedforge.experiment.evaluate import evaluate
 from fedforge.models import build_model, num_parameters
-from fedforge.models.init_from import init_network
 
 WEIGHTS, SUMMARY = "model.safetensors", "pretrain.json"
 Part = Literal["public", "private", "all"]
@@ -36,7 +35,8 @@ def pretrain(cfg: RunConfig, out: str | Path, *, part: Part = "public", epochs: 
     """Train ``cfg``'s model centrally on ``part`` of ``cfg``'s training set -> the summary.
 
     ``part="all"`` keeps the config's data options as they are (for pretraining on another
-    dataset named in the config). ``model.init_from`` in ``cfg`` continues from those weights.
+    dataset named in the config). ``model.init_from`` is ignored: the fine-tuning config that
+    names this run's output can be pretrained from as it is.
     """
     if epochs < 1 or batch_size < 1 or lr <= 0:
         raise ValueError(f"pretrain: need epochs >= 1, batch_size >= 1 and lr > 0, got "
@@ -54,8 +54,6 @@ def pretrain(cfg: RunConfig, out: str | Path, *, part: Part = "public", epochs: 
     torch.manual_seed(cfg.seed)
     net = build_model(cfg.model.name, splits.input_shape, splits.num_classes,
                       **cfg.model.options)
-    if cfg.model.init_from is not None:
-        init_network(net, cfg.model.init_from)
     opt = (torch.optim.Adam(net.parameters(), lr=lr) if optimizer == "adam"
            else torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9))
     x, y = splits.train_x, splits.train_y

@@ -120,6 +120,10 @@ class Part:
     def bind_data(self, input_shape: tuple[int, ...], num_classes: int) -> None:
         """Told the dataset's sample shape and class count before any state is built."""
 
+    def bind_eval(self, evaluate: Callable[[Params], dict]) -> None:
+        """Given ``evaluate(params) -> {"test_accuracy": ...}`` on the run's test set, for
+        diagnostics of models other than the global one (FedPTR's projected model)."""
+
     def prepare_cohort(self, prep: PrepareInputs) -> tuple[dict, dict, dict]:
         """Before local training, per cohort, eagerly (not vmapped, same for every engine).
 
@@ -268,6 +272,11 @@ class Algorithm:
         """Tell every part the data's sample shape and class count (the runner calls this)."""
         for p in self.parts:
             p.bind_data(tuple(input_shape), num_classes)
+
+    def bind_eval(self, evaluate: Callable[[Params], dict]) -> None:
+        """Give every part the run's test-set scorer (the runner calls this)."""
+        for p in self.parts:
+            p.bind_eval(evaluate)
 
     def prepare_cohort(self, prep: PrepareInputs) -> tuple[dict, dict, dict]:
         """-> (client states, info, metrics) after every preparing part's client hook."""

@@ -37,6 +37,7 @@ from fedforge.algorithms.base import (
     SERVER_PREP_SAMPLES,
     SERVER_PREP_SECONDS,
     Algorithm,
+    FinalizeInputs,
     Part,
     PrepareInputs,
 )
@@ -117,10 +118,64 @@ class _Projector(Part):
 
     prepares = True
 
-    def __init__(self, cfg: ProjectionConfig) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: ProjectionConfig, lam: float = 0.0, adaptive: bool = True,
+                 eval_projected_every: int = 0) -> None:
+        self.cfg, self.lam, self.adaptive = cfg, lam, adaptive
+        self.eval_every = int(eval_projected_every)
+        if self.eval_every < 0:
+            raise ValueError(f"algorithm.eval_projected_every: expected an int >= 0, got "
+                             f"{eval_projected_every!r}")
         self.input_shape: tuple[int, ...] | None = None
         self.num_classes = 0
+        # Diagnostics of the last round, host-side (not checkpointed): MTT and projection
+        # seconds, and the projected model to score on the test set (see server_metrics).
+        self._timing = {"fedptr_mtt_s": 0.0, "fedptr_proj_s": 0.0}
+        self._projected: tuple[int, Params] | None = None
+        self._evaluate: Callable[[Params], dict] | None = None
+
+    def bind_eval(self, evaluate: Callable[[Params], dict]) -> None:
+        self._evaluate = evaluate
+
+    def _start_round(self) -> None:
+        self._timing = dict.fromkeys(self._timing, 0.0)
+
+    def _keep_projected(self, round_: int, anchor: Params, active: bool) -> None:
+        """Remember w̃ of round ``round_`` when it is to be scored (every eval_every rounds)."""
+        if self.eval_every and active and round_ % self.eval_every == 0:
+            self._projected = (round_, {k: v.detach() for k, v in anchor.items()})
+
+    def anchor(self, ctx: RoundContext) -> tuple[Params, torch.Tensor]:
+        """(w̃, λ̃) of this client's round (set by the subclass)."""
+        raise NotImplementedError
+
+    def client_metrics(self, fin: FinalizeInputs) -> dict:
+        """Per layer j: drift ||x_i,j - x_j||, distance ||x_j - w̃_j|| of the global model to
+        the projected one, and the prox gradient's norm at the client's final iterate."""
+        anchor, lam = self.anchor(fin.ctx)
+        x = fin.ctx.global_params
+        drift, dist, final = {}, {}, {}
+        for k in fin.delta:
+            layer = layer_of(k)
+            drift[layer] = drift.get(layer, 0.0) + (fin.delta[k] ** 2).sum()
+            dist[layer] = dist.get(layer, 0.0) + ((x[k] - anchor[k]) ** 2).sum()
+            final[layer] = final.get(layer, 0.0) + ((fin.params[k] - anchor[k]) ** 2).sum()
+        out = {}
+        for layer in drift:
+            gap = final[layer].sqrt()
+            prox = lam * (gap > 0).to(gap.dtype) if self.adaptive else lam * gap
+            out[f"fedptr_drift/{layer}"] = drift[layer].sqrt()
+            out[f"fedptr_anchor_dist/{layer}"] = dist[layer].sqrt()
+            out[f"fedptr_prox/{layer}"] = prox
+        return out
+
+    def server_metrics(self, server_state: dict, client_states: dict) -> dict:
+        out = dict(self._timing)
+        if self._projected is not None and self._evaluate is not None:
+            round_, params = self._projected
+            out["fedptr_projected_accuracy"] = self._evaluate(params)["test_accuracy"]
+            out["fedptr_projected_round"] = round_
+            self._projected = None
+        return out
 
     def bind_data(self, input_shape: tuple[int, ...], num_classes: int) -> None:
         self.input_shape, self.num_classes = tuple(input_shape), int(num_classes)
@@ -165,6 +220,7 @@ class _Projector(Part):
                 "algorithm.bind_data(input_shape, num_classes) first (the runner does)"
             )
         t0 = time.perf_counter()
+        mtt_s = 0.0
         syn_y = self._labels(state["syn_x"].device)
         syn_x, syn_lr = state["syn_x"], state["syn_lr"]
         n = syn_x.shape[0]
@@ -187,6 +243,7 @@ class _Projector(Part):
                 augment=aug,
             )
             syn_x, syn_lr = res.syn_x, res.syn_lr.to(state["syn_lr"].dtype)
+            mtt_s = time.perf_counter() - t0
         with torch.no_grad():
             anchor = student_descent(
                 loss_fn,
@@ -197,7 +254,10 @@ class _Projector(Part):
                 cfg.proj_steps,
             )
         state = {**state, "syn_x": syn_x, "syn_lr": syn_lr}
-        return state, anchor, True, time.perf_counter() - t0, work
+        sec = time.perf_counter() - t0
+        self._timing["fedptr_mtt_s"] += mtt_s
+        self._timing["fedptr_proj_s"] += sec - mtt_s
+        return state, anchor, True, sec, work
 
 
 class ClientProjection(_Projector):
@@ -205,9 +265,8 @@ class ClientProjection(_Projector):
 
     name = "fedptr"
 
-    def __init__(self, cfg: ProjectionConfig, lam: float) -> None:
-        super().__init__(cfg)
-        self.lam = lam
+    def anchor(self, ctx: RoundContext) -> tuple[Params, torch.Tensor]:
+        return _client_anchor(ctx)
 
     def client_init(self, params: Params) -> dict:
         return self._template(params)
@@ -216,6 +275,7 @@ class ClientProjection(_Projector):
         return {"fedptr_seed": torch.randint(2**31 - 1, (num_sampled,), generator=generator)}
 
     def prepare_cohort(self, prep: PrepareInputs) -> tuple[dict, dict, dict]:
+        self._start_round()
         stacked = prep.client_states[self.name]
         num = prep.sample_idx.shape[0]
         seeds = prep.info.get("fedptr_seed")
@@ -249,6 +309,9 @@ class ClientProjection(_Projector):
             "fedptr_lam": torch.tensor(lams, dtype=dtype, device=dev),  # [C]
         }
         metrics = {PREP_SECONDS: torch.tensor(secs), PREP_SAMPLES: torch.tensor(works)}
+        if self.eval_every:  # the cohort's mean projected model, for server_metrics
+            mean = {k: v.mean(0) for k, v in info["fedptr_anchor"].items()}
+            self._keep_projected(int(prep.broadcast["round"]), mean, any(lams))
         return tree_stack(states), info, metrics
 
 
@@ -267,10 +330,15 @@ class ServerProjection(_Projector):
     def broadcast(self, server_state: dict) -> dict:
         return {"anchor": server_state["anchor"]}
 
+    def anchor(self, ctx: RoundContext) -> tuple[Params, torch.Tensor]:
+        return _server_anchor(self.lam)(ctx)
+
     def server_prepare(self, server_state, params, loss_fn) -> tuple[dict, dict]:
+        self._start_round()
         seed = int(server_state["seen"])
-        state, anchor, _active, sec, work = self._advance(server_state, params, loss_fn, seed)
+        state, anchor, active, sec, work = self._advance(server_state, params, loss_fn, seed)
         state["anchor"] = {k: v.detach() for k, v in anchor.items()}
+        self._keep_projected(seed + 1, state["anchor"], active)  # seen before = rounds - 1
         return state, {
             SERVER_PREP_SECONDS: torch.tensor(sec),
             SERVER_PREP_SAMPLES: torch.tensor(work),
@@ -299,12 +367,14 @@ def _build(
     client_optimizer,
     local_momentum,
     weight_decay,
+    eval_projected_every=0,
     **mtt,
 ) -> Algorithm:
     if lam < 0:
         raise ValueError(f"algorithm.lam: expected lam >= 0, got {lam}")
     cfg = ProjectionConfig(**mtt)
-    part = ServerProjection(cfg) if server_side else ClientProjection(cfg, lam)
+    kind_of = ServerProjection if server_side else ClientProjection
+    part = kind_of(cfg, lam, adaptive, eval_projected_every)
     anchor = _server_anchor(lam) if server_side else _client_anchor
     opt = local_optimizer(
         client_optimizer, local_lr, momentum=local_momentum, weight_decay=weight_decay
@@ -318,7 +388,8 @@ def _build(
         parts=(part,),
         description=f"{'FedPTR-S' if server_side else 'FedPTR'} (Chen et al. 2023): {where}, "
         f"{kind} prox towards the projected model",
-        hparams={"lam": lam, "adaptive": adaptive, **mtt},
+        hparams={"lam": lam, "adaptive": adaptive, "eval_projected_every": eval_projected_every,
+                 **mtt},
     )
 
 
@@ -340,9 +411,12 @@ def fedptr(
     proj_lr: float = 0.01,
     mtt_every: int = 1,
     augment: bool = False,
+    eval_projected_every: int = 0,
 ) -> Algorithm:
     """FedPTR, client-side (Algorithm 2). Defaults: Sec. 5.1 (SGD 0.01, momentum 0.5, λ 0.05,
-    K 5, H 20, R 10, β₀ 0.01, 10 ipc) and MTT's code (lr_img, lr_lr); ``window`` (m) is ours."""
+    K 5, H 20, R 10, β₀ 0.01, 10 ipc) and MTT's code (lr_img, lr_lr); ``window`` (m) is ours.
+    ``eval_projected_every = n`` scores the projected model w̃ on the test set every n rounds
+    (``fedptr_projected_accuracy``; FedPTR: the cohort's mean w̃_i)."""
     return _build("fedptr", False, **locals())  # locals() here = exactly the parameters
 
 

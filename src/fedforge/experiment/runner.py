@@ -133,6 +133,7 @@ class Experiment:
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
         algorithm.bind_data(data.input_shape, data.num_classes)  # e.g. FedPTR's synthetic set
+        algorithm.bind_eval(test_scorer(network, data, cfg))  # e.g. FedPTR's projected model
         if cfg.privacy.on:  # clipping, noise, Poisson cohorts, accountant (docs/privacy.md)
             from fedforge.privacy.algorithm import for_run  # noqa: PLC0415 (optional extra)
 
@@ -224,6 +225,7 @@ class Experiment:
             hp = scale_lr(self.cfg.algorithm.name, algorithm_kwargs(self.cfg), scale)
             self.algorithm = build_algorithm(self.cfg.algorithm.name, **hp)
             self.algorithm.bind_data(self.data.input_shape, self.data.num_classes)
+            self.algorithm.bind_eval(test_scorer(self.network, self.data, self.cfg))
 
     @property
     def client_sizes(self) -> torch.Tensor:
@@ -233,6 +235,11 @@ class Experiment:
 
     def initial_params(self) -> Params:
         return {k: v.detach().clone() for k, v in self.network.named_parameters()}
+
+
+def test_scorer(network: torch.nn.Module, data: FederatedDataset, cfg: RunConfig):
+    """``params -> evaluate(...)`` on the test set, for parts' diagnostics (bind_eval)."""
+    return lambda p: evaluate(network, p, data.test_x, data.test_y, cfg.eval.batch_size)
 
 
 def sample_round(exp: Experiment, round_: int):

@@ -302,10 +302,16 @@ def plot_accuracy(spec: Reproduction, runs: dict, path: Path) -> Path:
     for name in spec.curves or [c.name for c in spec.conditions]:
         if runs.get(name):
             xs, ys = _mean_curve(runs[name], spec.metric)
+            if spec.x_axis != "round":  # e.g. cumulative bytes_up: its mean at each round
+                at = dict(zip(*_mean_curve(runs[name], spec.x_axis), strict=True))
+                xs, ys = [at[x] for x in xs if x in at], [y for x, y in zip(xs, ys,
+                                                                           strict=True) if x in at]
             ax.plot(xs, ys, label=f"{spec.condition(name).title} ({len(runs[name])} seeds)")
     if spec.target is not None:
         ax.axhline(spec.target, color="grey", ls="--", lw=0.8, label=f"target {spec.target:g}")
-    ax.set_xlabel("round")
+    ax.set_xlabel(spec.x_axis)
+    if spec.x_axis != "round":
+        ax.set_xscale("log")
     ax.set_ylabel(f"{spec.metric} (mean over seeds)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)

@@ -59,6 +59,7 @@ class Reproduction:
     metric: str = "test_accuracy"
     diagnostics: tuple[str, ...] = ()  # metrics.jsonl keys plotted per condition
     curves: tuple[str, ...] = ()  # conditions in the accuracy figure (default: all)
+    x_axis: str = "round"  # the accuracy figure's x: "round" or a metrics key (log scale)
     paper: dict[str, str] = field(default_factory=dict)  # condition -> the paper's number
     paper_title: str = "paper"  # the column title of ``paper`` (setting, metric)
     # other targets for a post-hoc sensitivity table of the rounds comparisons (never the

@@ -1,0 +1,73 @@
+"""The SAFL reproduction: two regimes, SAFL's sketch sizes, baselines at SAFL's 1/100 bytes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from fedforge.algorithms import build_algorithm
+from fedforge.experiment.runner import algorithm_kwargs
+from fedforge.reproduce import get_reproduction
+from fedforge.reproduce.grid import grid_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _plan():
+    spec = get_reproduction("safl")
+    return spec, {(c.name, cfg.seed): cfg for c, cfg, _ in grid_plan(spec, ROOT, Path("runs"))}
+
+
+def test_regimes_follow_the_brief():
+    spec, plan = _plan()
+    assert spec.seeds == (0, 1, 2) and spec.x_axis == "bytes_up"
+    for (name, _seed), cfg in plan.items():
+        assert cfg.data.num_clients == cfg.server.clients_per_round == 5
+        assert cfg.data.partition == "iid"
+        assert cfg.algorithm.diagnostics_window == 10
+        if name.startswith("ft_"):  # fine-tuning: the private half, from the checkpoint
+            assert cfg.data.dataset == "sst2" and cfg.rounds >= 25
+            assert cfg.data.options["train_part"] == "private"
+            assert cfg.model.init_from == "runs/pretrain/safl_sst2/model.safetensors"
+        else:
+            assert name.startswith("sc_") and cfg.data.dataset == "cifar10"
+            assert cfg.rounds >= 100 and cfg.model.init_from is None
+    sizes = {plan[(f"ft_safl{r}", 0)].algorithm.compression for r in (10, 100, 1000)}
+    assert sizes == {10, 100, 1000}
+    assert plan[("ft_fedams", 1)].algorithm.sketch == "identity"
+
+
+def test_finetune_model_has_over_a_million_parameters():
+    from fedforge.models import build_model, num_parameters
+
+    _, plan = _plan()
+    cfg = plan[("ft_safl100", 0)]
+    net = build_model(cfg.model.name, (cfg.data.options["max_len"],), 2, **cfg.model.options)
+    assert num_parameters(net) == 1_681_154  # 10k x 128 embedding + 2 layers + head
+
+
+def _up_bytes(cfg, d_params) -> int:
+    alg = build_algorithm(cfg.algorithm.name, **algorithm_kwargs(cfg))
+    return alg.message_nbytes(d_params, alg.server_init(d_params), round_=2)[1]
+
+
+def test_baselines_send_what_safl_sends_at_one_hundredth():
+    """Per client per round, after MARINA's full first round: 4 b bytes (+ 8 for a seed)."""
+    _, plan = _plan()
+    params = {"w": torch.zeros(100_000)}
+    up = {n: _up_bytes(plan[(f"sc_{n}", 0)], params)
+          for n in ("safl100", "fetchsgd", "topk_ef", "marina")}
+    assert up == {"safl100": 4008, "fetchsgd": 4000, "topk_ef": 4000, "marina": 4008}
+
+
+def test_claims_are_paired_final_accuracy_comparisons_in_both_regimes():
+    spec, _ = _plan()
+    pairs = {(c.a, c.b) for c in spec.comparisons}
+    for p in ("ft", "sc"):
+        assert {(f"{p}_safl100", f"{p}_{b}") for b in ("fetchsgd", "marina", "topk_ef")} <= pairs
+        assert (f"{p}_safl10", f"{p}_safl100") in pairs
+        assert (f"{p}_safl100", f"{p}_safl1000") in pairs
+        assert (f"{p}_fedams", f"{p}_safl1000") in pairs
+    assert all(c.metric == "final_acc" and c.expect == ">" for c in spec.comparisons)
+    assert len(spec.conditions) == 14
