@@ -69,6 +69,8 @@ def federated_round(
         agg_weights = torch.full((num_sampled,), 1.0 / num_sampled, device=x_all.device)
     if (privacy := getattr(algorithm, "privacy", None)) is not None:  # central DP: 1/(qN)
         agg_weights = privacy.aggregation_weights(agg_weights)
+        if num_sampled == 0:  # an empty Poisson cohort: the server step still runs (noise)
+            return privacy.empty_round(algorithm, params, server_state, store.num_clients, round_)
     prep_metrics: dict = {}
     if algorithm.prepares:  # server hook sees x^t before the broadcast (FedPTR-S projection)
         server_state, prep_metrics = algorithm.server_prepare(params, server_state, loss_fn)

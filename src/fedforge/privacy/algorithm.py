@@ -90,6 +90,22 @@ class Mechanism:
             return weights
         return torch.full_like(weights, 1.0 / self.expected_cohort)
 
+    def empty_round(self, algorithm: Algorithm, params: Params, server_state, num_clients: int,
+                    round_: int):
+        """A round whose Poisson cohort is empty: no client trains, but the server step still
+        runs on a zero sum (central DP releases the noise; the accountant counts the round)."""
+        from fedforge.engine.base import CohortOutput  # noqa: PLC0415 (engine imports us late)
+        from fedforge.engine.round import RoundResult  # noqa: PLC0415
+
+        zeros = {k: torch.zeros_like(v) for k, v in params.items()}
+        empty = torch.zeros(0, dtype=next(iter(params.values())).dtype)
+        uploads = ({"privacy": {"unclipped": empty.new_zeros(())}} if self.cfg.adaptive
+                   else {})
+        new_params, new_state = algorithm.server_step(
+            params, server_state, Aggregate(zeros, uploads, 0, num_clients, round_))
+        cohort = CohortOutput(zeros, {}, {}, {"loss": empty, "steps": empty}, None)
+        return RoundResult(new_params, new_state, cohort)
+
     # --- client side (inside the pure local round) --------------------------------------
     def step_grad(self, grad_and_loss: Callable, loss_fn: Callable, info: dict) -> Callable:
         """``(params, x, y, w, step) -> (grads, loss)``: DP-SGD in mode ``sample``."""
