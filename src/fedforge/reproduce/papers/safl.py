@@ -28,8 +28,9 @@ grid: `{PRETRAIN}` (the fine-tuning conditions refuse to start without its
 `model.safetensors`). *From scratch* (a control where updates are not low-dimensional):
 CIFAR-10, the 28 k-parameter CNN, 100 rounds. Both: 5 IID clients, every client every round,
 uniform averaging, 10 (SST-2) / 20 (CIFAR-10) local SGD steps of batch 32, server AMSGrad
-with a cosine lr from 0.01 (ε = 1e-3) for SAFL and top-k + EF (server Adam), server SGD
-lr 1 for FetchSGD and MARINA.
+with a cosine lr from 0.01 (ε = 1e-3) for SAFL, server Adam lr 0.01 for top-k + EF, server
+SGD for FetchSGD (lr 0.1 ≈ 1 − ρ) and MARINA (lr 0.02); lr 1 diverged for both
+(`docs/safl.md`).
 
 **Equal uplink bytes.** At b/d = 1/100 SAFL sends 4d/100 bytes per client per round;
 FetchSGD a count sketch of d/100 numbers (same bytes); top-k + EF d/200 values with their
