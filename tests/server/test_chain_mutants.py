@@ -157,3 +157,21 @@ def test_population_mean_step():
     agg = _agg(_w(0.0), s=2, n=8)
     assert population_mean_step(total, change, agg)["w"].tolist() == [2.0, -1.0]
     assert population_mean_step(total, change, agg, scale=-0.5)["w"].tolist() == [0.5, 2.0]
+
+
+def test_restore_and_optimizer_stage_see_the_params():
+    """A stage state shaped like the model; an optimizer whose update reads the model."""
+    shaped = ServerTransform("m", lambda params: {"m": torch.zeros_like(params["w"])},
+                             lambda p, a, s: (p, a, s))
+    state = ServerChain((shaped,)).restore(_w(1.0, 2.0), {"m": {"m": torch.ones(2)}})
+    assert state["m"]["m"].dtype == F64 and state["m"]["m"].tolist() == [1.0, 1.0]
+
+    class Decay:
+        def init(self, params):
+            return {}
+
+        def update(self, delta, state, params):
+            return {"w": -delta["w"] - 0.5 * params["w"]}, state
+
+    params, _, _ = optimizer_stage(Decay()).update(_w(2.0, 4.0), _agg(_w(1.0, 1.0)), {})
+    assert params["w"].tolist() == [0.0, 1.0]  # 2 - 1 - 1, 4 - 1 - 2
