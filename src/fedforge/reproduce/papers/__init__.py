@@ -1,4 +1,3 @@
 """Built-in reproductions; importing this package registers them."""
 
-from fedforge.reproduce.papers import fadamgc, fedast, fednar  # noqa: F401
-from fedforge.reproduce.papers import fedptr, safl  # noqa: F401
+from fedforge.reproduce.papers import fadamgc, fedast, fednar, fedptr, safl  # noqa: F401
