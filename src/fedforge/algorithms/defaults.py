@@ -286,6 +286,8 @@ METHOD_DEFAULTS: dict[str, dict[str, Default]] = {
         "async.min_requests": ours(1, "a floor of one request; the code's 32 is the "
                                       "paper-scale example's value"),
         "async.max_batch": _MAX_BATCH,
+        "async.allocation": ours("paper", "the paper's Realloc (Alg. 3-4); \"code\" follows the "
+                                          "authors' server.py instead (sim/allocation_code.py)"),
     },
     "fedast_static": {"async.requests": _REQUESTS, "async.rb_ratio": _RB,
                       "async.buffer_size": _BUFFER, "async.max_batch": _MAX_BATCH},
