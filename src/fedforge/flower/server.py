@@ -121,6 +121,9 @@ uploads are averaged uniformly (no sample-count weighting of part uploads)."""
 
 def _check_supported(exp: Experiment, options: ServerOptions) -> None:
     cfg = exp.cfg
+    if cfg.privacy.on:  # clipping and noise are simulated only (docs/privacy.md)
+        raise ValueError("privacy.mode: the Flower bridge sends plain updates; differential "
+                         "privacy runs in simulation only")
     check_support(exp.algorithm, exp.initial_params(), "algorithm.name", "Flower bridge",
                   FLOWER_SERVES)
     if cfg.attack.kind != "none" and cfg.attack.fraction > 0:

@@ -25,16 +25,16 @@ class PrivacyConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    mode: Literal["off", "central", "local", "sample"] = "off"
-    clip: float = Field(default=1.0, gt=0.0)
-    noise_multiplier: float | None = Field(default=None, ge=0.0)
-    target_epsilon: float | None = Field(default=None, gt=0.0)
-    delta: float = Field(default=1e-5, gt=0.0, lt=1.0)
-    accountant: Literal["rdp", "pld"] = "rdp"
-    adaptive: bool = False
-    target_quantile: float = Field(default=0.5, gt=0.0, lt=1.0)
-    clip_lr: float = Field(default=0.2, gt=0.0)
-    count_noise: float | None = Field(default=None, gt=0.0)  # σ_b; default: clients/20
+    mode: Literal["off", "central", "local", "sample"] = "off"  # who is protected, from whom
+    clip: float = Field(default=1.0, gt=0.0)  # C: L2 bound of an update (or an example's grad)
+    noise_multiplier: float | None = Field(default=None, ge=0.0)  # σ: noise std is σC
+    target_epsilon: float | None = Field(default=None, gt=0.0)  # chooses σ, or stops the run
+    delta: float = Field(default=1e-5, gt=0.0, lt=1.0)  # δ of the reported ε(δ)
+    accountant: Literal["rdp", "pld"] = "rdp"  # dp-accounting: Rényi DP or PLD
+    adaptive: bool = False  # central: the clip tracks a quantile of the update norms
+    target_quantile: float = Field(default=0.5, gt=0.0, lt=1.0)  # γ: unclipped fraction
+    clip_lr: float = Field(default=0.2, gt=0.0)  # η_C: C <- C exp(-η_C (b̃ - γ))
+    count_noise: float | None = Field(default=None, gt=0.0)  # σ_b; default: qN / 20
 
     @model_validator(mode="after")
     def _consistent(self):
