@@ -295,7 +295,8 @@ class RunConfig(_Section):
 MULTITASK_ONLY = ("method", "system", "async_", "sync", "max_time", "max_updates")
 """Fields only a multi-task run reads; a single-task run that sets one is refused."""
 SINGLE_TASK_ONLY = ("rounds", "data", "model", "algorithm", "client", "server", "attack", "sim",
-                    "compare", "divergence", "rollback_lr_factor", "max_rollbacks", "privacy")
+                    "compare", "divergence", "rollback_lr_factor", "max_rollbacks", "privacy",
+                    "logging")
 """Fields a multi-task run does not read (each task has its own data, model, algorithm and
 client); a multi-task run that sets one is refused."""
 
