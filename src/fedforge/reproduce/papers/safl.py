@@ -16,6 +16,7 @@ CLAIM = (
 
 FINETUNE = "examples/safl_sst2_finetune.toml"
 SCRATCH = "examples/safl_cifar10_scratch.toml"
+CHECKPOINT = "runs/pretrain/safl_sst2/model.safetensors"
 PRETRAIN = ("fedforge pretrain examples/safl_sst2_finetune.toml "
             "--out runs/pretrain/safl_sst2 --epochs 1")
 
@@ -53,12 +54,12 @@ energy concentrates more than from scratch.
 RATIOS = (10, 100, 1000)
 
 
-def _regime(prefix: str, config: str, title: str) -> tuple[Condition, ...]:
-    conds = [Condition(f"{prefix}_fedams", "safl", ("algorithm.sketch=identity",),
+def _regime(prefix: str, config: str, title: str, *extra: str) -> tuple[Condition, ...]:
+    conds = [Condition(f"{prefix}_fedams", "safl", ("algorithm.sketch=identity", *extra),
                        label=f"{title}: uncompressed (server AMSGrad)", config=config)]
-    conds += [Condition(f"{prefix}_safl{r}", "safl", (f"algorithm.compression={r}",),
+    conds += [Condition(f"{prefix}_safl{r}", "safl", (f"algorithm.compression={r}", *extra),
                         label=f"{title}: SAFL b/d = 1/{r}", config=config) for r in RATIOS]
-    conds += [Condition(f"{prefix}_{a}", a, label=f"{title}: {name} (SAFL 1/100 bytes)",
+    conds += [Condition(f"{prefix}_{a}", a, extra, label=f"{title}: {name} (SAFL 1/100 bytes)",
                         config=config)
               for a, name in (("fetchsgd", "FetchSGD"), ("marina", "MARINA"),
                               ("topk_ef", "top-k + EF"))]
@@ -77,7 +78,7 @@ def _comparisons(p: str) -> tuple[Comparison, ...]:
 
 @register("safl")
 def safl_spec() -> Reproduction:
-    conditions = (*_regime("ft", FINETUNE, "SST-2 fine-tune"),
+    conditions = (*_regime("ft", FINETUNE, "SST-2 fine-tune", f"model.init_from={CHECKPOINT}"),
                   *_regime("sc", SCRATCH, "CIFAR-10 scratch"))
     stage = lambda p: tuple(c.name for c in conditions if c.name.startswith(p))  # noqa: E731
     return Reproduction(
