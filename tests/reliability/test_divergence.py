@@ -52,8 +52,8 @@ def poisoned_sample(monkeypatch):
     """Every Experiment built in the test has a NaN pixel in each of client POISONED's samples."""
     original = Experiment.from_config.__func__
 
-    def build(cls, cfg):
-        exp = original(cls, cfg)
+    def build(cls, cfg, *args, **kwargs):
+        exp = original(cls, cfg, *args, **kwargs)
         exp.data.train_x[exp.data.client_indices[POISONED], 0] = float("nan")
         return exp
 
@@ -118,8 +118,8 @@ def test_skip_client_drops_it_with_renormalised_weights(tmp_path, poisoned_sampl
 def test_skip_client_with_every_client_bad_stops(tmp_path, monkeypatch):
     original = Experiment.from_config.__func__
 
-    def build(cls, cfg):
-        exp = original(cls, cfg)
+    def build(cls, cfg, *args, **kwargs):
+        exp = original(cls, cfg, *args, **kwargs)
         exp.data.train_x[:] = float("inf")
         return exp
 
