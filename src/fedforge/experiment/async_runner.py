@@ -94,8 +94,10 @@ def build_tasks(cfg: RunConfig, device: torch.device,
                           cfg.seed, params, max_batch=cfg.async_.max_batch,
                           engine=build_job_engine(cfg), drop_last=tc.client.drop_last)
         server = BufferedServer(alg, params, 1, cfg.system.num_clients)
-        n_test = cfg.eval.max_test_samples
-        tx, ty = data.test_x[:n_test], data.test_y[:n_test]
+        n_test = cfg.eval.max_test_samples  # evenly spaced: some test files are class-sorted
+        keep = slice(None) if n_test is None else slice(None, None, max(1, len(data.test_y)
+                                                                         // n_test))
+        tx, ty = data.test_x[keep][:n_test], data.test_y[keep][:n_test]
 
         def ev(p, model=model, tx=tx, ty=ty):
             return evaluate(model, p, tx, ty, cfg.eval.batch_size)

@@ -110,7 +110,7 @@ class EvalConfig(_Section):
     every: int = Field(default=1, ge=1)  # single-task; a task's own is tasks[].eval_every
     batch_size: int = Field(default=1024, ge=1)
     per_client: bool = True  # also the mean over clients' own test sets (natural splits)
-    max_test_samples: int | None = Field(default=None, ge=1)  # multi-task: first n test samples
+    max_test_samples: int | None = Field(default=None, ge=1)  # multi-task: n evenly spaced
 
 
 class EngineConfig(_Section):
