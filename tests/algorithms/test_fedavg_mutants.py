@@ -89,6 +89,9 @@ def test_fedavg_local_momentum_reaches_the_client():
     a = fedavg(local_lr=0.05, client_optimizer="momentum", local_momentum=0.3)
     b = fedavg(local_lr=0.05, client_optimizer="momentum", local_momentum=0.6)
     assert not torch.allclose(local_path(a.local_optimizer), local_path(b.local_optimizer))
+    # the default local momentum is 0.9 (torch.optim.SGD's usual value)
+    same(local_path(fedavg(local_lr=0.05, client_optimizer="momentum").local_optimizer),
+         local_path(local_optimizer("momentum", 0.05, momentum=0.9)))
 
 
 @pytest.mark.parametrize("nar", [False, True])
