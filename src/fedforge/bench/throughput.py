@@ -201,6 +201,7 @@ def runner(name: str, chunk, data, device: torch.device, work: Workload = W1
         return lambda: plain_loop(*data, precision)
     # one engine/algorithm/loss: a compiled graph or an auto calibration is made once
     eng = make_engine(engine, chunk, compile_, data[2].shape[0])
+    LAST_ENGINE[:] = [eng]
     algo = build_algorithm("fedavg", local_lr=LR)
     loss_fn = classification_loss(data[0], precision)
     return lambda: fedforge_round(eng, *data, precision, algo=algo, loss_fn=loss_fn)
@@ -215,6 +216,7 @@ def make_engine(engine: str, chunk, compile_=False, cohort: int = 1):
     return VmapEngine(chunk_size=chunk, compile=compile_)
 
 
+LAST_ENGINE: list = []  # the engine of the latest fedforge row (auto: its choice is printed)
 _POOLS: list = []  # worker pools of ':procs2' rows, shut down after the row
 
 
@@ -289,6 +291,10 @@ def run_w1(cohorts: list[int], engines: list[str], device: torch.device, chunk="
                     seconds = timed(runner(name, chunk, data, device, work), device, repeats)
             while _POOLS:
                 _POOLS.pop().shutdown()
+            if name.split(":")[0] == "auto" and LAST_ENGINE:
+                auto = LAST_ENGINE.pop()
+                print(f"  auto chose {auto.choice}; ms per update {auto.timings}; conv plans "
+                      f"{auto.state_dict().get('conv_plans', {})}", flush=True)
             peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
             rate = cohort / seconds
             if name.split(":")[0] == "plain" and plain_rate is None:
