@@ -4,6 +4,8 @@ optimizer next to the same pieces built directly, the cosine horizon and the err
 (docs/testing.md).
 """
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -149,3 +151,10 @@ def test_marina_passes_every_argument():
     by_ratio = marina(compression=4.0).codec
     assert (by_ratio.q.k, by_ratio.q.ratio) == (None, 4.0)
     same(server_path(marina(server_lr=0.7).server_optimizer), server_path(server_sgd(0.7)))
+
+
+def test_descriptions_are_the_documented_ones():
+    """What ``fedforge algorithms`` prints is the list in docs/algorithms.md."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "algorithms.md").read_text()
+    for alg in (safl(), fetchsgd(), topk_ef(), onebit_adam(), marina()):
+        assert f"\nsync: {alg.description}\n" in page, alg.name

@@ -8,6 +8,8 @@ references (test_multiround_sgd.py, test_fedopt.py, tests/server); the defaults 
 test_defaults.py (docs/testing.md).
 """
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -270,3 +272,11 @@ def test_message_sizes():
     for alg, sizes in [(fedexp(), (16, 16)), (feddc(), (32, 32)), (feddyn(), (16, 16)),
                        (fedavg(), (16, 16))]:
         assert alg.message_nbytes(params, alg.server_init(params)) == sizes, alg.name
+
+
+def test_descriptions_are_the_documented_ones():
+    """What ``fedforge algorithms`` prints is the list in docs/algorithms.md."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "algorithms.md").read_text()
+    for alg in (fedavg(), fedavgm(), fedprox(), fedadam(), fedyogi(), fedadagrad(), fedams(),
+                fedexp(), feddyn(), feddc()):
+        assert f"\nsync: {alg.description}\n" in page, alg.name

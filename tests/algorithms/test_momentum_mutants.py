@@ -3,6 +3,8 @@ that the four-round references leave open: the momentum upload of a client that 
 step, β's bounds and message, the parts' names and byte counts (docs/testing.md).
 """
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -72,3 +74,10 @@ def test_parts_and_names():
     assert isinstance(tracking, GradientTracking) and tracking.name == "scaffold_m"
     assert tracking.mode == "gradient" and tracking.fraction == 1.0
     assert isinstance(mom, GlobalMomentum) and mom.local_lr == 0.5
+
+
+def test_descriptions_are_the_documented_ones():
+    """What ``fedforge algorithms`` prints is the list in docs/algorithms.md."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "algorithms.md").read_text()
+    for alg in (fedavg_m(), scaffold_m()):
+        assert f"\nsync: {alg.description}\n" in page, alg.name
