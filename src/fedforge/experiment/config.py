@@ -110,7 +110,8 @@ class EvalConfig(_Section):
     every: int = Field(default=1, ge=1)  # single-task; a task's own is tasks[].eval_every
     batch_size: int = Field(default=1024, ge=1)
     per_client: bool = True  # also the mean over clients' own test sets (natural splits)
-    max_test_samples: int | None = Field(default=None, ge=1)  # multi-task: n evenly spaced
+    # multi-task: n evenly spaced test samples (every N // n-th; some test files are class-sorted)
+    max_test_samples: int | None = Field(default=None, ge=1)
 
 
 class EngineConfig(_Section):
