@@ -21,7 +21,7 @@ def test_federation_is_the_papers_and_the_scale_is_documented():
     for (name, _seed), cfg in plan.items():
         assert cfg.rounds >= 100 and cfg.client.batch_size == 500
         assert cfg.client.local_epochs == 1 and cfg.client.local_steps is None
-        assert cfg.model.options == {"depth": 3, "width": 32}
+        assert cfg.model.options == {"depth": 3, "width": 16}
         assert cfg.data.options == {"max_train": 10000}
         if name.endswith("_central"):  # drift check: one client holding every sample
             assert cfg.data.num_clients == cfg.server.clients_per_round == 1
@@ -42,7 +42,7 @@ def test_ablations_change_one_thing():
         other = plan[(name, 2)].model_dump()
         assert other["algorithm"].pop(key) == value
         assert other == base
-    assert plan[("c10_fedptr_s", 0)].algorithm.outer_steps == 10
+    assert plan[("c10_fedptr_s", 0)].algorithm.outer_steps == 3
 
 
 def test_claim_compares_both_variants_with_every_baseline():
