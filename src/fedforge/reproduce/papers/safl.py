@@ -33,6 +33,13 @@ with a cosine lr from 0.01 (ε = 1e-3) for SAFL, server Adam lr 0.01 for top-k +
 SGD for FetchSGD (lr 0.1 ≈ 1 − ρ) and MARINA (lr 0.02); lr 1 diverged for both
 (`docs/safl.md`).
 
+**Budget.** Two-round pilots of each regime (SAFL 1/100, diagnostics on) on the shared
+machine, where a plain W1 CNN step took 0.9–1.6 s against 12 ms quiet, ran 66–102 s
+(SST-2) and 85–99 s (CIFAR-10) per round; scaled by that ratio, about 0.8 s per round in
+both regimes and 0.1 s per CIFAR-10 evaluation. Estimate: ≈ 35 s per fine-tuning run
+(30 rounds plus loading), ≈ 110 s per CIFAR-10 run (100 rounds), ≈ 1 min of pre-training:
+about 1 hour for the 42 runs (± 50 %: the scaling by a load ratio is coarse).
+
 **Equal uplink bytes.** At b/d = 1/100 SAFL sends 4d/100 bytes per client per round;
 FetchSGD a count sketch of d/100 numbers (same bytes); top-k + EF d/200 values with their
 indices (same bytes); MARINA random-k of d/100 values plus a seed, with full deltas only in
