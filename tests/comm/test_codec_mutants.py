@@ -250,3 +250,39 @@ def test_fetchsgd_k_choices():
     assert int((out["w"] != 0).sum()) == 1
     assert FetchSGDCodec(ratio=10.0).sk.op(100).numel == 10  # 5 rows of 2 columns
     assert make_sketch("count", 100, 10, 0, 5).shape == (5, 2)
+
+
+def test_codec_defaults():
+    sk = SketchCodec(size=4)
+    assert (sk.kind, sk.seed, sk.rows) == ("srht", 0, 1)
+    assert MarinaCodec(k=2).seed == 0 and MarinaCodec(k=2).q.seed == 0
+    fetch = FetchSGDCodec(size=10)
+    assert (fetch.rho, fetch.lr, fetch.k, fetch.k_ratio) == (0.9, 1.0, None, None)
+    assert (fetch.sk.seed, fetch.sk.rows) == (0, 5)
+
+
+def test_sketch_codec_validates_rows_when_built():
+    with pytest.raises(ValueError, match=r"^count sketch: rows and cols must be >= 1"):
+        SketchCodec("count", size=4, rows=-1)
+
+
+def test_marina_coin_edges():
+    never, always = MarinaCodec(k=2, p=0.0, seed=3), MarinaCodec(k=2, p=1.0, seed=3)
+    assert [bool(never.full_sync(t)) for t in range(1, 6)] == [True] + [False] * 4
+    assert all(bool(always.full_sync(t)) for t in range(1, 6))
+
+
+def test_fetchsgd_lr_schedule_name_and_exact_k():
+    params = {"w": torch.zeros(100, dtype=F64)}
+    bad = FetchSGDCodec(size=10, lr=True)
+    with pytest.raises(ValueError, match=r"^server_lr: expected a number or a schedule"):
+        bad.decode({"y": torch.ones(5, 2, dtype=F64)}, bad.server_init(params), params, 1)
+    y = torch.arange(1.0, 41.0, dtype=F64).reshape(1, 40)  # every bucket non-zero
+
+    def support(codec):
+        out, _ = codec.decode({"y": y}, codec.server_init(params), params, 1)
+        return int((out["w"] != 0).sum())
+
+    assert support(FetchSGDCodec(size=40, rows=1, momentum=0.0)) == 4  # 40 columns // 10
+    assert support(FetchSGDCodec(size=40, rows=1, momentum=0.0, k=7)) == 7
+    assert support(FetchSGDCodec(size=40, rows=1, momentum=0.0, k_ratio=20.0)) == 5
