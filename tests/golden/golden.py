@@ -19,7 +19,7 @@ from fedforge.experiment.runner import run_experiment
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).with_name("golden_metrics.json")
 DATA = ROOT.parent / "shared" / "data"
-WALL_KEYS = ("wall_s", "distill_s", "prep_s")
+WALL_KEYS = ("wall_s", "distill_s", "prep_s", "fedptr_mtt_s", "fedptr_proj_s")
 
 TASKS: dict[str, list[str]] = {
     "quickstart": ["rounds=6", "eval.every=2", "checkpoint.every=100"],
