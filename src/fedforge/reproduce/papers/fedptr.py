@@ -40,9 +40,13 @@ smallest set, 65.8 % vs 69.0 % on CIFAR-10), H = 3 outer and R = 3 student steps
 pilots on the shared machine (a plain W1 CNN step at 0.9–1.6 s against 12 ms on the quiet
 machine, so wall times were scaled down by that ratio): one client's MTT with 1 image per
 class, H = R = 5 took 0.55 s (width 16) and 0.76 s (width 32) quiet-equivalent, a
-batch-500 step 0.036 s (width 16). Estimate: FedAvg-like runs ≈ 80 s, FedPTR ≈ 280 s,
-FedPTR-S ≈ 100 s per 100 rounds, about 1 h per dataset, 2 h for the grid (± 50 %: the
-scaling by a load ratio is coarse). Accuracy every 10 rounds on the whole test set.
+batch-500 step 0.036 s (width 16). But a whole FedAvg round of the engine (10 clients,
+width 16, 10 000 images) took 250–280 s under that load, ≈ 2.5 s quiet-equivalent, three
+times the plain steps. Estimate: FedAvg-like runs ≈ 250 s, FedPTR ≈ 450 s, FedPTR-S ≈ 270 s
+per 100 rounds: ≈ 2.5 h per dataset, ≈ 5 h for the whole grid (± 50 %: the scaling by a load
+ratio is coarse). The stages run Fashion-MNIST's seven methods first (≈ 1.6 h), then its
+ablations, then CIFAR-10, so a 2-hour budget covers the Fashion-MNIST claim; the CIFAR-10 half
+needs a second session (every run resumes). Accuracy every 10 rounds on the whole test set.
 
 **Mechanism.** Logged per layer (`fedptr_drift/<layer>` ‖x_i − x‖ as cohort means,
 `fedptr_anchor_dist/<layer>` ‖x − w̃‖, `fedptr_prox/<layer>` the prox gradient's norm)
