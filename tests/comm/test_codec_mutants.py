@@ -286,3 +286,10 @@ def test_fetchsgd_lr_schedule_name_and_exact_k():
     assert support(FetchSGDCodec(size=40, rows=1, momentum=0.0)) == 4  # 40 columns // 10
     assert support(FetchSGDCodec(size=40, rows=1, momentum=0.0, k=7)) == 7
     assert support(FetchSGDCodec(size=40, rows=1, momentum=0.0, k_ratio=20.0)) == 5
+
+
+def test_unflatten_three_tensors_and_compress_seed_default():
+    like = {"a": torch.zeros(2), "b": torch.zeros(3), "c": torch.zeros(1, 2)}
+    out = unflatten(torch.arange(7.0), like)
+    assert [out[k].tolist() for k in like] == [[0.0, 1.0], [2.0, 3.0, 4.0], [[5.0, 6.0]]]
+    assert CompressCodec("sign").seed == 0
