@@ -280,3 +280,18 @@ def test_descriptions_are_the_documented_ones():
     for alg in (fedavg(), fedavgm(), fedprox(), fedadam(), fedyogi(), fedadagrad(), fedams(),
                 fedexp(), feddyn(), feddc()):
         assert f"\nsync: {alg.description}\n" in page, alg.name
+
+
+def test_fedexp_defaults_and_cancelling_deltas():
+    """eps = 1e-3 by default: S = 1, Δ̄ = (1, 0), mean ||Δ_i||² = 4 -> η = 2 / 1.001. Deltas
+    that cancel (Δ̄ = 0) with ε = 0: the step size is 1, not ½ mean ||Δ_i||²."""
+    x = {"w": torch.tensor([3.0, 3.0])}
+    agg = Aggregate({"w": torch.tensor([1.0, 0.0])},
+                    {"fedexp": {"sq_norm": torch.tensor(4.0)}}, 1, 10, 1)
+    for stage in (extrapolation(), fedexp().server_optimizer):
+        _, _, st = stage.update(x, agg, stage.init(x))
+        assert st["eta_g"].dtype == F64  # float32 model, float64 log
+        assert st["eta_g"].item() == pytest.approx(2 / 1.001, rel=1e-6)
+    zero = {"w": torch.zeros(2, dtype=F64)}
+    same(fedexp_step_size(torch.tensor(6.0, dtype=F64), zero, 2, 0.0),
+         torch.tensor(1.0, dtype=F64))
