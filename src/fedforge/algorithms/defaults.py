@@ -118,6 +118,12 @@ _FEDPTR = {
     "mtt_every": paper(1, f"{FEDPTR}, Alg. 2: D̃ refitted every round (Table 7 varies it)"),
     "augment": ours(False, "the paper does not say whether MTT's DSA was used "
                            "(docs/fedptr.md)"),
+    "eval_projected_every": ours(0, "a diagnostic: score the projected model w̃ on the test "
+                                   "set every N rounds (0 = never)"),
+}
+_UPLINK_DIAGNOSTICS = {
+    "diagnostics_window": ours(0, "a diagnostic: log the decode error and the top-k energy of "
+                                 "the last N mean deltas (0 = off)"),
 }
 _COMPRESSED_CLIENT = {
     "local_lr": ours(0.01, "the library's SGD local lr; the SAFL author code's ResNet runs "
@@ -213,6 +219,7 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Default]] = {
     "fedptr_s": dict(_FEDPTR),
     "safl": {
         **_COMPRESSED_CLIENT,
+        **_UPLINK_DIAGNOSTICS,
         **_SAFL_ADAM,
         "rounds": ours(None, "no cosine decay without a horizon; set it to the run's rounds"),
         "min_lr": paper(1e-5, f"{SAFL}, App. (experiments; spec §8): cosine schedule to 1e-5"),
@@ -225,6 +232,7 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Default]] = {
     },
     "fetchsgd": {
         **_COMPRESSED_CLIENT,
+        **_UPLINK_DIAGNOSTICS,
         "server_lr": paper(1.0, f"{SAFL}, App. (experiments; spec §8): SGD and SGDm use lr 1.0"),
         "momentum": paper(0.9, f"{SAFL}, App. (experiments; spec §8): SGDm momentum 0.9"),
         "sketch_size": ours(None, "given as the compression ratio d/b instead"),
@@ -237,6 +245,7 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Default]] = {
     },
     "topk_ef": {
         **_COMPRESSED_CLIENT,
+        **_UPLINK_DIAGNOSTICS,
         **_SAFL_ADAM,
         "optimizer": ours("adam", "server Adam, as the SAFL paper's compressed baselines"),
         "method": ours("topk", "top-k is the classic error-feedback compressor"),
@@ -254,6 +263,7 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Default]] = {
     },
     "marina": {
         **_COMPRESSED_CLIENT,
+        **_UPLINK_DIAGNOSTICS,
         **_SAFL_ADAM,
         "server_lr": paper(1.0, f"{SAFL}, App. (experiments; spec §8): SGD methods use lr 1.0"),
         "optimizer": paper("sgd", "Gorbunov et al. 2021, Alg. 1: x <- x - γ g"),

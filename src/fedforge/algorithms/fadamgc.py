@@ -139,7 +139,8 @@ class GradientTracking(Part):
         init: str = "zeros",
     ) -> None:
         if mode not in ("gradient", "model_change"):
-            raise ValueError(f"GradientTracking: mode must be 'gradient' or 'delta', got {mode!r}")
+            raise ValueError(
+                f"GradientTracking: mode must be 'gradient' or 'model_change', got {mode!r}")
         if not 0.0 <= fraction <= 1.0:
             raise ValueError(f"algorithm.tracking_fraction: expected 0 <= f <= 1, got {fraction}")
         if mode == "model_change" and not local_lr:
