@@ -48,6 +48,7 @@ def plot_accuracy_vs_epsilon(rows: list[dict], path: str | Path,
                              metric: str = "test_accuracy") -> Path:
     """Error-bar plot of ``metric`` against ε (log axis; the non-private runs as a line)."""
     import matplotlib  # noqa: PLC0415
+    import matplotlib.ticker  # noqa: PLC0415
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
@@ -61,6 +62,9 @@ def plot_accuracy_vs_epsilon(rows: list[dict], path: str | Path,
         if not math.isfinite(r["target_epsilon"]):
             ax.axhline(r[metric], color="gray", ls="--", label="no privacy (ε = ∞)")
     ax.set_xscale("log")
+    eps = [r["epsilon"] for r in private]
+    ax.set_xticks(eps, [f"{e:.3g}" for e in eps])  # the spent ε, not log-axis minor labels
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("ε (δ = 1e-5)")
     ax.set_ylabel(metric.replace("_", " "))
     ax.legend(frameon=False)
