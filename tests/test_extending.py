@@ -266,3 +266,21 @@ def test_tutorial_code_is_the_example_code():
     sources = "\n".join(p.read_text() for p in PLUGINS.glob("*.py"))
     for block in blocks:
         assert block.strip() in sources, f"not in examples/plugins: {block[:80]!r}"
+
+
+def test_listing_commands_load_plugins():
+    """`fedforge algorithms/datasets --plugin` shows what the plugin registered."""
+    algs = _fedforge("algorithms", "--plugin", "examples/plugins/fednova_plugin.py", cwd=ROOT)
+    assert algs.returncode == 0, algs.stderr
+    assert "fednova" in algs.stdout
+    data = _fedforge("datasets", "--plugin", "examples/plugins/csv_dataset_plugin.py", cwd=ROOT)
+    assert data.returncode == 0, data.stderr
+    assert "blobs_csv" in data.stdout
+
+
+def test_object_api_is_importable_from_the_package():
+    from fedforge.experiment import runner
+
+    assert fedforge.Experiment is runner.Experiment
+    assert fedforge.run_experiment is runner.run_experiment
+    assert callable(fedforge.load_config) and fedforge.RunConfig().rounds >= 1

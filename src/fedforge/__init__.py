@@ -12,9 +12,12 @@ __version__ = "0.1.0"
 
 _EXTENSION_API = ("register_algorithm", "register_dataset", "register_model",
                   "register_partitioner", "load_plugins")
-__all__ = ["__version__", *_EXTENSION_API]
+_OBJECT_API = ("Experiment", "RunConfig", "load_config", "run_experiment")
+__all__ = ["__version__", *_EXTENSION_API, *_OBJECT_API]
 
 if TYPE_CHECKING:
+    from fedforge.experiment.config import RunConfig, load_config  # noqa: F401
+    from fedforge.experiment.runner import Experiment, run_experiment  # noqa: F401
     from fedforge.plugins import (  # noqa: F401 (re-exported lazily below)
         load_plugins,
         register_algorithm,
@@ -29,4 +32,8 @@ def __getattr__(name: str):
         from fedforge import plugins
 
         return getattr(plugins, name)
+    if name in _OBJECT_API:  # the object API: Experiment.from_config(...).run(rounds)
+        from fedforge.experiment import config, runner
+
+        return getattr(runner if hasattr(runner, name) else config, name)
     raise AttributeError(f"module 'fedforge' has no attribute {name!r}")

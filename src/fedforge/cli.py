@@ -420,9 +420,11 @@ def list_algorithms(
         "--params", help="one method's hyper-parameters with their defaults and sources")] = None,
     markdown: Annotated[bool, typer.Option(
         "--markdown", help="print the docs/algorithms.md page")] = False,
+    plugin: Plugins = None,
 ) -> None:
     """Every method the CLI accepts, with its kind: sync algorithms, async methods and
     multi-task baselines (the last two as a multi-task config's ``method``)."""
+    _setup(plugin)
     from fedforge.algorithms import defaults
 
     if markdown:
@@ -478,16 +480,18 @@ def config_reference(
 
 
 @app.command("datasets")
-def list_datasets() -> None:
+def list_datasets(plugin: Plugins = None) -> None:
     """Datasets the loaders read (and the embedded default)."""
+    _setup(plugin)
     from fedforge.data import DATASETS
 
     _print_registry("datasets", dict(sorted(DATASETS.items())))
 
 
 @app.command("models")
-def list_models() -> None:
+def list_models(plugin: Plugins = None) -> None:
     """Registered models."""
+    _setup(plugin)
     from fedforge.models import MODELS
 
     _print_registry("models", {k: v[1] for k, v in sorted(MODELS.items())})
