@@ -29,3 +29,25 @@ def test_table_means_stds_and_spent_epsilon(tmp_path):
     text = table_markdown(rows)
     assert "| 4 | 3.95 | 10 | 0.8500 ± 0.0707 | 2 |" in text
     assert plot_accuracy_vs_epsilon(rows, tmp_path / "p.png").stat().st_size > 0
+
+
+def test_compare_draws_accuracy_against_spent_epsilon(tmp_path):
+    """A private comparison also writes the accuracy-against-ε figure, whose x values are
+    the ε each run had spent at its evaluations."""
+    from pathlib import Path
+
+    from fedforge.experiment.compare import comparison_configs, run_comparison
+
+    root = Path(__file__).resolve().parents[2]
+
+    cfgs = comparison_configs(
+        root / "examples" / "quickstart.toml", ["fedavg"],
+        ["rounds=2", "eval.every=1", "privacy.mode=central", "privacy.clip=1.0",
+         "privacy.noise_multiplier=1.0"], None)
+    run_comparison(cfgs, tmp_path, progress=False)
+    figure = tmp_path / "accuracy_vs_dp_epsilon.png"
+    assert figure.is_file() and figure.with_suffix(".pdf").is_file()
+    records = [json.loads(x) for x in (tmp_path / "fedavg" / "metrics.jsonl").read_text()
+               .splitlines() if x.strip()]
+    eps = [r["dp_epsilon"] for r in records if "dp_epsilon" in r]
+    assert len(eps) == 2 and 0 < eps[0] < eps[1]

@@ -102,8 +102,9 @@ def run_comparison(
     if rows and out.is_dir():
         write_table(rows, out / "table.json")
     runs = load_run_list(dirs)
-    if any("sim_time_s" in r for run in runs for r in run.records):
-        plot_runs(runs, out / "accuracy_vs_sim_time.png", x="sim_time_s")
+    for key, name in (("sim_time_s", "sim_time"), ("dp_epsilon", "dp_epsilon")):
+        if any(key in r for run in runs for r in run.records):  # simulated time; ε spent
+            plot_runs(runs, out / f"accuracy_vs_{name}.png", x=key)
     plot = plot_runs(runs, out / "accuracy.png")
     return rows, plot
 

@@ -31,6 +31,7 @@ METRICS: dict[str, Metric] = {
     "sim_time_s": Metric("simulated time", "s"),
     "wall_s": Metric("wall-clock time", "s"),
     "prep_s": Metric("preparation time", "s"),
+    "dp_epsilon": Metric("privacy spent ε (at the run's δ)"),
     "bytes_up": Metric("bytes up, cumulative", "B"),
     "bytes_down": Metric("bytes down, cumulative", "B"),
     "bytes_up_round": Metric("bytes up per round", "B"),
