@@ -128,3 +128,18 @@ def test_every_pair_is_decided():
     assert outcomes == {True, False}
     assert _served("fedavg", "fedast") and not _served("scaffold", "fedbuff")
     assert _served("safl", "sync_st") and not _served("safl", "fedast")
+
+
+@pytest.mark.parametrize(("name", "refused"), [("fedavg", False), ("fedprox", False),
+                                               ("fedadam", True), ("fedavg_server_momentum", True),
+                                               ("fedyogi", True)])
+def test_fedasync_refuses_a_server_optimizer_its_mixing_would_drop(cfg_path, name, refused):
+    overrides = ["method=fedasync", f"tasks.algorithm.name={name}"]
+    if not refused:
+        assert load_config(cfg_path, overrides).method == "fedasync"
+        return
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg_path, overrides)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("tasks[0].algorithm.name:")
+    assert f"'{name}'" in msg and "FedAsync" in msg

@@ -97,6 +97,24 @@ def driver_serves(method: str) -> tuple[str, frozenset[str]]:
     return "synchronous multi-task driver", SYNC_MULTITASK_SERVES
 
 
+def check_model_mixing(algorithm: Algorithm, method: str, field: str) -> None:
+    """FedAsync mixes the client's model into the server's (``x <- (1 - a) x + a x_i``) in
+    place of the server step, so it can only stand for a plain server SGD step: refuse a
+    server optimizer with state (momentum, Adam, FedExP, ...) that it would silently drop."""
+    from fedforge.server.optimizers import ServerOptimizer  # noqa: PLC0415
+
+    if method != "fedasync":
+        return
+    opt = algorithm.server_optimizer
+    plain = (isinstance(opt, ServerOptimizer) and opt.name == "sgd"
+             and "v" not in opt.init({"w": torch.zeros(1)}))
+    if not plain:
+        raise ValueError(
+            f"{field}: '{algorithm.name}' has a server optimizer ({opt.name}) that FedAsync's "
+            f"model mixing replaces; use method = 'fedbuff' or 'fedast', or a plain-SGD "
+            f"algorithm such as 'fedavg'")
+
+
 class TaskExecutor:
     """Trains one task's jobs; keeps the model versions that jobs in flight still need.
 

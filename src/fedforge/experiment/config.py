@@ -583,7 +583,7 @@ def _check_tasks(cfg: RunConfig) -> None:
 
     from fedforge.algorithms import build_algorithm  # noqa: PLC0415
     from fedforge.algorithms.base import check_support  # noqa: PLC0415
-    from fedforge.engine.jobs import driver_serves  # noqa: PLC0415
+    from fedforge.engine.jobs import check_model_mixing, driver_serves  # noqa: PLC0415
 
     method = cfg.method or "fedast"
     driver, serves = driver_serves(method)
@@ -598,6 +598,7 @@ def _check_tasks(cfg: RunConfig) -> None:
         try:
             check_support(algorithm, {"w": torch.zeros(2)}, f"{where}.algorithm.name",
                           f"{method} {driver}", serves)
+            check_model_mixing(algorithm, method, f"{where}.algorithm.name")
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
 
