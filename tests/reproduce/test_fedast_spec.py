@@ -74,7 +74,8 @@ def test_fedast_spec_grid_builds_every_condition():
     assert sync.method == "sync_st"
     assert [t.algorithm.hparams["server_lr"] for t in sync.tasks] == [1.0] * 4
     assert cfgs["fedast", 0].async_.allocation == "paper"
-    assert [t.target for t in cfgs["sync_st_hi", 2].tasks] == [0.90, 0.70, 0.32, 0.30]
+    assert [t.target for t in cfgs["sync_st", 2].tasks] == [0.91, 0.62, 0.40, 0.33]
+    assert [t.target for t in cfgs["sync_st_hi", 2].tasks] == [0.92, 0.65, 0.42, 0.34]
     assert cfgs["sync_st_x2", 0].system.num_clients == 400
     assert {t.model.name for t in sync.tasks} == {"mlp", "lenet5", "cnn", "char_lstm"}
 
