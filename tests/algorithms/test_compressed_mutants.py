@@ -23,10 +23,7 @@ from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import RoundContext
 from fedforge.comm.codec import CompressCodec, FetchSGDCodec, MarinaCodec, SketchCodec
 from fedforge.server.optimizers import server_adam, server_sgd
-
-F64 = torch.float64
-X0 = torch.tensor([3.0, -4.0], dtype=F64)
-DELTAS = [[0.2, -0.1], [0.05, 0.3], [-0.4, 0.0]]
+from tests.algorithms.factory_paths import F64, X0, same, server_path
 
 
 def local_path(tx):
@@ -38,20 +35,6 @@ def local_path(tx):
         x = {"w": x["w"] + upd["w"]}
         out.append(x["w"])
     return torch.stack(out)
-
-
-def server_path(opt):
-    params = {"w": X0.clone()}
-    state, out = opt.init(params), []
-    for d in DELTAS:
-        upd, state = opt.update({"w": torch.tensor(d, dtype=F64)}, state, params)
-        params = {"w": params["w"] + upd["w"]}
-        out.append(upd["w"])
-    return torch.stack(out)
-
-
-def same(a, b):
-    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)
 
 
 MOMENTUM = local_path(local_optimizer("momentum", 0.05, weight_decay=0.3))

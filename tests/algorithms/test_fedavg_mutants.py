@@ -32,12 +32,10 @@ from fedforge.server.optimizers import (
     server_sgd,
     server_yogi,
 )
+from tests.algorithms.factory_paths import F64, X0, same, server_path
 
-F64 = torch.float64
-X0 = torch.tensor([3.0, -4.0], dtype=F64)
 GLOBAL = {"w": torch.tensor([1.0, 1.0], dtype=F64)}
 GRADS = [[30.0, 40.0], [0.5, -0.25], [0.0, 0.0]]  # the first is clipped at 5
-DELTAS = [[0.2, -0.1], [0.05, 0.3], [-0.4, 0.0]]
 CLIENT_STATE = {
     "feddyn": {"grad": {"w": torch.tensor([0.5, -1.0], dtype=F64)}},
     "feddc": {"h": {"w": torch.tensor([0.25, 0.5], dtype=F64)},
@@ -57,21 +55,6 @@ def local_path(tx):
         x = {"w": x["w"] + upd["w"]}
         out.append(x["w"])
     return torch.stack(out)
-
-
-def server_path(opt):
-    """Updates a server optimizer returns for DELTAS."""
-    params = {"w": X0.clone()}
-    state, out = opt.init(params), []
-    for d in DELTAS:
-        upd, state = opt.update({"w": torch.tensor(d, dtype=F64)}, state, params)
-        params = {"w": params["w"] + upd["w"]}
-        out.append(upd["w"])
-    return torch.stack(out)
-
-
-def same(a, b):
-    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)
 
 
 LOCAL = dict(weight_decay=0.3, max_grad_norm=5.0)
