@@ -20,18 +20,24 @@ def _saved():
     return {k: torch.randn_like(v) for k, v in _net().named_parameters()}
 
 
-@pytest.mark.parametrize("kind", ["safetensors", "pt"])
-def test_loads_exactly_the_saved_tensors(tmp_path, kind):
+def test_loads_exactly_the_saved_tensors(tmp_path):
     saved = _saved()
-    path = tmp_path / f"w.{kind}"
-    if kind == "pt":
-        torch.save(saved, path)
-    else:
-        save_file(saved, str(path))
+    path = tmp_path / "w.safetensors"
+    save_file(saved, str(path))
     net = _net()
     init_network(net, path)
     for k, p in net.named_parameters():
         assert torch.equal(p.detach(), saved[k]), k
+
+
+def test_refuses_a_pickled_state_dict_and_says_how_to_convert(tmp_path):
+    """fedforge never unpickles: a torch.save'd file is refused in one line."""
+    path = tmp_path / "w.pt"
+    torch.save(_saved(), path)
+    with pytest.raises(InitFromError) as info:
+        init_network(_net(), path)
+    msg = str(info.value)
+    assert "\n" not in msg and str(path) in msg and "safetensors.torch.save_file" in msg
 
 
 def test_refuses_a_shape_mismatch_in_one_line_naming_file_and_key(tmp_path):

@@ -61,7 +61,7 @@ class DataConfig(_Section):
 class ModelConfig(_Section):
     name: str = "logreg"
     options: dict[str, Any] = Field(default_factory=dict)
-    # start from saved weights: a .safetensors / .pt state dict or a run folder (docs/safl.md)
+    # start from saved weights: a .safetensors file or a run folder (docs/safl.md)
     init_from: str | None = None
 
 

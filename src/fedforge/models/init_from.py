@@ -1,11 +1,11 @@
 """``model.init_from``: start a run from saved weights (fine-tuning a pre-trained model).
 
-Accepted sources, all read without unpickling:
+Accepted sources, all read without unpickling (fedforge never calls ``torch.load``):
 
 * a ``.safetensors`` file of the model's parameters (``fedforge pretrain`` writes
-  ``model.safetensors``; so does :meth:`fedforge.experiment.runner.Experiment.save`);
-* a ``.pt`` / ``.pth`` state dict saved with ``torch.save(model.state_dict(), path)`` (read with
-  ``weights_only=True``);
+  ``model.safetensors``; so does :meth:`fedforge.experiment.runner.Experiment.save`); a
+  ``torch.save``'d state dict converts with
+  ``safetensors.torch.save_file(model.state_dict(), "model.safetensors")``;
 * a fedforge run folder: the global parameters of its last complete checkpoint.
 
 Every parameter of the model must be present with the same shape; extra keys (buffers, an
@@ -44,19 +44,17 @@ def read_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], Path]:
         return _flat(tensors["params"]), ckpt
     if not src.is_file():
         raise InitFromError(f"model.init_from: {src}: no such file or folder")
-    try:
-        if src.suffix == ".safetensors":
-            from safetensors.torch import load_file  # noqa: PLC0415
+    if src.suffix != ".safetensors":
+        raise InitFromError(
+            f"model.init_from: {src}: expected a .safetensors file or a run folder (convert a "
+            f"state dict with safetensors.torch.save_file(state_dict, 'model.safetensors'))")
+    from safetensors.torch import load_file  # noqa: PLC0415
 
-            return load_file(str(src)), src
-        loaded = torch.load(src, map_location="cpu", weights_only=True)
+    try:
+        return load_file(str(src)), src
     except Exception as exc:  # noqa: BLE001 (corrupt or foreign file: one line)
         raise InitFromError(f"model.init_from: {src}: cannot read weights "
                             f"({type(exc).__name__}: {exc})") from None
-    if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor)
-                                               for v in loaded.values()):
-        raise InitFromError(f"model.init_from: {src}: expected a state dict of tensors")
-    return dict(loaded), src
 
 
 def _flat(tree: dict, prefix: str = "") -> dict[str, torch.Tensor]:
