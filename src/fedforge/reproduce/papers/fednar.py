@@ -39,7 +39,7 @@ SHAKESPEARE = "examples/fednar_shakespeare.toml"
 # The CPU scale, fixed from the regime pilot before the grid (see NOTES).
 CIFAR_SCALE = (
     "rounds=100", "eval.every=5", "server.clients_per_round=10", "checkpoint.every=10",
-    "engine.name=loop",
+    "engine.name=loop", "client.max_grad_norm=5.0",
 )
 SHAKESPEARE_SCALE = ("rounds=50", "eval.every=5", "checkpoint.every=10")
 LAMBDAS = ("0.01", "0.1", "0.3")
@@ -52,11 +52,14 @@ FedExP/FedAdam/FedAvgM), FedProx μ = 0.001, FedExP ε = 0, FedAdam with the cod
 (η = 0.1, τ_t = 0.01·γ^{2t}) and FedAvgM β = 0.9. Scaled: 10 clients per round (the scripts
 sample 20), 100 rounds (1000), and a 2-conv CNN instead of ResNet-18-GN.
 
-**The regime.** Co-clipping can only matter when the clip fires. With A = 10 (the code's
-value, tuned for ResNet-18's gradient norms) a small CNN's gradient never reaches the bound,
-so the threshold is set from a pilot instead: see the regime table below. The diagnostic
-figure shows the fraction of clipped local steps per round (`clip_fraction`) and the mean
-pre-clip norm (`clip_norm`) for every condition.
+**The regime.** Co-clipping can only matter when the clip fires. With the code's A = 10
+(tuned for ResNet-18's gradient norms), vanilla FedAvg on this CNN (seed 0, 100 rounds; the
+`fedavg_a10_*` conditions) had a mean pre-clip norm of 4.8 over rounds 51–100 and clipped
+only 4.3 % of its local steps there, below the 10 % a test of the mechanism needs. The grid
+therefore uses A = 5, the measured norm scale rounded to a whole number, fixed from that one
+run before any NAR run; A = 10 stays as an ablation for FedAvg. The diagnostic figure shows
+the fraction of clipped local steps per round (`clip_fraction`) and the mean pre-clip norm
+(`clip_norm`) for every condition.
 """
 
 
@@ -80,6 +83,16 @@ def _shakespeare(prefix: str, algorithm: str, label: str, extra: tuple[str, ...]
     )
 
 
+def _paper_threshold() -> tuple[Condition, Condition]:
+    over = (*CIFAR_SCALE, "client.max_grad_norm=10.0")
+    return (
+        Condition("fedavg_a10_vanilla", "fedavg", (*over, "client.nar=false"),
+                  label="FedAvg, A = 10"),
+        Condition("fedavg_a10_nar", "fedavg", (*over, "client.nar=true"),
+                  label="FedAvg + NAR, A = 10"),
+    )
+
+
 def _lambda(value: str) -> tuple[Condition, Condition]:
     over = (*CIFAR_SCALE, f"client.weight_decay={value}")
     return (
@@ -100,7 +113,8 @@ def fednar_spec() -> Reproduction:
             'algorithm.tau={"schedule":"exponential","init":0.01,"gamma":0.996004}')),
     ]
     sweep = [c for v in LAMBDAS for c in _lambda(v)]
-    conditions = (*cifar, *shakespeare, *sweep)
+    paper_a = list(_paper_threshold())
+    conditions = (*cifar, *shakespeare, *sweep, *paper_a)
     comparisons = tuple(
         Comparison(f"{p}_nar", f"{p}_vanilla", "final_acc", ">") for p, _, _ in BACKBONES
     ) + (
@@ -120,6 +134,7 @@ def fednar_spec() -> Reproduction:
             tuple(c.name for c in cifar[2:]),
             tuple(c.name for c in shakespeare),
             tuple(c.name for c in sweep),
+            tuple(c.name for c in paper_a),
         ),
         diagnostics=("clip_fraction", "clip_norm"),
         curves=tuple(c.name for c in cifar),
@@ -127,6 +142,8 @@ def fednar_spec() -> Reproduction:
         paper_title="authors' logs: acc. % at round 1000 (CIFAR-10, ResNet-18)",
         notes=NOTES,
         ablations=(
+            ("Clip threshold (FedAvg, CIFAR-10): the code's A = 10 against the grid's A = 5",
+             tuple(c.name for c in (*paper_a, *cifar[:2]))),
             ("λ sweep (FedAvg, CIFAR-10)",
              tuple(c.name for c in (*_lambda(LAMBDAS[0]), *cifar[:2],
                                     *[x for v in LAMBDAS[1:] for x in _lambda(v)]))),
