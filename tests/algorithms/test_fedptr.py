@@ -12,6 +12,7 @@ from fedforge.core.store import ClientStore
 from fedforge.core.tree import flatten_dict, tree_nbytes
 from fedforge.engine import LoopEngine, VmapEngine, classification_loss
 from fedforge.experiment.config import apply_overrides, validate
+from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.round import federated_round
 from fedforge.experiment.runner import run_experiment
 from fedforge.models import build_model
@@ -202,8 +203,7 @@ def test_resume_matches_uninterrupted_run(tmp_path, name):
         )
 
     def strip(h):
-        wall = ("wall_s", "prep_s", "fedptr_mtt_s", "fedptr_proj_s")  # measured seconds
-        return [{k: v for k, v in r.items() if k not in wall} for r in h]
+        return [without_wall_clock(r) for r in h]
 
     full = run_experiment(cfg(), tmp_path / "full", progress=False)
     assert full[-1]["prep_s"] > 0  # MTT ran (rounds 3-4) and its time is reported

@@ -27,6 +27,7 @@ from fedforge.core.tree import flatten_dict
 from fedforge.engine.jobs import driver_serves
 from fedforge.experiment.checkpoint import load_checkpoint
 from fedforge.experiment.config import ConfigError, load_config
+from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.runner import run_experiment
 
 UPDATES, EVERY = 30, 5  # total client updates; a checkpoint every EVERY updates
@@ -89,9 +90,8 @@ def _stop(name: str, method: str) -> int:
     return random.Random(zlib.crc32(f"{name}/{method}".encode())).randint(1, UPDATES - 1)
 
 
-def _lines(path: Path, drop: tuple[str, ...] = ()) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if k not in drop}
-            for line in path.read_text().splitlines()]
+def _lines(path: Path) -> list[dict]:
+    return [without_wall_clock(json.loads(line)) for line in path.read_text().splitlines()]
 
 
 @pytest.mark.parametrize(("name", "method"), CASES)
@@ -113,8 +113,8 @@ def test_served_and_resumed_bit_for_bit_or_refused_in_one_line(cfg_path, tmp_pat
                    progress=False)
     run_experiment(load_config(cfg_path, overrides), parts, resume=True, progress=False)
     assert _lines(parts / "events.jsonl") == _lines(whole / "events.jsonl")
-    metrics = _lines(whole / "metrics.jsonl", ("wall_s",))
-    assert metrics and _lines(parts / "metrics.jsonl", ("wall_s",)) == metrics
+    metrics = _lines(whole / "metrics.jsonl")
+    assert metrics and _lines(parts / "metrics.jsonl") == metrics
     a = flatten_dict(load_checkpoint(whole / "checkpoints")[0])
     b = flatten_dict(load_checkpoint(parts / "checkpoints")[0])
     assert list(a) == list(b)

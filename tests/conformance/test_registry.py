@@ -28,6 +28,7 @@ from fedforge.core.tree import flatten_dict
 from fedforge.engine.base import ChunkedEngine
 from fedforge.experiment.checkpoint import load_checkpoint
 from fedforge.experiment.config import ConfigError, load_config
+from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.runner import Experiment, restore_or_init, run_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,7 +74,7 @@ def _stop_round(name: str) -> int:
 
 
 def _no_wall(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k not in ("wall_s", "prep_s")} for r in records]
+    return [without_wall_clock(r) for r in records]
 
 
 def _final_tensors(run: Path) -> dict:

@@ -18,6 +18,7 @@ from fedforge.core.schedules import (
     values,
 )
 from fedforge.experiment.config import apply_overrides, validate
+from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.runner import run_experiment
 
 
@@ -112,8 +113,7 @@ def test_resume_keeps_schedule_position(tmp_path):
     full = run_experiment(_cfg(), tmp_path / "full", progress=False)
     run_experiment(_cfg("rounds=4"), tmp_path / "r", progress=False)  # "crash" after round 4
     resumed = run_experiment(_cfg(), tmp_path / "r", resume=True, progress=False)
-    strip = [{k: v for k, v in r.items() if k != "wall_s"} for r in full]
-    assert [{k: v for k, v in r.items() if k != "wall_s"} for r in resumed] == strip
+    assert [without_wall_clock(r) for r in resumed] == [without_wall_clock(r) for r in full]
     a = load_file(str(tmp_path / "full" / "checkpoints" / "round_00006.safetensors"))
     b = load_file(str(tmp_path / "r" / "checkpoints" / "round_00006.safetensors"))
     for k in a:

@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 from fedforge.cli import app
 from fedforge.experiment.async_runner import gain
 from fedforge.experiment.config import ConfigError, load_config, validate
+from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.runner import run_experiment
 
 CONFIG = """
@@ -56,7 +57,7 @@ def _read(d, name):
 
 
 def _nowall(recs):
-    return [{k: v for k, v in r.items() if k != "wall_s"} for r in recs]
+    return [without_wall_clock(r) for r in recs]
 
 
 @pytest.mark.parametrize("method", ["fedast", "sync_st"])

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from fedforge.experiment.config import ConfigError, apply_overrides, load_config, validate
+from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.runner import run_experiment
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.toml"
@@ -33,7 +34,7 @@ def _cfg(**over):
 
 
 def _strip(records):
-    return [{k: v for k, v in r.items() if k != "wall_s"} for r in records]
+    return [without_wall_clock(r) for r in records]
 
 
 def test_outputs_and_same_seed_same_metrics(tmp_path):

@@ -14,12 +14,12 @@ from pathlib import Path
 
 from fedforge.algorithms import ALGORITHMS, build_algorithm
 from fedforge.experiment.config import load_config
+from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.runner import run_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).with_name("golden_metrics.json")
 DATA = ROOT.parent / "shared" / "data"
-WALL_KEYS = ("wall_s", "distill_s", "prep_s", "fedptr_mtt_s", "fedptr_proj_s")
 
 TASKS: dict[str, list[str]] = {
     "quickstart": ["rounds=6", "eval.every=2", "checkpoint.every=100"],
@@ -48,7 +48,7 @@ def golden_run(task: str, algorithm: str) -> list[dict]:
     cfg = load_config(ROOT / CONFIGS[task], overrides)
     with tempfile.TemporaryDirectory() as tmp:
         records = run_experiment(cfg, Path(tmp) / "run", progress=False)
-    return [{k: v for k, v in r.items() if k not in WALL_KEYS} for r in records]
+    return [without_wall_clock(r) for r in records]
 
 
 def participation(task: str, algorithm: str) -> list[str]:

@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import load_file
 
 from fedforge.algorithms import build_algorithm
+from fedforge.experiment.labels import without_wall_clock
 
 CONFIG = """
 name = "crash"
@@ -103,8 +104,7 @@ def _kill_at(cfg: Path, out: Path, resume: bool, after_lines: int | None, delay:
 
 
 def _final(out: Path, rounds: int) -> tuple[list[dict], dict]:
-    records = [{k: v for k, v in json.loads(x).items() if k not in ("wall_s", "prep_s")}
-               for x in _lines(out)]
+    records = [without_wall_clock(json.loads(x)) for x in _lines(out)]
     tensors = load_file(str(out / "checkpoints" / f"round_{rounds:05d}.safetensors"))
     return records, tensors
 

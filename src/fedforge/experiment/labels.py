@@ -16,6 +16,7 @@ class Metric:
     name: str
     unit: str | None = None
     higher_is_better: bool | None = None
+    wall_clock: bool = False  # measured seconds: differ between two runs of the same config
 
     @property
     def label(self) -> str:
@@ -29,8 +30,12 @@ METRICS: dict[str, Metric] = {
     "train_loss": Metric("training loss", None, False),
     "client_mean_accuracy": Metric("mean accuracy on clients' own test data", None, True),
     "sim_time_s": Metric("simulated time", "s"),
-    "wall_s": Metric("wall-clock time", "s"),
-    "prep_s": Metric("preparation time", "s"),
+    "wall_s": Metric("wall-clock time", "s", wall_clock=True),
+    "prep_s": Metric("preparation time", "s", wall_clock=True),
+    "server_prep_s": Metric("server preparation time", "s", wall_clock=True),
+    "fedptr_mtt_s": Metric("FedPTR trajectory-matching time", "s", wall_clock=True),
+    "fedptr_proj_s": Metric("FedPTR projection time", "s", wall_clock=True),
+    "engine_auto_calibration_s": Metric("engine calibration time", "s", wall_clock=True),
     "dp_epsilon": Metric("privacy spent ε (at the run's δ)"),
     "bytes_up": Metric("bytes up, cumulative", "B"),
     "bytes_down": Metric("bytes down, cumulative", "B"),
@@ -56,6 +61,11 @@ def metric(key: str) -> Metric:
         return Metric(f"simulated time to accuracy {key.removeprefix('sim_min_to_')}", "min",
                       False)
     return Metric(key.replace("_", " "))
+
+
+def without_wall_clock(record: dict) -> dict:
+    """The record minus measured seconds: what two runs of one config must agree on."""
+    return {k: v for k, v in record.items() if not metric(k).wall_clock}
 
 
 def axis_label(key: str) -> str:
