@@ -30,6 +30,9 @@ def test_regimes_follow_the_brief():
             assert cfg.data.dataset == "sst2" and cfg.rounds >= 25
             assert cfg.data.options["train_part"] == "private"
             assert cfg.model.init_from == "runs/pretrain/safl_sst2/model.safetensors"
+        elif name.startswith("ss_"):  # the same federation from a random start
+            assert cfg.data.dataset == "sst2" and cfg.model.init_from is None
+            assert cfg.data.options["train_part"] == "private"
         else:
             assert name.startswith("sc_") and cfg.data.dataset == "cifar10"
             assert cfg.rounds >= 100 and cfg.model.init_from is None
@@ -70,4 +73,5 @@ def test_claims_are_paired_final_accuracy_comparisons_in_both_regimes():
         assert (f"{p}_safl100", f"{p}_safl1000") in pairs
         assert (f"{p}_fedams", f"{p}_safl1000") in pairs
     assert all(c.metric == "final_acc" and c.expect == ">" for c in spec.comparisons)
-    assert len(spec.conditions) == 14
+    assert {("ss_fedams", "ss_safl100"), ("ss_fedams", "ss_safl1000")} <= pairs
+    assert len(spec.conditions) == 17

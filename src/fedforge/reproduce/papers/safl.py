@@ -33,6 +33,10 @@ with a cosine lr from 0.01 (ε = 1e-3) for SAFL, server Adam lr 0.01 for top-k +
 SGD for FetchSGD (lr 0.1 ≈ 1 − ρ) and MARINA (lr 0.02); lr 1 diverged for both
 (`docs/safl.md`).
 
+*SST-2 from scratch* (the explanation): the fine-tuning federation without `model.init_from`,
+uncompressed and SAFL 1/100, 1/1000, so the captured-energy diagnostic compares the same model
+and data with and without pre-training.
+
 **Budget.** Two-round pilots of each regime (SAFL 1/100, diagnostics on) on the shared
 machine, where a plain W1 CNN step took 0.9–1.6 s against 12 ms quiet, ran 66–102 s
 (SST-2) and 85–99 s (CIFAR-10) per round; scaled by that ratio, about 0.8 s per round in
@@ -73,6 +77,15 @@ def _regime(prefix: str, config: str, title: str, *extra: str) -> tuple[Conditio
     return tuple(conds)
 
 
+def _sst2_scratch() -> tuple[Condition, ...]:
+    """The fine-tuning federation from a random start: does pre-training make b ≪ d work?"""
+    title = "SST-2 scratch"
+    return (Condition("ss_fedams", "safl", ("algorithm.sketch=identity",),
+                      label=f"{title}: uncompressed (server AMSGrad)", config=FINETUNE),
+            *(Condition(f"ss_safl{r}", "safl", (f"algorithm.compression={r}",),
+                        label=f"{title}: SAFL b/d = 1/{r}", config=FINETUNE) for r in (100, 1000)))
+
+
 def _comparisons(p: str) -> tuple[Comparison, ...]:
     return (
         *(Comparison(f"{p}_fedams", f"{p}_safl{r}", "final_acc", ">") for r in RATIOS),
@@ -86,7 +99,7 @@ def _comparisons(p: str) -> tuple[Comparison, ...]:
 @register("safl")
 def safl_spec() -> Reproduction:
     conditions = (*_regime("ft", FINETUNE, "SST-2 fine-tune", f"model.init_from={CHECKPOINT}"),
-                  *_regime("sc", SCRATCH, "CIFAR-10 scratch"))
+                  *_regime("sc", SCRATCH, "CIFAR-10 scratch"), *_sst2_scratch())
     stage = lambda p: tuple(c.name for c in conditions if c.name.startswith(p))  # noqa: E731
     return Reproduction(
         name="safl",
@@ -95,14 +108,18 @@ def safl_spec() -> Reproduction:
         conditions=conditions,
         seeds=(0, 1, 2),
         target=None,
-        comparisons=(*_comparisons("ft"), *_comparisons("sc")),
+        comparisons=(*_comparisons("ft"), *_comparisons("sc"),
+                     *(Comparison("ss_fedams", f"ss_safl{r}", "final_acc", ">")
+                       for r in (100, 1000))),
         diagnostics=("desketch_rel_err", "delta_energy_top1", "delta_energy_top5"),
         x_axis="bytes_up",
-        stages=(stage("ft_"), stage("sc_")),
+        stages=(stage("ft_"), stage("ss_"), stage("sc_")),
         notes=NOTES,
         ablations=(
             ("Fine-tuning (SST-2): sketch size and baselines at equal bytes",
              stage("ft_")),
+            ("SST-2 from scratch: the fine-tuning federation without pre-training",
+             stage("ss_")),
             ("From scratch (CIFAR-10): sketch size and baselines at equal bytes",
              stage("sc_")),
         ),
