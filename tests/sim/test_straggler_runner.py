@@ -28,3 +28,27 @@ def test_straggler_rounds_and_resume(tmp_path):
     a, c = _recs(tmp_path / "a"), _recs(tmp_path / "c")
     assert [r["sim_time_s"] for r in a] == [r["sim_time_s"] for r in c]
     assert [r["test_accuracy"] for r in a] == [r["test_accuracy"] for r in c]
+
+
+def test_straggler_rounds_read_the_whole_delay_law_of_sim(tmp_path):
+    """[sim] and [system] share one definition of a client's timing: shift and traces too."""
+    from fedforge.sim.rounds import straggler_clock
+
+    trace = tmp_path / "delays.txt"
+    trace.write_text("0.5 1.5 2.5")
+    shifted = load_config("examples/quickstart.toml", [*OVR, "sim.delay_shift=2.0"])
+    assert straggler_clock(shifted.sim, 10, seed=0).delay.shift == 2.0
+    traced = load_config("examples/quickstart.toml",
+                         [*OVR, "sim.delay=trace", f"sim.delay_trace={trace}"])
+    assert straggler_clock(traced.sim, 10, seed=0).delay.shared == [0.5, 1.5, 2.5]
+
+
+def test_a_trace_delay_without_its_file_is_refused_in_one_line():
+    import pytest
+
+    from fedforge.experiment.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        load_config("examples/quickstart.toml", [*OVR, "sim.delay=trace"])
+    assert "\n" not in str(err.value) and "sim" in str(err.value)
+    assert "delay_trace" in str(err.value)

@@ -39,7 +39,7 @@ from fedforge.experiment.metrics import MetricsWriter
 from fedforge.models import build_model
 from fedforge.server.buffered import BufferedServer
 from fedforge.sim.allocation_code import code_speed_factors
-from fedforge.sim.delays import build_delay
+from fedforge.sim.delays import delay_from
 from fedforge.sim.driver_state import driver_state, load_driver_state
 from fedforge.sim.fedast import ASYNC_METHODS, AsyncDriver, AsyncOptions
 from fedforge.sim.multitask_sync import SyncDriver, SyncOptions
@@ -116,8 +116,7 @@ def build_driver(cfg: RunConfig, tasks: list[Task], device: torch.device):
     if cfg.method == "fedast" and cfg.async_.allocation == "code":  # the code's shuffle
         pop.speed = code_speed_factors(s.num_clients, [tuple(c) for c in s.speed_classes],
                                        s.speed_seed)
-    delay = build_delay(s.delay, shift=s.delay_shift, trace=s.delay_trace,
-                        scale_by_speed=s.trace_scale_by_speed)
+    delay = delay_from(s)
     if cfg.method in ASYNC_METHODS:
         a = cfg.async_
         req = [t.requests or a.requests for t in cfg.tasks]

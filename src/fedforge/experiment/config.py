@@ -149,7 +149,26 @@ class AttackConfig(_Section):
     noise_std: float = Field(default=1.0, ge=0.0)
 
 
-class SimConfig(_Section):
+class ClientTiming(_Section):
+    """How long a client's job takes in simulated time: its speed class times a delay law
+    (fedforge.sim). One definition for straggler rounds (``[sim]``) and multi-task runs
+    (``[system]``)."""
+
+    speed_classes: list[tuple[float, float]] = list(FEDAST_SPEED_CLASSES)
+    speed_seed: int = 64
+    delay: Literal["shifted_exp", "constant", "trace"] = "shifted_exp"
+    delay_shift: float = Field(default=0.5, ge=0)
+    delay_trace: str | None = None
+    trace_scale_by_speed: bool = False
+
+    @model_validator(mode="after")
+    def _trace_has_a_file(self) -> ClientTiming:
+        if self.delay == "trace" and self.delay_trace is None:
+            raise ValueError("delay = 'trace' needs delay_trace, the file of measured delays")
+        return self
+
+
+class SimConfig(ClientTiming):
     """Simulated run time (fedforge.sim.cost): per-step compute and link speeds.
 
     ``step_time_s`` when set; else the model's training FLOPs x batch / ``device`` preset
@@ -163,13 +182,10 @@ class SimConfig(_Section):
     bandwidth_up_mbps: float = Field(default=100.0, gt=0.0)
     bandwidth_down_mbps: float = Field(default=100.0, gt=0.0)
     latency_s: float = Field(default=0.0, ge=0.0)
-    # straggler-aware rounds (fedforge.sim.rounds, issue 5): client time x speed class x delay
-    # law; the round ends at the k-th arrival, later clients are dropped and stay busy
+    # straggler-aware rounds (fedforge.sim.rounds): client time x speed class x delay law; the
+    # round ends at the k-th arrival, later clients are dropped and stay busy
     stragglers: bool = False
     straggler_k: int | None = Field(default=None, ge=1)  # None: wait for every client
-    delay: Literal["shifted_exp", "constant"] = "shifted_exp"
-    speed_classes: list[tuple[float, float]] = list(FEDAST_SPEED_CLASSES)
-    speed_seed: int = 64
 
     @field_validator("device")
     @classmethod
@@ -202,17 +218,11 @@ class TaskConfig(_Section):
     sync_clients: int | None = Field(default=None, ge=0)  # Sync-ST per-task client count
 
 
-class SystemConfig(_Section):
+class SystemConfig(ClientTiming):
     """The client pool the tasks of a multi-task run share, and its delay law."""
 
     num_clients: int = Field(default=1000, ge=1)
-    speed_classes: list[tuple[float, float]] = list(FEDAST_SPEED_CLASSES)
-    speed_seed: int = 64
     available_fraction: float = Field(default=0.3, gt=0, le=1)
-    delay: Literal["shifted_exp", "constant", "trace"] = "shifted_exp"
-    delay_shift: float = Field(default=0.5, ge=0)
-    delay_trace: str | None = None
-    trace_scale_by_speed: bool = False
 
 
 class AsyncSection(_Section):

@@ -166,6 +166,16 @@ def sections() -> list[tuple[str, type[BaseModel], str]]:
     return out
 
 
+# one description per field of ClientTiming, shown under [sim] and [system]
+CLIENT_TIMING: dict[str, str] = {
+    "speed_classes": "(fraction of clients, speed factor) pairs",
+    "speed_seed": "seed of the clients' speed classes",
+    "delay": "delay law of a client's job",
+    "delay_shift": "shift of the shifted-exponential delay",
+    "delay_trace": "`trace` delay: the file of measured delays",
+    "trace_scale_by_speed": "`trace` delay: scale by the client's speed class",
+}
+
 NOTES: dict[str, str] = {
     "name": "the run's name (shown in logs and comparison tables)",
     "seed": "seeds the model, the partition and every round's sampling (`(seed, round)`)",
@@ -210,20 +220,13 @@ NOTES: dict[str, str] = {
     "sim.bandwidth_up_mbps": "simulated uplink Mbit/s",
     "sim.bandwidth_down_mbps": "simulated downlink Mbit/s",
     "sim.latency_s": "simulated latency per message",
-    "sim.delay": "delay law of straggler-aware rounds",
-    "sim.speed_classes": "(fraction of clients, speed factor) pairs",
-    "sim.speed_seed": "seed of the clients' speed classes",
+    **{f"sim.{k}": v for k, v in CLIENT_TIMING.items()},
     "rollback_lr_factor": "`rollback`: the local lr is multiplied by this after each rollback",
     "max_rollbacks": "`rollback`: rollbacks before the run stops",
     "tasks": "multi-task runs: one table per task (below)",
     "system.num_clients": "multi-task: size of the shared client pool",
-    "system.speed_classes": "(fraction of clients, speed factor) pairs",
-    "system.speed_seed": "seed of the clients' speed classes",
     "system.available_fraction": "fraction of the pool available at a time",
-    "system.delay": "delay law of a client's job",
-    "system.delay_shift": "shift of the shifted-exponential delay",
-    "system.delay_trace": "`trace` delay: the file of measured delays",
-    "system.trace_scale_by_speed": "`trace` delay: scale by the client's speed class",
+    **{f"system.{k}": v for k, v in CLIENT_TIMING.items()},
     "async.rb_ratio": "R / b: the buffer size from the requests",
     "async.buffer_size": "the buffer size b (null: from `rb_ratio`)",
     "async.variance_window": "updates in FedAST's variance estimate",

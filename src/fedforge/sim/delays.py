@@ -119,3 +119,9 @@ def build_delay(name: str, *, shift: float = 0.5, trace: str | None = None,
         return TraceDelay.from_file(trace, scale_by_speed)
     raise ValueError(f"system.delay: unknown law {name!r}; expected one of "
                      "['constant', 'shifted_exp', 'trace']")
+
+
+def delay_from(timing) -> DelayLaw:
+    """The delay law a ``[sim]`` or ``[system]`` section (``ClientTiming``) describes."""
+    return build_delay(timing.delay, shift=timing.delay_shift, trace=timing.delay_trace,
+                       scale_by_speed=timing.trace_scale_by_speed)

@@ -84,10 +84,10 @@ def straggler_clock(sim, num_clients: int, seed: int,
     ``sim.stragglers``); with ``state``, the queue tails a checkpoint saved."""
     if not getattr(sim, "stragglers", False):
         return None
-    from fedforge.sim.delays import build_delay
+    from fedforge.sim.delays import delay_from
 
     pop = Population.build(num_clients, [tuple(c) for c in sim.speed_classes], sim.speed_seed)
-    clock = SyncRoundClock(pop, build_delay(sim.delay), sim.straggler_k, seed=seed)
+    clock = SyncRoundClock(pop, delay_from(sim), sim.straggler_k, seed=seed)
     if state:
         clock.load_state_dict(state)
     return clock
