@@ -11,6 +11,7 @@ import torch
 
 from fedforge.algorithms.compressed import (
     SERVER_OPTS,
+    _algorithm,
     _cosine,
     _server,
     fetchsgd,
@@ -19,6 +20,7 @@ from fedforge.algorithms.compressed import (
     safl,
     topk_ef,
 )
+from fedforge.algorithms.uplink_diagnostics import UplinkDiagnostics
 from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import RoundContext
 from fedforge.comm.codec import CompressCodec, FetchSGDCodec, MarinaCodec, SketchCodec
@@ -141,3 +143,16 @@ def test_descriptions_are_the_documented_ones():
     page = (Path(__file__).resolve().parents[2] / "docs" / "algorithms.md").read_text()
     for alg in (safl(), fetchsgd(), topk_ef(), onebit_adam(), marina()):
         assert f"\nsync: {alg.description}\n" in page, alg.name
+
+
+def test_diagnostics_window_reaches_the_uplink_diagnostics():
+    """Off (no part) by default; a window W gives exactly one ``UplinkDiagnostics(W)``."""
+    factories = {"safl": safl, "fetchsgd": fetchsgd, "topk_ef": topk_ef, "marina": marina}
+    for name, factory in factories.items():
+        assert factory().parts == (), name
+        (part,) = factory(diagnostics_window=3).parts
+        assert type(part) is UplinkDiagnostics and part.window == 3, name
+    assert onebit_adam().parts == ()  # it has no window and keeps _algorithm's default, off
+    (part,) = _algorithm("x", 0.05, "sgd", 0.0, server_sgd(1.0), CompressCodec("sign"), "d",
+                         7).parts
+    assert type(part) is UplinkDiagnostics and part.window == 7
