@@ -156,3 +156,24 @@ def test_diagnostics_window_reaches_the_uplink_diagnostics():
     (part,) = _algorithm("x", 0.05, "sgd", 0.0, server_sgd(1.0), CompressCodec("sign"), "d",
                          7).parts
     assert type(part) is UplinkDiagnostics and part.window == 7
+
+
+def test_defaults_reach_the_pieces():
+    """Defaults the multi-round defaults check cannot see: on its tiny model every ratio gives
+    the same sketch size, FetchSGD's top-k keeps nothing, SAFL's ``min_lr`` needs a horizon
+    and MARINA's Adam constants need ``optimizer="adam"``."""
+    s = safl().codec
+    assert (s.kind, s.size, s.ratio, s.seed, s.rows) == ("srht", None, 100.0, 0, 1)
+    f = fetchsgd().codec
+    assert (f.k, f.k_ratio, f.rho, f.lr) == (None, None, 0.9, 1.0)
+    assert (f.sk.size, f.sk.ratio, f.sk.rows, f.sk.seed) == (None, 100.0, 5, 0)
+    t = topk_ef().codec
+    assert (t.method, t.k, t.ratio, t.levels, t.ef, t.seed) == ("topk", None, 100.0, 16, True, 0)
+    m = marina().codec
+    assert (m.p, m.seed, m.q.k, m.q.ratio) == (0.1, 0, None, 100.0)
+    cosine = safl(server_lr=0.7, rounds=5)
+    ref = server_adam({"kind": "cosine", "init": 0.7, "rounds": 5, "final": 1e-5}, 0.9, 0.99,
+                      1e-3, amsgrad=True)
+    same(server_path(cosine.server_optimizer), server_path(ref))
+    same(server_path(marina(server_lr=0.7, optimizer="adam").server_optimizer),
+         server_path(server_adam(0.7, 0.9, 0.99, 1e-3)))
