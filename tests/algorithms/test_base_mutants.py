@@ -18,7 +18,7 @@ from fedforge.algorithms.base import (
 )
 from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import RoundContext
-from fedforge.comm.codec import Codec, CompressCodec
+from fedforge.comm.codec import Codec, CompressCodec, MarinaCodec
 from fedforge.server.chain import Aggregate, ServerState, ServerTransform
 from fedforge.server.optimizers import server_sgd
 
@@ -65,7 +65,8 @@ class Preparing(Part):
     prepares = True
 
     def __init__(self, name="prep"):
-        self.name, self.seen = name, []
+        self.name, self.seen, self.states_seen, self.server_seen = name, [], [], []
+        self.evaluate = None
 
     def client_init(self, params):
         return {"k": torch.zeros(())}
@@ -73,14 +74,28 @@ class Preparing(Part):
     def bind_data(self, input_shape, num_classes):
         self.seen.append((input_shape, num_classes))
 
+    def bind_eval(self, evaluate):
+        self.evaluate = evaluate
+
     def prepare_cohort(self, prep):
         self.seen.append(sorted(prep.info))
+        self.states_seen.append(dict(prep.client_states))
         k = prep.client_states.get(self.name, {"k": torch.tensor(0.0)})["k"]
-        return ({"k": k + 1}, {"extra": torch.tensor([7.0])},
+        return ({"k": k + 1}, {f"extra_{self.name}": torch.tensor([7.0])},
                 {"prep_s": torch.tensor([0.5])})
 
     def server_prepare(self, server_state, params, loss_fn):
+        self.server_seen.append((params, loss_fn))
         return {"sp": 1}, {"server_prep_s": torch.tensor(0.25)}
+
+
+class Drawing(Part):
+    """Round inputs drawn from the generator it is given."""
+
+    name = "draw"
+
+    def round_info(self, num_sampled, generator):
+        return {"draw": torch.rand(num_sampled, generator=generator)}
 
 
 def _alg(parts=(), codec=None, opt=None, **kw):
@@ -197,7 +212,7 @@ def test_bind_data_and_preparation_hooks():
     new_states, info, metrics = alg.prepare_cohort(prep)
     assert new_states["prep"]["k"].item() == 3.0 and new_states["s"] == {"c": 1}
     assert list(new_states) == ["s", "prep"] and states["prep"]["k"].item() == 2.0
-    assert set(info) == {"given", "extra"} and prep_part.seen[-1] == ["given"]
+    assert set(info) == {"given", "extra_prep"} and prep_part.seen[-1] == ["given"]
     assert set(metrics) == {"prep_s"}
     # a preparing part without stored state does not add one
     new_states, _, _ = alg.prepare_cohort(prep._replace(client_states={"s": {"c": 1}}))
@@ -245,3 +260,79 @@ def test_message_nbytes():
     assert Algorithm("x", SGD, server_sgd()).hparams == {}
     assert Algorithm("x", SGD, server_sgd()).description == ""
     assert not _alg((Stateful(),)).needs_grad_sum
+
+
+class Sized(Part):
+    """Keeps per-client state only for a non-empty model."""
+
+    name = "sized"
+
+    def client_init(self, params):
+        return {"c": torch.zeros(len(params))} if params else {}
+
+
+class ScalarUpload(Part):
+    name, upload_weights = "n", "num_samples"
+
+    def finalize(self, fin):
+        return {}, {"count": torch.tensor(3.0)}
+
+
+def test_check_support_asks_about_the_given_template():
+    alg = _alg((Sized(),))
+    check_support(alg, {}, "f", "d", frozenset())  # no parameters, nothing to keep
+    with pytest.raises(ValueError, match=r"^f: 'toy' needs per-client state kept between "
+                                         r"rounds, which the d cannot serve"):
+        check_support(alg, PARAMS, "f", "d", frozenset())
+
+
+def test_round_inputs_come_from_the_given_generator_only():
+    """Parts first, then the codec, all from one generator; ``needs`` probes with its own
+    generator, so asking what an algorithm needs leaves the global RNG (the run's seed) alone."""
+    alg = _alg((Drawing(),), codec=CompressCodec("qsgd"))
+    torch.manual_seed(5)
+    expected = torch.rand(4)
+    torch.manual_seed(5)
+    assert alg.needs(PARAMS) == {"codec", "round_info"}
+    assert torch.equal(torch.rand(4), expected)
+    info = alg.round_info(3, torch.Generator().manual_seed(3))
+    ref = torch.Generator().manual_seed(3)
+    assert torch.equal(info["draw"], torch.rand(3, generator=ref))
+    assert torch.equal(info["codec_key"], CompressCodec("qsgd").round_info(3, ref)["codec_key"])
+
+
+def test_weighted_scalar_upload_keeps_its_dtype():
+    """A 0-d float32 upload times a 0-d float64 scale would promote to float64."""
+    fin = _fin({}, {UPLOAD_SCALE: torch.tensor(0.5, dtype=F64)})
+    _, uploads = _alg((ScalarUpload(),)).finalize(fin)
+    count = uploads["n"]["count"]
+    assert count.dtype == torch.float32 and count.item() == 1.5
+
+
+def test_hooks_pass_their_inputs_on():
+    first, second = Preparing("p1"), Preparing("p2")
+    alg = _alg((first, second))
+    scorer = object()
+    alg.bind_eval(scorer)
+    assert first.evaluate is scorer and second.evaluate is scorer
+    states = {"p1": {"k": torch.tensor(2.0)}, "p2": {"k": torch.tensor(5.0)}}
+    prep = PrepareInputs(PARAMS, {}, states, {"given": 1}, None, None, None, None, None)
+    new_states, info, _ = alg.prepare_cohort(prep)
+    # the second part sees the first one's new state and round inputs
+    assert second.states_seen[-1]["p1"]["k"].item() == 3.0 and second.seen[-1] == [
+        "extra_p1", "given"]
+    assert new_states["p2"]["k"].item() == 6.0 and set(info) == {"given", "extra_p1",
+                                                                  "extra_p2"}
+    loss_fn = object()
+    alg.server_prepare(PARAMS, alg.server_init(PARAMS), loss_fn)
+    assert first.server_seen == [(PARAMS, loss_fn)] and second.server_seen == [(PARAMS, loss_fn)]
+
+
+def test_message_nbytes_of_a_round_dependent_codec():
+    """MARINA with sync_prob 0: round 1 (and an unknown round) sends the full delta, 5 float32
+    = 20 bytes; later rounds random-k, 2 values + an 8-byte seed = 16 bytes."""
+    alg = _alg(codec=MarinaCodec(2, None, 0.0, 0))
+    state = alg.server_init(PARAMS)
+    assert alg.message_nbytes(PARAMS, state) == (32, 20)
+    assert alg.message_nbytes(PARAMS, state, 1) == (32, 20)
+    assert alg.message_nbytes(PARAMS, state, 3) == (32, 16)
