@@ -104,8 +104,11 @@ tests_for() {
       echo "tests/algorithms/test_base_mutants.py tests/algorithms/test_multiround_compressed.py" \
            "tests/algorithms/test_fadamgc.py::test_full_gradient_init_by_hand" \
            "tests/algorithms/test_multiround_sgd.py::test_feddyn_four_rounds" ;;
-    src/fedforge/algorithms/fedptr.py)
-      echo "tests/algorithms/test_fedptr.py tests/algorithms/test_defaults.py" ;;
+    src/fedforge/algorithms/fedptr.py)  # test_fedptr.py's end-to-end runs take minutes
+      echo "tests/algorithms/test_fedptr_mutants.py tests/algorithms/test_fedptr_diagnostics.py" \
+           "tests/algorithms/test_fedptr.py::test_layer_adaptive_prox_gradient_has_norm_lambda_per_layer" \
+           "tests/algorithms/test_fedptr.py::test_hparam_errors_name_the_field" \
+           "tests/algorithms/test_defaults.py -k 'not a_run_logs_the_diagnostics'" ;;
     src/fedforge/algorithms/*)
       echo "tests/algorithms -k 'not fedptr and not backbone'" ;;
     src/fedforge/sim/allocation.py)  # the dynamic-allocation run takes a minute
