@@ -177,14 +177,15 @@ def test_projected_model_bookkeeping():
 
 
 def test_prox_metric_is_zero_for_a_layer_at_its_anchor():
-    x = {"a.w": _t(0.0, 0.0), "b.w": _t(0.0)}
-    anchor = {"a.w": _t(3.0, 4.0), "b.w": _t(1.0)}
-    client = {"a.w": _t(3.0, 4.0), "b.w": _t(-1.0)}  # layer a ends exactly at w̃
+    x = {"a.w": _t(0.0, 1.0), "b.w": _t(2.0)}
+    anchor = {"a.w": _t(3.0, 5.0), "b.w": _t(1.0)}
+    client = {"a.w": _t(3.0, 5.0), "b.w": _t(-1.0)}  # layer a ends exactly at w̃
     ctx = _ctx(x, {"fedptr_anchor": anchor, "fedptr_lam": _t(0.2)[0]})
     delta = {k: x[k] - client[k] for k in x}
     fin = FinalizeInputs(ctx, delta, client, {}, None, torch.tensor(1.0))
     m = ClientProjection(ProjectionConfig(), lam=0.2).client_metrics(fin)
     assert m["fedptr_prox/a"].item() == 0.0 and m["fedptr_prox/b"].item() == pytest.approx(0.2)
+    assert m["fedptr_anchor_dist/a"].item() == 5.0 and m["fedptr_anchor_dist/b"].item() == 1.0
     m = ClientProjection(ProjectionConfig(), lam=0.2, adaptive=False).client_metrics(fin)
     assert m["fedptr_prox/a"].item() == 0.0 and m["fedptr_prox/b"].item() == pytest.approx(0.4)
 
@@ -219,15 +220,15 @@ def _equal(a: dict, b: dict) -> bool:
 
 
 def test_advance_warm_up_mtt_every_k_work_and_timing(rec):
-    """m = 1: rounds 1-2 warm up; from round 3 the prox is on, and with ``mtt_every = 2`` D̃ is
-    refitted in rounds 3, 5, ... n = 2 ipc x 3 classes = 6 images: an MTT round costs
+    """m = 1: rounds 1-2 warm up; from round 3 the prox is on, and with ``mtt_every = 3`` D̃ is
+    refitted in rounds 3, 6, ... n = 2 ipc x 3 classes = 6 images: an MTT round costs
     K n + 3 H R n = 5·6 + 3·3·4·6 = 246 per-sample gradients, a projection-only round 30."""
     cfg = ProjectionConfig(window=1, ipc=2, outer_steps=3, inner_steps=4, syn_lr=0.25,
-                           lr_img=7.0, lr_lr=0.125, proj_steps=5, proj_lr=0.0625, mtt_every=2,
+                           lr_img=7.0, lr_lr=0.125, proj_steps=5, proj_lr=0.0625, mtt_every=3,
                            augment=True)
     part = ClientProjection(cfg, lam=0.3)
     part.bind_data((2,), 3)
-    models = [{"l.w": _t(float(r), -float(r)).requires_grad_()} for r in range(1, 6)]
+    models = [{"l.w": _t(float(r), -float(r)).requires_grad_()} for r in range(1, 7)]
     state = part.client_init({"l.w": _t(0.0, 0.0)})
     syn0 = torch.arange(12.0, dtype=F64).view(6, 2)
     state["syn_x"] = syn0
@@ -266,10 +267,14 @@ def test_advance_warm_up_mtt_every_k_work_and_timing(rec):
     assert torch.equal(rec.descent[-1][2], syn0 + 1) and anchor["l.w"].tolist() == [14.0, 6.0]
     assert rec.augment == [11]
 
-    rec.ticks = iter([30.0, 31.0, 33.0])  # round 5: refitted again
+    rec.ticks = iter([25.0, 25.5])  # round 5: projection only
     state, _, _, sec, work = part._advance(state, models[4], LOSS_FN, 13)
-    assert (sec, work) == (3.0, 246.0) and len(rec.mtt) == 2 and rec.augment == [11, 13]
-    assert rec.mtt[-1][0][1]["l.w"].tolist() == [4.0, -4.0]
+    assert (sec, work) == (0.5, 30.0) and len(rec.mtt) == 1
+
+    rec.ticks = iter([30.0, 31.0, 33.0])  # round 6: refitted again
+    state, _, _, sec, work = part._advance(state, models[5], LOSS_FN, 14)
+    assert (sec, work) == (3.0, 246.0) and len(rec.mtt) == 2 and rec.augment == [11, 14]
+    assert rec.mtt[-1][0][1]["l.w"].tolist() == [5.0, -5.0]
     assert torch.equal(state["syn_x"], syn0 + 2)
 
 
@@ -296,10 +301,10 @@ def test_client_round_info_draws_the_seeds():
     assert list(info) == ["fedptr_seed"] and torch.equal(info["fedptr_seed"], expected)
 
 
-def _cohort(part, seen, info, round_=4.0):
+def _cohort(part, seen, info, round_=4.0, data_dtype=F64):
     """Three clients, one step of two samples each (client 0's second is padding)."""
     x = {"w": _t(1.0, 2.0)}
-    x_all = torch.arange(12.0, dtype=F64).view(6, 2)
+    x_all = torch.arange(12.0, dtype=data_dtype).view(6, 2)
     y_all = torch.tensor([0, 1, 0, 2, 1, 1])
     sample_idx = torch.arange(6).view(3, 1, 2)
     weights = torch.ones(3, 1, 2)
@@ -333,6 +338,7 @@ def test_prepare_cohort_per_client(rec):
     assert torch.equal(states["syn_x"][1], torch.full((3, 2), 7.0, dtype=F64))  # 6 + 1
     assert states["seen"].tolist() == [1.0, 3.0, 2.0]
     assert rec.augment == [8]  # client 1's own seed
+    assert rec.mtt[0][0][0] is LOSS_FN and rec.descent[0][0] is LOSS_FN
     assert list(info) == ["fedptr_anchor", "fedptr_lam"]
     assert info["fedptr_anchor"]["w"].tolist() == [[1.0, 2.0], [11.0, 12.0], [1.0, 2.0]]
     assert info["fedptr_lam"].dtype == F64 and info["fedptr_lam"].tolist() == [0.0, 0.3, 0.0]
@@ -355,8 +361,10 @@ def test_prepare_cohort_without_drawn_seeds_uses_the_client_index(rec):
     assert torch.equal(states["syn_x"][0], d0) and rec.augment == [1]
     assert part._projected is None  # round 3 is not scored
     rec.ticks = iter([])
-    _cohort(part, [0, 0, 0], {}, round_=2.0)  # every client warms up: nothing to score
-    assert part._projected is None
+    # every client joins for the first time: nothing to score, and D̃_i from float32 data is
+    # kept in the model's float64
+    _, _, _, (states, _, _) = _cohort(part, [0, 0, 0], {}, round_=2.0, data_dtype=torch.float32)
+    assert part._projected is None and states["syn_x"].dtype == F64
 
 
 def test_server_projection(rec):
@@ -387,6 +395,7 @@ def test_server_projection(rec):
     part._timing = {"fedptr_mtt_s": 9.0, "fedptr_proj_s": 9.0}
     state, metrics = part.server_prepare(state, {"w": torch.tensor([3.0, 0.0])}, LOSS_FN)
     assert rec.augment == [2]  # the seed is the rounds seen before this one
+    assert rec.mtt[0][0][0] is LOSS_FN and rec.descent[0][0] is LOSS_FN
     assert rec.mtt[0][0][1]["w"].tolist() == [2.0, 0.0] and torch.equal(rec.mtt[0][0][3], syn0)
     assert state["anchor"]["w"].tolist() == [13.0, 10.0]
     assert metrics[SERVER_PREP_SECONDS].item() == 4.0
