@@ -109,6 +109,8 @@ tests_for() {
            "tests/algorithms/test_fedptr.py::test_layer_adaptive_prox_gradient_has_norm_lambda_per_layer" \
            "tests/algorithms/test_fedptr.py::test_hparam_errors_name_the_field" \
            "tests/algorithms/test_defaults.py -k 'not a_run_logs_the_diagnostics'" ;;
+    src/fedforge/algorithms/uplink_diagnostics.py)
+      echo "tests/comm/test_sketch_diagnostics.py -k 'not in_a_run'" ;;
     src/fedforge/algorithms/*)
       echo "tests/algorithms -k 'not fedptr and not backbone'" ;;
     src/fedforge/sim/allocation.py)  # the dynamic-allocation run takes a minute
