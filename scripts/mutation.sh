@@ -110,7 +110,8 @@ tests_for() {
            "tests/algorithms/test_fedptr.py::test_hparam_errors_name_the_field" \
            "tests/algorithms/test_defaults.py -k 'not a_run_logs_the_diagnostics'" ;;
     src/fedforge/algorithms/uplink_diagnostics.py)
-      echo "tests/comm/test_sketch_diagnostics.py -k 'not in_a_run'" ;;
+      echo "tests/comm/test_sketch_diagnostics.py tests/algorithms/test_uplink_diagnostics_mutants.py" \
+           "-k 'not in_a_run'" ;;
     src/fedforge/algorithms/*)
       echo "tests/algorithms -k 'not fedptr and not backbone'" ;;
     src/fedforge/sim/allocation.py)  # the dynamic-allocation run takes a minute
