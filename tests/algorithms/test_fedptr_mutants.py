@@ -500,3 +500,14 @@ def test_factory_errors_and_signature():
     with pytest.raises(TypeError):
         fedptr_s(momentum=0.9)  # not a FedPTR hyper-parameter
     assert fedptr_s.__signature__ == inspect.signature(fedptr)
+
+
+def test_server_side_synthetic_set_follows_a_float64_model_under_a_float32_default():
+    """The noise-initialised D̃ of FedPTR-S takes the model's dtype, not torch's default."""
+    from fedforge.algorithms.fedptr import ProjectionConfig, ServerProjection
+
+    part = ServerProjection(ProjectionConfig())
+    part.bind_data([1, 2, 2], 3)
+    syn = part.server_init({"w": torch.zeros(3, 2, dtype=F64)})["syn_x"]
+    assert torch.get_default_dtype() == torch.float32
+    assert syn.dtype == F64 and syn.shape[1:] == (1, 2, 2) and syn.abs().sum() > 0

@@ -324,7 +324,8 @@ class ServerProjection(_Projector):
         state = self._template(params)
         state["anchor"] = {k: v.detach().clone() for k, v in params.items()}
         if "syn_x" in state:
-            state["syn_x"] = torch.randn(state["syn_x"].shape)  # global RNG: seeded by the run
+            syn = state["syn_x"]  # global RNG: seeded by the run; the template gives the dtype
+            state["syn_x"] = torch.randn(syn.shape, dtype=syn.dtype, device=syn.device)
         return state
 
     def broadcast(self, server_state: dict) -> dict:
