@@ -103,6 +103,7 @@ def run(
     checkpoint and engine settings may change) or --overwrite."""
     _setup(plugin, data_root)
     from fedforge.data import DatasetError
+    from fedforge.experiment.metrics import evaluated
     from fedforge.experiment.runner import run_experiment
 
     cfg = (_load(config, overrides or []) if variant is None
@@ -122,9 +123,10 @@ def run(
                           f"{len(cfg.tasks)} tasks -> {out}\n{summary.read_text()}",
                           highlight=False)
         return
-    if not history:  # ranks > 0 of a torchrun job: rank 0 reports
+    evals = evaluated(history)
+    if not evals:  # ranks > 0 of a torchrun job: rank 0 reports
         return
-    last = history[-1]
+    last = evals[-1]
     console.print(
         f"[bold green]done[/bold green] {cfg.algorithm.name} on {cfg.data.dataset}: round "
         f"{last.get('round')} test_accuracy={last.get('test_accuracy', float('nan')):.4f} "

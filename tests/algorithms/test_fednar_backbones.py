@@ -8,6 +8,7 @@ import torch
 
 from fedforge.algorithms import build_algorithm
 from fedforge.experiment.config import ConfigError, apply_overrides, validate
+from fedforge.experiment.metrics import evaluated
 from fedforge.experiment.runner import run_experiment
 from fedforge.server.optimizers import server_adam
 
@@ -60,7 +61,7 @@ def test_client_switch_equals_algorithm_hparam(tmp_path):
                                               "gamma": 0.998}},
            "client": {"batch_size": 10, "local_steps": 3}}
     b = run_experiment(validate(raw), tmp_path / "b", progress=False)
-    assert [r["test_loss"] for r in a] == [r["test_loss"] for r in b]
+    assert [r["test_loss"] for r in evaluated(a)] == [r["test_loss"] for r in evaluated(b)]
 
 
 def test_client_nar_unsupported_or_duplicated_is_a_named_error():

@@ -1,5 +1,5 @@
 """What a run prints: a bar naming algorithm, seed and round in a terminal, one flushed line per
-evaluation without one; TensorBoard scalars through tensorboard's own writer."""
+evaluation without one; TensorBoard scalars of every round through tensorboard's own writer."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from fedforge.experiment.config import load_config
+from fedforge.experiment.metrics import evaluated
 from fedforge.experiment.progress import RoundProgress, run_position
 from fedforge.experiment.runner import run_experiment
 
@@ -37,7 +38,9 @@ class _File(io.StringIO):
 
 
 def _records() -> list[tuple[int, dict | None]]:
-    return [(1, None), (2, {"test_accuracy": 0.5, "test_loss": 1.25, "wall_s": 3.0}),
+    """Rounds 1 and 3 not evaluated; ``None``: a rank that writes no records."""
+    return [(1, {"round": 1, "train_loss": 2.0, "wall_s": 1.5}),
+            (2, {"test_accuracy": 0.5, "test_loss": 1.25, "wall_s": 3.0}),
             (3, None), (4, {"test_accuracy": 0.75, "test_loss": 0.5, "wall_s": 6.04})]
 
 
@@ -47,7 +50,7 @@ def test_without_a_terminal_one_flushed_line_per_evaluation():
         for t, rec in _records():
             flushes = out.flushes
             bar.advance(t, rec)
-            if rec is not None:  # the line is out before the next round starts
+            if rec is not None and "test_accuracy" in rec:  # out before the next round
                 assert out.flushes > flushes
                 assert out.getvalue().endswith("\n")
     assert out.getvalue().splitlines() == [
@@ -98,8 +101,13 @@ def test_tensorboard_scalars_match_the_metrics(tmp_path):
                    progress=False)
     acc = EventAccumulator(str(run / "tensorboard"))
     acc.Reload()
-    events = acc.Scalars("test_accuracy")
     records = read_metrics(run / "metrics.jsonl")
-    assert [e.step for e in events] == [2, 4] == [r["round"] for r in records]
-    assert [e.value for e in events] == pytest.approx([r["test_accuracy"] for r in records],
+    evals = evaluated(records)
+    events = acc.Scalars("test_accuracy")
+    assert [e.step for e in events] == [2, 4] == [r["round"] for r in evals]
+    assert [e.value for e in events] == pytest.approx([r["test_accuracy"] for r in evals],
+                                                      abs=1e-6)
+    losses = acc.Scalars("train_loss")  # every round, like metrics.jsonl
+    assert [e.step for e in losses] == [1, 2, 3, 4] == [r["round"] for r in records]
+    assert [e.value for e in losses] == pytest.approx([r["train_loss"] for r in records],
                                                       abs=1e-6)

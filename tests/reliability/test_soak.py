@@ -18,6 +18,7 @@ import pytest
 
 import fedforge.experiment.runner as runner
 from fedforge.experiment.config import apply_overrides, validate
+from fedforge.experiment.metrics import evaluated
 
 STATM = Path("/proc/self/statm")
 BOUND_MB = 16.0
@@ -50,7 +51,8 @@ def _soak(tmp_path, monkeypatch, rounds: int, warmup: int = 50) -> list[float]:
     monkeypatch.setattr(runner, "federated_round", measured)
     cfg = validate(apply_overrides(BASE, [f"rounds={rounds}"]))
     history = runner.run_experiment(cfg, tmp_path / "soak", progress=False)
-    assert len(history) == rounds // 5 and len(samples) == rounds
+    assert len(history) == len(samples) == rounds  # one record per round
+    assert len(evaluated(history)) == rounds // 5
     growth = max(samples[warmup:]) - samples[warmup]
     assert growth < BOUND_MB, f"RSS grew {growth:.1f} MB from round {warmup} to {rounds}"
     return samples

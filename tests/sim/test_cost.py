@@ -126,8 +126,8 @@ def test_runner_writes_cumulative_sim_time_and_resumes_it(tmp_path):
     hist = run_experiment(cfg, tmp_path / "a", progress=False)
     per_client = hist[0]["bytes_up_round"] / cfg.server.clients_per_round  # logreg, fedavg
     per_round = 3 * 1.0 + 2 * 8 * per_client / 1e6  # 3 steps + down + up at 1 Mbps
-    assert [r["sim_time_s"] for r in hist] == pytest.approx([2 * per_round, 4 * per_round],
-                                                            abs=1e-3)
+    assert [r["sim_time_s"] for r in hist] == pytest.approx(
+        [1 * per_round, 2 * per_round, 3 * per_round, 4 * per_round], abs=1e-3)
     # stop after round 2, resume to 4: the same cumulative numbers
     run_experiment(cfg.model_copy(update={"rounds": 2}), tmp_path / "b", progress=False)
     run_experiment(cfg, tmp_path / "b", resume=True, progress=False)

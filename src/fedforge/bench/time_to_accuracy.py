@@ -10,12 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedforge.experiment.config import load_config
+from fedforge.experiment.metrics import evaluated
 from fedforge.experiment.runner import run_experiment
 
 
 def first_reaching(history: list[dict], target: float) -> dict | None:
-    """The first metrics record with ``test_accuracy >= target`` (None if never)."""
-    return next((r for r in history if r.get("test_accuracy", -1.0) >= target), None)
+    """The first evaluated record with ``test_accuracy >= target`` (None if never)."""
+    return next((r for r in evaluated(history) if r["test_accuracy"] >= target), None)
 
 
 def run_w3(config: str | Path, out: str | Path, target: float = 0.8,
@@ -25,4 +26,4 @@ def run_w3(config: str | Path, out: str | Path, target: float = 0.8,
     history = run_experiment(cfg, out, progress=False, overwrite=True)
     hit = first_reaching(history, target)
     return [Path(config).name, target, hit and hit["round"], hit and hit["wall_s"],
-            history[-1]["test_accuracy"], history[-1]["wall_s"]]
+            evaluated(history)[-1]["test_accuracy"], history[-1]["wall_s"]]

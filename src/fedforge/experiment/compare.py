@@ -13,6 +13,7 @@ from fedforge.experiment.config import (
     load_raw,
     validate,
 )
+from fedforge.experiment.metrics import evaluated
 from fedforge.experiment.plots import load_run_list, plot_runs
 from fedforge.experiment.progress import run_position
 from fedforge.experiment.runner import run_experiment
@@ -34,10 +35,7 @@ def sim_time_to_target(history: list[dict], target: float,
 
 
 def _first_at_target(history: list[dict], target: float, key: str) -> dict | None:
-    for rec in history:
-        if rec.get(key, float("-inf")) >= target:
-            return rec
-    return None
+    return next((rec for rec in evaluated(history, key) if rec[key] >= target), None)
 
 
 def comparison_configs(
@@ -110,10 +108,11 @@ def run_comparison(
 
 
 def _row(name: str, hists: list[list[dict]], target: float | None) -> dict:
+    evals = [evaluated(h) for h in hists]  # the last round is always evaluated
     row: dict = {"algorithm": name, "seeds": len(hists),
-                 "final_acc": summary([h[-1]["test_accuracy"] for h in hists]),
-                 "best_acc": summary([max(r["test_accuracy"] for r in h) for h in hists]),
-                 "final_loss": summary([h[-1]["test_loss"] for h in hists])}
+                 "final_acc": summary([e[-1]["test_accuracy"] for e in evals]),
+                 "best_acc": summary([max(r["test_accuracy"] for r in e) for e in evals]),
+                 "final_loss": summary([e[-1]["test_loss"] for e in evals])}
     sims = [h[-1]["sim_time_s"] / h[-1]["round"] for h in hists if "sim_time_s" in h[-1]]
     if sims:
         row["sim_s_per_round"] = summary(sims)

@@ -3,6 +3,9 @@
 Every run writes its logs through :class:`MetricsWriter`, so a killed run leaves at most one
 torn last line, and a resumed run first truncates the log to what its checkpoint covers, so
 the file never holds a round (or an event) twice.
+
+A synchronous run records every round; only evaluated rounds carry the test metrics, so
+readers that want evaluations go through :func:`evaluated`.
 """
 
 from __future__ import annotations
@@ -11,6 +14,9 @@ import json
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+TEST_METRIC = "test_accuracy"
+"""The key every evaluation writes (fedforge.experiment.evaluate): it marks evaluated records."""
 
 Keep = Callable[[dict, int], bool]
 """``keep(record, kept_so_far)``: whether a resumed run keeps this record of the old log."""
@@ -61,3 +67,17 @@ class MetricsWriter:
             f.write("".join(json.dumps(r) + "\n" for r in records))
             f.flush()
             os.fsync(f.fileno())
+
+
+def is_evaluated(record: dict, key: str = TEST_METRIC) -> bool:
+    """Whether ``record`` is of an evaluated round (it carries the test metric ``key``)."""
+    return key in record
+
+
+def evaluated(records: Iterable[dict], key: str = TEST_METRIC) -> list[dict]:
+    """The records of evaluated rounds, in order.
+
+    A synchronous run writes one record per round and adds the test metrics on evaluated
+    rounds only; files written before every round was recorded, and multi-task runs, hold
+    evaluations only, and come back whole."""
+    return [r for r in records if is_evaluated(r, key)]

@@ -3,8 +3,9 @@
 In a terminal: a rich progress bar naming the algorithm, seed and round, with the latest
 accuracy (``compare`` adds which run of how many it is). Without a terminal (output
 redirected to a file, a batch job): one plain line per evaluation, flushed at once, so the
-log follows the run. With ``logging.tensorboard = true`` every evaluation record is also
-written as TensorBoard scalars to ``<run>/tensorboard/`` through ``torch.utils.tensorboard``
+log follows the run. With ``logging.tensorboard = true`` every record (one per round, the
+test metrics on evaluated rounds) is also written as TensorBoard scalars to
+``<run>/tensorboard/`` through ``torch.utils.tensorboard``
 (``pip install 'fedforge[tensorboard]'``).
 """
 
@@ -19,6 +20,8 @@ from typing import TYPE_CHECKING, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from fedforge.experiment.metrics import is_evaluated
 
 if TYPE_CHECKING:
     from fedforge.experiment.config import RunConfig
@@ -41,7 +44,8 @@ def _is_terminal(stream: TextIO) -> bool:
 
 
 class RoundProgress:
-    """Progress over rounds; ``advance`` gets every round and its evaluation record (or None).
+    """Progress over rounds; ``advance`` gets every round and its record (None on ranks
+    that write none); only evaluated records change the shown accuracy or print a line.
 
     Args:
       label: what is running, e.g. ``fedavg seed 0``.
@@ -99,10 +103,11 @@ class RoundProgress:
     def advance(self, round_: int, record: dict | None) -> None:
         fields = {}
         if record is not None:
-            fields["status"] = _status(record)
-            if self.lines:
-                self._line(f"round {round_}/{self.rounds} {_status(record)}"
-                           + (f" wall {record['wall_s']:.1f}s" if "wall_s" in record else ""))
+            if is_evaluated(record):
+                fields["status"] = _status(record)
+                if self.lines:
+                    self._line(f"round {round_}/{self.rounds} {_status(record)}" + (
+                        f" wall {record['wall_s']:.1f}s" if "wall_s" in record else ""))
             if self._tb is not None:
                 for key, value in record.items():
                     if isinstance(value, (int, float)) and not isinstance(value, bool) \

@@ -19,6 +19,7 @@ import numpy as np
 
 from fedforge.experiment.compare import format_cell, summary
 from fedforge.experiment.labels import metric
+from fedforge.experiment.metrics import evaluated
 from fedforge.experiment.partition_stats import partition_summary
 from fedforge.experiment.plots import PALETTE, Run, draw, figure_title, group_runs, load_run
 
@@ -88,7 +89,8 @@ def _png(fig) -> str:
 
 
 def _table(folder: Path, runs: list[Run]) -> str:
-    """``table.json`` of a comparison, else one row per method from the runs' last records."""
+    """``table.json`` of a comparison, else one row per method from the runs' last
+    evaluated records (a run still training may have later rounds without test metrics)."""
     path = folder / "table.json"
     if path.is_file():
         try:
@@ -98,12 +100,12 @@ def _table(folder: Path, runs: list[Run]) -> str:
     else:
         rows = []
         for label, group in group_runs(runs).items():
-            hists = [r.records for r in group if r.records]
-            if not hists:
+            lasts = [evals[-1] for r in group if (evals := evaluated(r.records))]
+            if not lasts:
                 continue
-            row: dict = {"algorithm": label, "seeds": len(hists)}
+            row: dict = {"algorithm": label, "seeds": len(lasts)}
             for key in ("test_accuracy", "test_loss", "sim_time_s", "bytes_up"):
-                values = [h[-1][key] for h in hists if isinstance(h[-1].get(key), (int, float))]
+                values = [e[key] for e in lasts if isinstance(e.get(key), (int, float))]
                 if values:
                     row[f"final {key}"] = summary(values)
             rows.append(row)

@@ -92,7 +92,7 @@ class Experiment:
     """Everything a run needs, built once from a config; with a run folder, the object API.
 
     ``exp = Experiment.from_config(cfg, "runs/a")``, ``exp.run(20)`` (20 more rounds, resumable),
-    ``exp.history`` (every logged record), ``exp.model()`` (the current global model as an
+    ``exp.history`` (one record per round), ``exp.model()`` (the current global model as an
     ``nn.Module``), ``exp.save()``, ``Experiment.load("runs/a")`` (continue a run folder).
     The state between calls lives in the folder's checkpoints, as for ``fedforge run``."""
 
@@ -189,7 +189,9 @@ class Experiment:
 
     @property
     def history(self) -> list[dict]:
-        """Every record the run logged, one per evaluation (every round with eval.every 1)."""
+        """Every record the run logged: one per round, the test metrics on evaluated rounds
+        only (:func:`fedforge.experiment.metrics.evaluated` keeps those). A multi-task run
+        logs one record per task evaluation instead."""
         path = self._folder() / "metrics.jsonl"
         return read_metrics(self._folder()) if path.is_file() else []
 
@@ -451,13 +453,15 @@ def _run_experiment(
                 raise FloatingPointError(f"round {t}: training loss is {train_loss} (diverged); "
                                          f"{last_checkpoint_note(ckpt_dir)}")
             record = None
-            if (t % cfg.eval.every == 0 or t == cfg.rounds) and is_main_rank():
+            if is_main_rank():  # every round is recorded; evaluated ones carry test metrics
+                evaluating = t % cfg.eval.every == 0 or t == cfg.rounds
                 record = {"round": t, "train_loss": train_loss}
-                record.update(evaluate(
-                    exp.network, exp.algorithm.eval_params(params, server_state),
-                    exp.data.test_x, exp.data.test_y, cfg.eval.batch_size,
-                    exp.data.client_test_indices if cfg.eval.per_client else None,
-                ))
+                if evaluating:
+                    record.update(evaluate(
+                        exp.network, exp.algorithm.eval_params(params, server_state),
+                        exp.data.test_x, exp.data.test_y, cfg.eval.batch_size,
+                        exp.data.client_test_indices if cfg.eval.per_client else None,
+                    ))
                 record.update({"bytes_up": bytes_up, "bytes_down": bytes_down,
                                # persistent per-client state (SCAFFOLD c_i, FAdamGC y_i/v_i..)
                                "client_state_bytes_per_client": store.nbytes_per_client(),
@@ -467,9 +471,10 @@ def _run_experiment(
                                "wall_s": round(time.perf_counter() - t0, 3)})
                 if exp.algorithm.prepares:  # work around the local rounds, wall seconds
                     record["prep_s"] = round(prep_s, 3)
-                record.update(cohort_means(cohort.metrics.get("parts", {}), trained))
-                record.update(exp.algorithm.server_metrics(server_state, store.state))
-                record.update(exp.engine.report())  # auto: its choice and timings, once
+                if evaluating:
+                    record.update(cohort_means(cohort.metrics.get("parts", {}), trained))
+                    record.update(exp.algorithm.server_metrics(server_state, store.state))
+                    record.update(exp.engine.report())  # auto: its choice and timings, once
                 metrics.write(record)
             if t % cfg.checkpoint.every == 0 or t == cfg.rounds:
                 clients = store.state_dict()  # a collective when sharded: every rank

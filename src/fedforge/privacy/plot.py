@@ -7,14 +7,17 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from fedforge.experiment.metrics import evaluated
+
 
 def final_record(run_dir: str | Path) -> dict:
-    """The last line of a run's ``metrics.jsonl``."""
+    """The last evaluated record of a run's ``metrics.jsonl`` (it carries ``dp_epsilon``)."""
     path = Path(run_dir) / "metrics.jsonl"
-    lines = [x for x in path.read_text().splitlines() if x.strip()]
-    if not lines:
-        raise ValueError(f"{path}: no records")
-    return json.loads(lines[-1])
+    records = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    evals = evaluated(records)
+    if not evals:
+        raise ValueError(f"{path}: no evaluated records")
+    return evals[-1]
 
 
 def accuracy_table(runs: Mapping[float, Sequence[str | Path]], metric: str = "test_accuracy"

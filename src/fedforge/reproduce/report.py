@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from fedforge.experiment.metrics import evaluated
 from fedforge.reproduce.grid import read_metrics, summary_path
 from fedforge.reproduce.spec import Comparison, Reproduction
 from fedforge.reproduce.stats import (
@@ -50,8 +51,8 @@ class RunSummary:
 
 
 def summarize(history: list[dict], seed: int, target: float | None, key: str) -> RunSummary:
-    evals = [r for r in history if key in r]
-    last = history[-1]
+    evals = evaluated(history, key)
+    last = history[-1]  # the run's end: its budget when the target is never reached
     final = sum(r[key] for r in evals[-FINAL_EVALS:]) / max(1, len(evals[-FINAL_EVALS:]))
     hit = None if target is None else next((r for r in evals if r[key] >= target), None)
     rounds = float(hit["round"] if hit else last["round"])
@@ -68,9 +69,8 @@ def summarize_multitask(history: list[dict], summary: dict, seed: int,
     sim = float(done if done is not None else summary["sim_time_s"])
     updates = float(summary["updates"])
     last: dict[str, float] = {}
-    for r in history:
-        if key in r:
-            last[r["task"]] = float(r[key])
+    for r in evaluated(history, key):
+        last[r["task"]] = float(r[key])
     final = sum(last.values()) / max(1, len(last))
     idle = summary.get("idle_share")
     return RunSummary(seed, updates, sim, final, done is not None, sim / max(updates, 1.0),
@@ -339,8 +339,9 @@ def plot_diagnostics(spec: Reproduction, runs: dict, path: Path) -> Path | None:
         ax.set_visible(False)
     axes = axes[:len(keys) + 1]
     for name, cond_runs in runs.items():
-        if not cond_runs or not any(k in cond_runs[s].history[-1] for s in cond_runs
-                                    for k in keys):
+        lasts = [evals[-1] for s in cond_runs if (evals := evaluated(cond_runs[s].history,
+                                                                      spec.metric))]
+        if not any(k in last for last in lasts for k in keys):
             continue
         title = spec.condition(name).title
         xs, ys = _mean_curve(cond_runs, spec.metric)
