@@ -12,6 +12,8 @@ import json
 import tempfile
 from pathlib import Path
 
+import torch
+
 from fedforge.algorithms import ALGORITHMS, build_algorithm
 from fedforge.experiment.config import load_config
 from fedforge.experiment.labels import without_wall_clock
@@ -43,11 +45,22 @@ def algorithm_names() -> list[str]:
     return names
 
 
+GOLDEN_THREADS = 2
+"""Intra-op threads of every golden run: a CPU reduction's rounding depends on how many threads
+split it, so the recorded numbers hold for this count (the 2-core machine they were taken on)
+whatever the machine or ``OMP_NUM_THREADS``."""
+
+
 def golden_run(task: str, algorithm: str) -> list[dict]:
     overrides = [*TASKS[task], *participation(task, algorithm), f"algorithm.name={algorithm}"]
     cfg = load_config(ROOT / CONFIGS[task], overrides)
-    with tempfile.TemporaryDirectory() as tmp:
-        records = run_experiment(cfg, Path(tmp) / "run", progress=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(GOLDEN_THREADS)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            records = run_experiment(cfg, Path(tmp) / "run", progress=False)
+    finally:
+        torch.set_num_threads(threads)
     return [without_wall_clock(r) for r in records]
 
 

@@ -251,7 +251,7 @@ class SyncSection(_Section):
 class LoggingConfig(_Section):
     """Logs beside ``metrics.jsonl`` (fedforge.experiment.progress)."""
 
-    tensorboard: bool = False  # TensorBoard scalars per evaluation in <run>/tensorboard/
+    tensorboard: bool = False  # TensorBoard scalars of every round in <run>/tensorboard/
 
 
 class RunConfig(_Section):
