@@ -101,3 +101,18 @@ def test_unknown_spec_is_an_error():
 
     with pytest.raises(KeyError, match="unknown reproduction"):
         get_reproduction("nope")
+
+
+def test_a_claim_on_final_accuracy_alone_has_no_target_columns():
+    from dataclasses import replace
+
+    from fedforge.reproduce.report import condition_table
+
+    spec = tiny_spec()
+    timed = condition_table(replace(spec, target=None), {}).splitlines()[0]
+    assert "rounds to" in timed  # a rounds comparison: the target is only not set yet
+    final = replace(spec, target=None, comparisons=tuple(
+        replace(c, metric="final_acc") for c in spec.comparisons))
+    header = condition_table(final, {}).splitlines()[0]
+    assert "rounds to" not in header and "sim. s to" not in header
+    assert "final acc." in header

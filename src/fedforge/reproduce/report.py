@@ -107,17 +107,27 @@ def _cell(runs: dict[int, RunSummary], metric: str) -> str:
     return text
 
 
+def uses_target(spec: Reproduction) -> bool:
+    """Whether time to a target belongs in the report: a claim on final accuracy alone has
+    no target, and its tables leave the rounds-to-target columns out."""
+    return spec.target is not None or any(c.metric in ("rounds", "sim_time")
+                                          for c in spec.comparisons)
+
+
 def condition_table(spec: Reproduction, runs: dict, names: list[str] | None = None) -> str:
     names = names or [c.name for c in spec.conditions]
     target = "–" if spec.target is None else f"{spec.target:g}"
-    head = ["method", spec.paper_title, f"rounds to {target}", f"sim. s to {target}",
+    to_target = uses_target(spec)
+    head = ["method", spec.paper_title,
+            *([f"rounds to {target}", f"sim. s to {target}"] if to_target else []),
             "final acc.", "sim. s / round", "seeds"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in names:
         r = runs.get(name, {})
         per_round = t_interval([x.sim_per_round for x in r.values()]).format("{:.4f}")
         cells = [spec.condition(name).title, spec.paper.get(name, "–"),
-                 _cell(r, "rounds"), _cell(r, "sim_time"), _cell(r, "final_acc"),
+                 *([_cell(r, "rounds"), _cell(r, "sim_time")] if to_target else []),
+                 _cell(r, "final_acc"),
                  per_round if r else "–", ", ".join(str(s) for s in sorted(r)) or "none"]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
@@ -399,11 +409,12 @@ def write_report(spec: Reproduction, data: Path, docs: Path, *, command: str = "
         out += [f"> **incomplete: {done} of {total} runs** finished; the tables use the "
                 "finished ones. Resume with the command below.", ""]
     out += [f"**Claim.** {spec.claim}", "", spec.notes.strip(), ""]
-    if spec.target is None:
+    if spec.target is None and uses_target(spec):
         out += ["**Target:** not set yet (rounds and time to target are the run length).", ""]
+    censored = ("; \"≥\" marks runs that never reached the target (counted at the budget, so "
+                "the difference is a bound)") if uses_target(spec) else ""
     out += [f"Seeds {', '.join(map(str, spec.seeds))}; mean ± 95 % t-interval over the seeds "
-            "that finished; \"≥\" marks runs that never reached the target (counted at the "
-            "budget, so the difference is a bound).", "",
+            f"that finished{censored}.", "",
             table(spec, runs, list(spec.curves) or None), ""]
     for title, names in spec.ablations:
         out += [f"**{title}.**", "", table(spec, runs, list(names)), ""]
