@@ -7,7 +7,6 @@ optimizer next to the same pieces built directly, the cosine horizon and the err
 from pathlib import Path
 
 import pytest
-import torch
 
 from fedforge.algorithms.compressed import (
     SERVER_OPTS,
@@ -22,22 +21,9 @@ from fedforge.algorithms.compressed import (
 )
 from fedforge.algorithms.uplink_diagnostics import UplinkDiagnostics
 from fedforge.client.optimizers import local_optimizer
-from fedforge.client.transforms import RoundContext
 from fedforge.comm.codec import CompressCodec, FetchSGDCodec, MarinaCodec, SketchCodec
 from fedforge.server.optimizers import server_adam, server_sgd
-from tests.algorithms.factory_paths import F64, X0, same, server_path
-
-
-def local_path(tx):
-    x = {"w": X0.clone()}
-    ctx = RoundContext(x, {"round": torch.tensor(1.0, dtype=F64)}, {}, {})
-    state, out = tx.init(x, ctx), []
-    for g in [[1.0, 2.0], [0.0, 0.0], [-3.0, 0.5]]:
-        upd, state = tx.update({"w": torch.tensor(g, dtype=F64)}, state, x, ctx)
-        x = {"w": x["w"] + upd["w"]}
-        out.append(x["w"])
-    return torch.stack(out)
-
+from tests.algorithms.factory_paths import local_path, same, server_path
 
 MOMENTUM = local_path(local_optimizer("momentum", 0.05, weight_decay=0.3))
 

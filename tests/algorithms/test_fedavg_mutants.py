@@ -33,6 +33,7 @@ from fedforge.server.optimizers import (
     server_yogi,
 )
 from tests.algorithms.factory_paths import F64, X0, same, server_path
+from tests.algorithms.factory_paths import local_path as shared_local_path
 
 GLOBAL = {"w": torch.tensor([1.0, 1.0], dtype=F64)}
 GRADS = [[30.0, 40.0], [0.5, -0.25], [0.0, 0.0]]  # the first is clipped at 5
@@ -47,14 +48,7 @@ BROADCAST = {"round": torch.tensor(1.0, dtype=F64),
 
 def local_path(tx):
     """Iterates of a local optimizer from X0 on GRADS (global model GLOBAL)."""
-    x = {"w": X0.clone()}
-    ctx = RoundContext(GLOBAL, BROADCAST, CLIENT_STATE, {})
-    state, out = tx.init(x, ctx), []
-    for g in GRADS:
-        upd, state = tx.update({"w": torch.tensor(g, dtype=F64)}, state, x, ctx)
-        x = {"w": x["w"] + upd["w"]}
-        out.append(x["w"])
-    return torch.stack(out)
+    return shared_local_path(tx, RoundContext(GLOBAL, BROADCAST, CLIENT_STATE, {}), GRADS)
 
 
 LOCAL = dict(weight_decay=0.3, max_grad_norm=5.0)

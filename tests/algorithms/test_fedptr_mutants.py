@@ -36,7 +36,7 @@ from fedforge.client.transforms import RoundContext, chain
 from fedforge.core.tree import tree_stack
 from fedforge.distill import init_synthetic
 from fedforge.server.optimizers import server_sgd
-from tests.algorithms.factory_paths import F64, X0, same, server_path
+from tests.algorithms.factory_paths import F64, X0, local_path, same, server_path
 
 # the module itself (the package's ``fedptr`` attribute is the factory)
 fp = importlib.import_module("fedforge.algorithms.fedptr")
@@ -428,16 +428,10 @@ LAM = _t(0.4)[0]
 
 def _local_path(tx):
     """Three local steps from X0 with the anchor w̃ = (1, 1) both sides see (λ = 0.4)."""
-    x = {"w": X0.clone()}
-    ctx = RoundContext(x, {"round": torch.tensor(1.0, dtype=F64),
-                           "fedptr_s": {"anchor": ANCHOR}}, {},
+    ctx = RoundContext({"w": X0.clone()}, {"round": torch.tensor(1.0, dtype=F64),
+                                           "fedptr_s": {"anchor": ANCHOR}}, {},
                        {"fedptr_anchor": ANCHOR, "fedptr_lam": LAM})
-    state, out = tx.init(x, ctx), []
-    for g in [[1.0, 2.0], [0.0, 0.0], [-3.0, 0.5]]:
-        upd, state = tx.update({"w": torch.tensor(g, dtype=F64)}, state, x, ctx)
-        x = {"w": x["w"] + upd["w"]}
-        out.append(x["w"])
-    return torch.stack(out)
+    return local_path(tx, ctx)
 
 
 NON_DEFAULT = {"window": 3, "ipc": 2, "outer_steps": 4, "inner_steps": 5, "syn_lr": 0.02,
