@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -64,7 +65,7 @@ def test_tiny_reproduction_end_to_end(tiny, tmp_path):
     # a second call runs nothing: every run is finished
     stamp = {p: p.stat().st_mtime_ns for p in runs.rglob("metrics.jsonl")}
     counts = run_grid(tiny, root=ROOT, runs=runs, data=data, progress=False)
-    assert counts == {"skipped": 4, "ran": 0, "total": 4}
+    assert counts == {"skipped": 4, "ran": 0, "diverged": 0, "total": 4}
     assert stamp == {p: p.stat().st_mtime_ns for p in runs.rglob("metrics.jsonl")}
 
     # the report needs only the copied metrics; a missing run is reported as such
@@ -116,3 +117,39 @@ def test_a_claim_on_final_accuracy_alone_has_no_target_columns():
     header = condition_table(final, {}).splitlines()[0]
     assert "rounds to" not in header and "sim. s to" not in header
     assert "final acc." in header
+
+
+def test_a_diverged_run_is_an_outcome_the_grid_records_and_skips(tmp_path, monkeypatch):
+    """A seed stopped by NaN does not stop the grid; the report marks it; reruns skip it."""
+    from dataclasses import replace
+
+    import fedforge.reproduce.grid as grid
+    from fedforge.robust.divergence import log_event
+
+    real = grid.run_experiment
+
+    def run(cfg, out, **kw):  # the "boom" condition diverges in round 2, after one record
+        if cfg.algorithm.hparams.get("local_lr") != 0.5:
+            return real(cfg, out, **kw)
+        out.mkdir(parents=True)
+        (out / "metrics.jsonl").write_text(json.dumps(
+            {"round": 1, "train_loss": 2.0, "test_accuracy": 0.125, "sim_time_s": 1.0}) + "\n")
+        log_event(out, {"round": 2, "policy": "stop", "faults": [[0, "loss=nan"]]})
+        raise FloatingPointError("round 2: diverged")
+
+    monkeypatch.setattr(grid, "run_experiment", run)
+    spec = replace(tiny_spec(), name="boom", seeds=(0,), stages=(), conditions=(
+        Condition("boom", "fedavg", ("algorithm.local_lr=0.5",), label="lr 0.5"),
+        Condition("fast", "fedavg", ("algorithm.local_lr=0.05",), label="lr 0.05")),
+        comparisons=(Comparison("fast", "boom", "final_acc", ">"),))
+    runs, data = tmp_path / "runs", tmp_path / "data"
+    counts = run_grid(spec, root=ROOT, runs=runs, data=data, progress=False, log=lambda m: None)
+    assert counts == {"skipped": 0, "ran": 2, "diverged": 1, "total": 2}
+    marker = json.loads((data / "boom" / "boom" / "seed0.diverged.json").read_text())
+    assert marker == {"round": 2, "budget": 2}
+    assert (data / "boom" / "fast" / "seed0.jsonl").is_file()
+    again = run_grid(spec, root=ROOT, runs=runs, data=data, progress=False, log=lambda m: None)
+    assert again == {"skipped": 2, "ran": 0, "diverged": 1, "total": 2}
+    text = write_report(spec, data, tmp_path / "docs").read_text()
+    assert "| lr 0.5 | – | ≥ 2.0 (0/1 reached)" in text  # a missed target: the full budget
+    assert "0.1250 | " in text and "0†2" in text and "non-finite values" in text

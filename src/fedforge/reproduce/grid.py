@@ -19,6 +19,7 @@ from fedforge.experiment.compare import comparison_configs
 from fedforge.experiment.config import RunConfig, load_config
 from fedforge.experiment.runner import run_experiment
 from fedforge.reproduce.spec import Condition, Reproduction
+from fedforge.robust.divergence import log_event
 
 
 def condition_configs(spec: Reproduction, cond: Condition, root: Path) -> list[RunConfig]:
@@ -74,6 +75,16 @@ def summary_path(data: Path, spec: Reproduction, cond: str, seed: int) -> Path:
     return data / spec.name / cond / f"seed{seed}.summary.json"
 
 
+def diverged_path(data: Path, spec: Reproduction, cond: str, seed: int) -> Path:
+    return data / spec.name / cond / f"seed{seed}.diverged.json"
+
+
+def divergence_stop(run_dir: Path) -> dict | None:
+    """The event that stopped a run for non-finite values (``divergence = "stop"``), if any."""
+    events = read_metrics(run_dir / "divergence.jsonl")
+    return next((e for e in reversed(events) if e.get("policy") == "stop"), None)
+
+
 def _capacity(cfg: RunConfig) -> int:
     from fedforge.sim.population import Population
 
@@ -85,18 +96,39 @@ def run_grid(
     spec: Reproduction, *, root: Path, runs: Path, data: Path, progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> dict[str, int]:
-    """Run what is missing; -> counts ``{"skipped", "ran", "total"}``."""
-    counts = {"skipped": 0, "ran": 0, "total": 0}
+    """Run what is missing; -> counts ``{"skipped", "ran", "diverged", "total"}``.
+
+    A run stopped by non-finite values is an outcome, not a failure of the grid: its metrics
+    up to the divergence are kept, ``seed<k>.diverged.json`` records the round, and the grid
+    goes on (rerunning it would diverge again: every run is deterministic)."""
+    counts = {"skipped": 0, "ran": 0, "diverged": 0, "total": 0}
     for cond, cfg, out in grid_plan(spec, root, runs):
         counts["total"] += 1
         dest = data_path(data, spec, cond.name, cfg.seed)
-        if is_finished(out, cfg.rounds, spec.multitask):
+        if is_finished(out, cfg.rounds, spec.multitask) or divergence_stop(out):
             counts["skipped"] += 1
         else:
             log(f"[reproduce {spec.name}] {cond.name} seed {cfg.seed} -> {out}")
-            run_experiment(cfg, out, resume=out.exists(), progress=progress)
+            try:
+                run_experiment(cfg, out, resume=out.exists(), progress=progress)
+            except FloatingPointError as err:  # DivergenceError or a non-finite loss
+                log(f"[reproduce {spec.name}] {cond.name} seed {cfg.seed} diverged: {err}")
+                if divergence_stop(out) is None:  # the loss check stops without an event
+                    done = read_metrics(out / "metrics.jsonl")
+                    log_event(out, {"round": done[-1]["round"] + 1 if done else 1,
+                                    "policy": "stop", "faults": [], "action": str(err)})
             counts["ran"] += 1
         dest.parent.mkdir(parents=True, exist_ok=True)
+        stop = divergence_stop(out)
+        marker = diverged_path(data, spec, cond.name, cfg.seed)
+        if stop is not None:
+            counts["diverged"] += 1
+            marker.write_text(json.dumps({"round": stop["round"], "budget": cfg.rounds}),
+                              encoding="utf-8")
+        elif marker.exists():
+            marker.unlink()
+        if not (out / "metrics.jsonl").is_file():  # diverged before its first record
+            (out / "metrics.jsonl").touch()
         shutil.copyfile(out / "metrics.jsonl", dest)
         if spec.multitask:
             from fedforge.sim.diagnostics import run_diagnostics

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fedforge.experiment.metrics import evaluated
-from fedforge.reproduce.grid import read_metrics, summary_path
+from fedforge.reproduce.grid import diverged_path, read_metrics, summary_path
 from fedforge.reproduce.spec import Comparison, Reproduction
 from fedforge.reproduce.stats import (
     INCONCLUSIVE,
@@ -48,6 +48,7 @@ class RunSummary:
     history: list[dict]
     tasks: dict[str, float | None] = field(default_factory=dict)  # multi-task: T per task
     idle: float = math.nan  # multi-task: share of available client time left idle
+    diverged_at: int | None = None  # stopped by non-finite values in this round
 
 
 def summarize(history: list[dict], seed: int, target: float | None, key: str) -> RunSummary:
@@ -78,6 +79,15 @@ def summarize_multitask(history: list[dict], summary: dict, seed: int,
                       math.nan if idle is None else float(idle))
 
 
+def _diverged(run: RunSummary, stop: dict) -> RunSummary:
+    """A run stopped by non-finite values: its final accuracy is that of its last evaluations
+    before the divergence (an upper bound on what the diverged model scores), and a target it
+    had not reached counts as missed at the full budget."""
+    if not run.reached:
+        run = replace(run, rounds=float(stop["budget"]))
+    return replace(run, diverged_at=int(stop["round"]))
+
+
 def load_runs(spec: Reproduction, data: Path) -> dict[str, dict[int, RunSummary]]:
     """Every finished run found under ``data`` -> ``{condition: {seed: summary}}``."""
     out: dict[str, dict[int, RunSummary]] = {}
@@ -92,6 +102,9 @@ def load_runs(spec: Reproduction, data: Path) -> dict[str, dict[int, RunSummary]
                     runs[seed] = summarize_multitask(hist, summary, seed, spec.metric)
             elif hist:
                 runs[seed] = summarize(hist, seed, spec.target, spec.metric)
+                marker = diverged_path(data, spec, cond.name, seed)
+                if marker.is_file():
+                    runs[seed] = _diverged(runs[seed], json.loads(marker.read_text("utf-8")))
         out[cond.name] = runs
     return out
 
@@ -114,6 +127,12 @@ def uses_target(spec: Reproduction) -> bool:
                                           for c in spec.comparisons)
 
 
+def _seeds(runs: dict[int, RunSummary]) -> str:
+    """``0, 1†25, 2``: † marks a seed that diverged, with the round."""
+    return ", ".join(f"{s}†{runs[s].diverged_at}" if runs[s].diverged_at else str(s)
+                     for s in sorted(runs)) or "none"
+
+
 def condition_table(spec: Reproduction, runs: dict, names: list[str] | None = None) -> str:
     names = names or [c.name for c in spec.conditions]
     target = "–" if spec.target is None else f"{spec.target:g}"
@@ -128,7 +147,7 @@ def condition_table(spec: Reproduction, runs: dict, names: list[str] | None = No
         cells = [spec.condition(name).title, spec.paper.get(name, "–"),
                  *([_cell(r, "rounds"), _cell(r, "sim_time")] if to_target else []),
                  _cell(r, "final_acc"),
-                 per_round if r else "–", ", ".join(str(s) for s in sorted(r)) or "none"]
+                 per_round if r else "–", _seeds(r)]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -413,6 +432,9 @@ def write_report(spec: Reproduction, data: Path, docs: Path, *, command: str = "
         out += ["**Target:** not set yet (rounds and time to target are the run length).", ""]
     censored = ("; \"≥\" marks runs that never reached the target (counted at the budget, so "
                 "the difference is a bound)") if uses_target(spec) else ""
+    if any(r.diverged_at for c in runs.values() for r in c.values()):
+        censored += ("; \"s†r\" marks seed s stopped by non-finite values in round r: its "
+                     "final accuracy is that of its last evaluations before (an upper bound)")
     out += [f"Seeds {', '.join(map(str, spec.seeds))}; mean ± 95 % t-interval over the seeds "
             f"that finished{censored}.", "",
             table(spec, runs, list(spec.curves) or None), ""]
