@@ -59,7 +59,7 @@ def test_tiny_reproduction_end_to_end(tiny, tmp_path):
     assert (docs / "img" / "tiny_diagnostics.png").is_file()
     text = page.read_text()
     assert "lr 0.05" in text and "incomplete" not in text
-    assert "(paired by seed)" in text and "Verdict so far" in text
+    assert "(paired by seed)" in text and "**Verdict.**" in text
     assert "Sensitivity to the target" in text and "target 0.3" in text
 
     # a second call runs nothing: every run is finished

@@ -70,6 +70,16 @@ def test_verdict_rule(low, high, expect, call):
     assert verdict(diff, expect) == call
 
 
+@pytest.mark.parametrize(("low", "high", "call"), [
+    (-0.01, 0.015, REPRODUCED),  # the whole interval below the margin: close
+    (0.025, 0.04, CONTRADICTED),  # the whole interval above: not close
+    (0.01, 0.03, INCONCLUSIVE),  # straddles the margin
+])
+def test_closeness_verdict_against_a_margin(low, high, call):
+    diff = Interval((low + high) / 2, (high - low) / 2, 3, 1.0)
+    assert verdict(diff, "<", margin=0.02) == call
+
+
 def test_verdict_with_one_seed_is_inconclusive():
     assert verdict(t_interval([-5.0]), "<") == INCONCLUSIVE
 

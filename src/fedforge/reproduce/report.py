@@ -271,11 +271,11 @@ def compare(spec: Reproduction, runs: dict, comp: Comparison) -> tuple[Interval,
     seeds = sorted(set(a) & set(b))
     diff = paired_difference([getattr(a[s], comp.metric) for s in seeds],
                              [getattr(b[s], comp.metric) for s in seeds])
-    return diff, verdict(diff, comp.expect), detectable_effect(diff)
+    return diff, verdict(diff, comp.expect, comp.margin), detectable_effect(diff)
 
 
 def comparison_table(spec: Reproduction, runs: dict) -> str:
-    head = ["difference (paired by seed)", "metric", "paper's sign", "mean ± 95 % CI",
+    head = ["difference (paired by seed)", "metric", "paper's claim (a − b)", "mean ± 95 % CI",
             "seeds", "verdict", "detectable effect"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for comp in spec.comparisons:
@@ -287,7 +287,7 @@ def comparison_table(spec: Reproduction, runs: dict) -> str:
         mde_txt = "–" if math.isnan(mde) else fmt.format(mde)
         rows.append("| " + " | ".join([
             f"{spec.condition(comp.a).title} − {spec.condition(comp.b).title}",
-            METRICS[comp.metric][0], f"{comp.expect} 0", ci, str(diff.n),
+            METRICS[comp.metric][0], f"{comp.expect} {comp.margin:g}", ci, str(diff.n),
             f"**{call}**" if call != INCONCLUSIVE else call, mde_txt]) + " |")
     return "\n".join(rows)
 
@@ -322,28 +322,40 @@ def _mean_curve(runs: dict[int, RunSummary], key: str) -> tuple[list[float], lis
 
 
 def plot_accuracy(spec: Reproduction, runs: dict, path: Path) -> Path:
+    """Mean curve per condition; one panel per ``spec.panels`` entry (default: one)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for name in spec.curves or [c.name for c in spec.conditions]:
-        if runs.get(name):
+    panels = spec.panels or (("", tuple(spec.curves or [c.name for c in spec.conditions])),)
+    fig, grid = plt.subplots(1, len(panels), figsize=(7 if len(panels) == 1 else 5.2 *
+                                                       len(panels), 4.2), squeeze=False)
+    colours: dict[str, str] = {}  # one colour per method across the panels
+    for ax, (title, names) in zip(grid.flat, panels, strict=True):
+        for name in names:
+            if not runs.get(name):
+                continue
             xs, ys = _mean_curve(runs[name], spec.metric)
             if spec.x_axis != "round":  # e.g. cumulative bytes_up: its mean at each round
                 at = dict(zip(*_mean_curve(runs[name], spec.x_axis), strict=True))
                 xs, ys = [at[x] for x in xs if x in at], [y for x, y in zip(xs, ys,
                                                                            strict=True) if x in at]
-            ax.plot(xs, ys, label=f"{spec.condition(name).title} ({len(runs[name])} seeds)")
-    if spec.target is not None:
-        ax.axhline(spec.target, color="grey", ls="--", lw=0.8, label=f"target {spec.target:g}")
-    ax.set_xlabel(spec.x_axis)
-    if spec.x_axis != "round":
-        ax.set_xscale("log")
-    ax.set_ylabel(f"{spec.metric} (mean over seeds)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+            label = spec.condition(name).title
+            if title:  # the panel names the regime: drop a "regime: " prefix
+                label = label.split(": ", 1)[-1]
+            colour = colours.setdefault(label, f"C{len(colours) % 10}")
+            ax.plot(xs, ys, color=colour, label=f"{label} ({len(runs[name])} seeds)")
+        if spec.target is not None:
+            ax.axhline(spec.target, color="grey", ls="--", lw=0.8,
+                       label=f"target {spec.target:g}")
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel(spec.x_axis)
+        if spec.x_axis != "round":
+            ax.set_xscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6 if title else 7)
+    grid.flat[0].set_ylabel(f"{spec.metric} (mean over seeds)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -441,7 +453,8 @@ def write_report(spec: Reproduction, data: Path, docs: Path, *, command: str = "
     for title, names in spec.ablations:
         out += [f"**{title}.**", "", table(spec, runs, list(names)), ""]
     out += ["**Paired comparisons** (same seed = same partition, cohorts and batches).", "",
-            comparison_table(spec, runs), "", "**Verdict so far.**", "", *headline(spec, runs),
+            comparison_table(spec, runs), "",
+            "**Verdict.**" if done == total else "**Verdict so far.**", "", *headline(spec, runs),
             ""]
     if spec.sensitivity:
         out += ["**Sensitivity to the target (post hoc; the verdict above uses the target "

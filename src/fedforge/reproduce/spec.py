@@ -31,13 +31,18 @@ class Condition:
 
 @dataclass(frozen=True)
 class Comparison:
-    """``a - b`` on ``metric``, paired by seed; ``expect`` is the paper's sign of the
-    difference (``"<"``: a is lower, e.g. fewer rounds; ``">"``: a is higher)."""
+    """``a - b`` on ``metric``, paired by seed; the paper claims ``a - b expect margin``.
+
+    ``expect="<"``: a is lower (e.g. fewer rounds); ``">"``: a is higher. A non-zero
+    ``margin`` turns a sign claim into a closeness claim: ``Comparison(full, compressed,
+    "final_acc", "<", margin=0.02)`` reads "compression costs less than two points".
+    """
 
     a: str
     b: str
     metric: str  # "rounds" | "sim_time" | "final_acc"
     expect: str = "<"
+    margin: float = 0.0
 
     def __post_init__(self) -> None:
         if self.expect not in ("<", ">"):
@@ -59,6 +64,8 @@ class Reproduction:
     metric: str = "test_accuracy"
     diagnostics: tuple[str, ...] = ()  # metrics.jsonl keys plotted per condition
     curves: tuple[str, ...] = ()  # conditions in the accuracy figure (default: all)
+    # the accuracy figure as one panel per (title, conditions), e.g. one per regime
+    panels: tuple[tuple[str, tuple[str, ...]], ...] = ()
     x_axis: str = "round"  # the accuracy figure's x: "round" or a metrics key (log scale)
     paper: dict[str, str] = field(default_factory=dict)  # condition -> the paper's number
     paper_title: str = "paper"  # the column title of ``paper`` (setting, metric)

@@ -77,12 +77,13 @@ def detectable_effect(diff: Interval, level: float = 0.95, power: float = 0.8) -
     return (t_quantile((1 + level) / 2, df) + t_quantile(power, df)) * diff.sd / math.sqrt(diff.n)
 
 
-def verdict(diff: Interval, expect: str) -> str:
-    """``expect`` is the paper's sign of ``a - b``: ``"<"`` (a lower) or ``">"``."""
+def verdict(diff: Interval, expect: str, margin: float = 0.0) -> str:
+    """The paper claims ``a - b < margin`` (``expect="<"``) or ``a - b > margin`` (``">"``);
+    the whole confidence interval must lie on one side of ``margin`` for a call."""
     if diff.n < 2 or math.isnan(diff.half):
         return INCONCLUSIVE
-    if diff.high < 0:
+    if diff.high < margin:
         return REPRODUCED if expect == "<" else CONTRADICTED
-    if diff.low > 0:
+    if diff.low > margin:
         return REPRODUCED if expect == ">" else CONTRADICTED
     return INCONCLUSIVE
