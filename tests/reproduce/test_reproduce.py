@@ -153,3 +153,34 @@ def test_a_diverged_run_is_an_outcome_the_grid_records_and_skips(tmp_path, monke
     text = write_report(spec, data, tmp_path / "docs").read_text()
     assert "| lr 0.5 | – | ≥ 2.0 (0/1 reached)" in text  # a missed target: the full budget
     assert "0.1250 | " in text and "0†2" in text and "non-finite values" in text
+
+
+def test_prepare_runs_once_before_the_first_run(tmp_path, monkeypatch):
+    """A spec's ``prepare`` (e.g. pre-training) sees the root and runs before any condition."""
+    import dataclasses
+
+    calls = []
+    spec = dataclasses.replace(tiny_spec(), prepare=lambda root: calls.append(root))
+    import fedforge.reproduce.grid as grid
+
+    class FirstRun(Exception):
+        pass
+
+    def first_run(*_a, **_k):
+        calls.append("run")
+        raise FirstRun
+
+    monkeypatch.setattr(grid, "run_experiment", first_run)
+    with pytest.raises(FirstRun):
+        run_grid(spec, root=ROOT, runs=tmp_path / "runs", data=tmp_path / "data",
+                 progress=False, log=lambda _: None)
+    assert calls == [ROOT, "run"]
+
+
+def test_safl_pretraining_is_skipped_when_its_checkpoint_exists(tmp_path, monkeypatch):
+    from fedforge.reproduce.papers import safl
+
+    (tmp_path / safl.CHECKPOINT).parent.mkdir(parents=True)
+    (tmp_path / safl.CHECKPOINT).write_bytes(b"")
+    monkeypatch.setattr("fedforge.pretrain.pretrain", lambda *a, **k: pytest.fail("pretrained"))
+    safl.pretrain_checkpoint(tmp_path)

@@ -102,6 +102,8 @@ def run_grid(
     up to the divergence are kept, ``seed<k>.diverged.json`` records the round, and the grid
     goes on (rerunning it would diverge again: every run is deterministic)."""
     counts = {"skipped": 0, "ran": 0, "diverged": 0, "total": 0}
+    if spec.prepare is not None:
+        spec.prepare(root)
     for cond, cfg, out in grid_plan(spec, root, runs):
         counts["total"] += 1
         dest = data_path(data, spec, cond.name, cfg.seed)

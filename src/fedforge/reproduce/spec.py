@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,9 @@ class Reproduction:
     # time to every task's target is the metric, gains are paired against ``gain_baseline``
     multitask: bool = False
     gain_baseline: str | None = None
+    # runs once before the grid with the repository root, e.g. pre-training the checkpoint
+    # the fine-tuning conditions start from; it must skip work that is already done
+    prepare: Callable[[Path], None] | None = None
 
     def condition(self, name: str) -> Condition:
         for c in self.conditions:
