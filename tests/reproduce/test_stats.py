@@ -89,3 +89,8 @@ def test_detectable_effect_by_hand():
     diff = Interval(0.0, 0.0, 3, 1.5)
     assert detectable_effect(diff) == pytest.approx(4.644765, abs=1e-6)
     assert math.isnan(detectable_effect(t_interval([1.0])))
+
+
+def test_a_signed_format_signs_the_mean_only():
+    assert Interval(0.08, 0.08, 3, 0.1).format("{:+.1%}") == "+8.0% ± 8.0%"
+    assert Interval(-21.8, 20.9, 3, 8.4).format() == "-21.8 ± 20.9"

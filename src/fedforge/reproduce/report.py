@@ -440,7 +440,7 @@ def write_report(spec: Reproduction, data: Path, docs: Path, *, command: str = "
         out += [f"> **incomplete: {done} of {total} runs** finished; the tables use the "
                 "finished ones. Resume with the command below.", ""]
     out += [f"**Claim.** {spec.claim}", "", spec.notes.strip(), ""]
-    if spec.target is None and uses_target(spec):
+    if spec.target is None and uses_target(spec) and not spec.multitask:
         out += ["**Target:** not set yet (rounds and time to target are the run length).", ""]
     censored = ("; \"≥\" marks runs that never reached the target (counted at the budget, so "
                 "the difference is a bound)") if uses_target(spec) else ""

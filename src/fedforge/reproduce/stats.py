@@ -44,7 +44,7 @@ class Interval:
             return "–"
         if self.n < 2 or math.isnan(self.half):
             return fmt.format(self.mean)
-        return f"{fmt.format(self.mean)} ± {fmt.format(self.half)}"
+        return f"{fmt.format(self.mean)} ± {fmt.replace('+', '').format(self.half)}"
 
 
 def t_interval(values: Sequence[float], level: float = 0.95) -> Interval:
