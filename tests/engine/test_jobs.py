@@ -66,6 +66,19 @@ def test_fedbuff_single_task_uses_idle_clients_only():
     assert all(row[4] == row[5] for row in d.clock.log)  # send == start
 
 
+def test_fedbuff_task_left_without_clients_at_start_still_trains():
+    """Four busy slots, two tasks of four requests: FedBuff's idle-only start gives every slot
+    to task 0 and none to task 1. Without the starved-task refill task 1 never runs."""
+    tasks = [quadratic_task(m, c) for m, c in enumerate(CENTERS)]
+    opts = AsyncOptions("fedbuff", requests=(4,), buffer_size=2)
+    pop = Population.build(8, available_fraction=0.5)
+    d = AsyncDriver(tasks, pop, ShiftedExponential(), opts, seed=1)
+    d.start()
+    assert d.cur == [4, 0]
+    d.run(lambda m, r: None, max_updates=60)
+    assert tasks[1].server.round > 0
+
+
 def _job_inputs(task, n):
     jobs = [Job(i, 0, i % 4, 0, 0.0, 0.0, 0.0) for i in range(n)]
     idx, mask = task.executor.batch_inputs(jobs)

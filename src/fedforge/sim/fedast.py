@@ -161,6 +161,8 @@ class AsyncDriver:
                 self._finish(m)
             rec["requests"], rec["in_flight"] = list(self.R), list(self.cur)
             on_eval(m, rec)
+        if self.code is None:
+            self._serve_starved()
         if not task.done:
             if self.code is not None:  # global free slots cap it (server.py:778-780)
                 k = code.new_requests(self.R[m], self.cur[m], sum(self.R), sum(self.cur),
@@ -172,6 +174,16 @@ class AsyncDriver:
             if self.code is not None:
                 task.server.b = code.arrival_buffer(self.cur[m], self.opt.rb_ratio)
         return job
+
+    def _serve_starved(self) -> None:
+        """A task with requests but nothing in flight receives no arrivals, so its own refill
+        never runs: it would wait forever (FedBuff's idle-only start can leave the last task
+        with no client at all). Such a task takes the slot an arrival frees before the
+        arriving task does."""
+        for k, t in enumerate(self.tasks):
+            if not t.done and self.R[k] > 0 and self.cur[k] == 0:
+                for _ in range(min(self.R[k], self.opt.max_k)):
+                    self.send(k)
 
     def _code_realloc(self, m: int, delta) -> None:
         """The code's window, period average and chunked Realloc (sim/allocation_code.py)."""
