@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,14 @@ def test_tiny_reproduction_end_to_end(tiny, tmp_path):
     counts = run_grid(tiny, root=ROOT, runs=runs, data=data, progress=False)
     assert counts == {"skipped": 4, "ran": 0, "diverged": 0, "total": 4}
     assert stamp == {p: p.stat().st_mtime_ns for p in runs.rglob("metrics.jsonl")}
+
+    # a fresh machine (no run folders) trusts the committed metrics and reruns only what is
+    # missing from them
+    shutil.rmtree(runs)
+    (data / "tiny" / "fast" / "seed1.jsonl").unlink()
+    counts = run_grid(tiny, root=ROOT, runs=runs, data=data, progress=False)
+    assert counts == {"skipped": 3, "ran": 1, "diverged": 0, "total": 4}
+    assert [p.parent.name for p in runs.rglob("metrics.jsonl")] == ["seed1"]
 
     # the report needs only the copied metrics; a missing run is reported as such
     (data / "tiny" / "fast" / "seed1.jsonl").unlink()

@@ -1,8 +1,10 @@
 """Run every (condition, seed) of a reproduction, resuming what already exists.
 
 Runs go to ``<runs>/<name>/<condition>/seed<k>``; a finished run is skipped, an unfinished one
-resumes from its last checkpoint. Each finished run's ``metrics.jsonl`` is copied to
-``<data>/<name>/<condition>/seed<k>.jsonl``, the file the report reads. A multi-task spec
+resumes from its last checkpoint, and a run with no folder whose metrics are already committed
+in ``<data>`` complete is skipped too (a fresh clone does not redo the grid). Each finished
+run's ``metrics.jsonl`` is copied to ``<data>/<name>/<condition>/seed<k>.jsonl``, the file the
+report reads. A multi-task spec
 (``spec.multitask``: a config with ``[[tasks]]``, ``Condition.algorithm`` names the method)
 also writes ``seed<k>.summary.json``: the run's ``summary.json`` (time to target per task and
 overall) plus the share of available client time left idle (``fedforge.sim.diagnostics``).
@@ -46,6 +48,17 @@ def is_finished(run_dir: Path, rounds: int, multitask: bool = False) -> bool:
         return (run_dir / "summary.json").is_file()
     records = read_metrics(run_dir / "metrics.jsonl")
     return bool(records) and records[-1].get("round") == rounds
+
+
+def committed(data: Path, spec: Reproduction, cond: str, cfg: RunConfig) -> bool:
+    """The run's committed metrics in ``data`` are complete: a new machine (no run folders)
+    reports from them instead of running the grid again."""
+    if spec.multitask:
+        return summary_path(data, spec, cond, cfg.seed).is_file()
+    if diverged_path(data, spec, cond, cfg.seed).is_file():
+        return True
+    records = read_metrics(data_path(data, spec, cond, cfg.seed))
+    return bool(records) and records[-1].get("round") == cfg.rounds
 
 
 def grid_plan(
@@ -107,6 +120,9 @@ def run_grid(
     for cond, cfg, out in grid_plan(spec, root, runs):
         counts["total"] += 1
         dest = data_path(data, spec, cond.name, cfg.seed)
+        if not out.exists() and committed(data, spec, cond.name, cfg):
+            counts["skipped"] += 1
+            continue
         if is_finished(out, cfg.rounds, spec.multitask) or divergence_stop(out):
             counts["skipped"] += 1
         else:
