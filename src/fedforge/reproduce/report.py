@@ -19,6 +19,7 @@ from fedforge.reproduce.grid import diverged_path, read_metrics, summary_path
 from fedforge.reproduce.spec import Comparison, Reproduction
 from fedforge.reproduce.stats import (
     INCONCLUSIVE,
+    REPRODUCED,
     Interval,
     detectable_effect,
     paired_difference,
@@ -271,12 +272,28 @@ def compare(spec: Reproduction, runs: dict, comp: Comparison) -> tuple[Interval,
     seeds = sorted(set(a) & set(b))
     diff = paired_difference([getattr(a[s], comp.metric) for s in seeds],
                              [getattr(b[s], comp.metric) for s in seeds])
-    return diff, verdict(diff, comp.expect, comp.margin), detectable_effect(diff)
+    call = verdict(diff, comp.expect, comp.margin)
+    if comp.metric in ("rounds", "sim_time") and call != INCONCLUSIVE:
+        call = _censored_call(call, comp.expect, any(not a[s].reached for s in seeds),
+                              any(not b[s].reached for s in seeds))
+    return diff, call, detectable_effect(diff)
+
+
+def _censored_call(call: str, expect: str, a_censored: bool, b_censored: bool) -> str:
+    """A run that never reached its target counts at its budget, a lower bound on its true
+    time: a censored ``a`` can only make ``a − b`` larger, a censored ``b`` smaller. A call
+    the true values could overturn becomes inconclusive."""
+    says_smaller = (call == REPRODUCED) == (expect == "<")  # the call rests on a − b < margin
+    if (says_smaller and a_censored) or (not says_smaller and b_censored):
+        return INCONCLUSIVE
+    return call
 
 
 def comparison_table(spec: Reproduction, runs: dict) -> str:
+    timed = any(c.metric == "sim_time" for c in spec.comparisons)
     head = ["difference (paired by seed)", "metric", "paper's claim (a − b)", "mean ± 95 % CI",
-            "seeds", "verdict", "detectable effect"]
+            *(["relative (b − a) / b"] if timed else []), "seeds", "verdict",
+            "detectable effect"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for comp in spec.comparisons:
         diff, call, mde = compare(spec, runs, comp)
@@ -285,9 +302,13 @@ def comparison_table(spec: Reproduction, runs: dict) -> str:
         if diff.n >= 2:
             ci += f" [{fmt.format(diff.low)}, {fmt.format(diff.high)}]"
         mde_txt = "–" if math.isnan(mde) else fmt.format(mde)
+        rel = []
+        if timed:
+            g = gains(runs.get(comp.b, {}), runs.get(comp.a, {}))
+            rel = ["–" if comp.metric != "sim_time" or g.n == 0 else g.format("{:+.1%}")]
         rows.append("| " + " | ".join([
             f"{spec.condition(comp.a).title} − {spec.condition(comp.b).title}",
-            METRICS[comp.metric][0], f"{comp.expect} {comp.margin:g}", ci, str(diff.n),
+            METRICS[comp.metric][0], f"{comp.expect} {comp.margin:g}", ci, *rel, str(diff.n),
             f"**{call}**" if call != INCONCLUSIVE else call, mde_txt]) + " |")
     return "\n".join(rows)
 
