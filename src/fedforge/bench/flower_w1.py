@@ -8,11 +8,35 @@ Flower. Client resources: one CPU per client actor, one torch thread per actor.
 
 from __future__ import annotations
 
+import importlib
+import sys
 import time
 
 import torch
 
 from fedforge.bench.throughput import train_client
+
+INSTALL = 'pip install "fedforge[bench]"'
+
+
+def flower_missing() -> str | None:
+    """The first of Flower and Ray that cannot be imported, or None. Flower's simulation
+    engine needs both, and ``flwr`` imports without Ray, so both are tried here: a bench run
+    asked for the ``flower`` row refuses before it times any other row."""
+    for module in ("flwr.simulation", "ray"):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            return module.split(".")[0]
+    return None
+
+
+def check_flower() -> None:
+    """A one-line ``ValueError`` naming the fix when the Flower baseline cannot run."""
+    missing = flower_missing()
+    if missing is not None:
+        raise ValueError(f"--engines: flower needs Flower's simulation engine, which is not "
+                         f"installed (no module {missing!r}); install it with {INSTALL}")
 
 
 def flower_round(model, x, y, idx, *, device: torch.device, rounds: int = 3) -> float:
@@ -24,7 +48,7 @@ def flower_round(model, x, y, idx, *, device: torch.device, rounds: int = 3) -> 
         from flwr.serverapp.strategy import FedAvg
         from flwr.simulation import run_simulation
     except ImportError as e:  # pragma: no cover - optional extra
-        raise RuntimeError("the Flower baseline needs `pip install fedforge[bench]`") from e
+        raise RuntimeError(f"the Flower baseline needs {INSTALL}") from e
 
     cohort = idx.shape[0]
     arch = model
@@ -56,3 +80,11 @@ def flower_round(model, x, y, idx, *, device: torch.device, rounds: int = 3) -> 
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
     # stamps[0] is before round 1, stamps[r] after round r
     return (stamps[-1] - stamps[1]) / (len(stamps) - 2)
+
+
+if __name__ == "__main__":  # benchmarks/cpu_targets.sh: exit 1 with the fix when missing
+    try:
+        check_flower()
+    except ValueError as exc:
+        print(exc)
+        sys.exit(1)

@@ -24,11 +24,14 @@ def machine_line(device: torch.device) -> str:
 
 
 def append_results(path: str | Path, title: str, device: torch.device, header: list[str],
-                   rows: list[list[object]], note: str = "") -> str:
-    """Append ``### title · date · machine · torch · command`` and a markdown table."""
-    cmd = " ".join(["fedforge" if sys.argv[0].endswith("fedforge") else "python"]
-                   + [Path(sys.argv[0]).name if not sys.argv[0].endswith("fedforge") else ""]
-                   + sys.argv[1:]).replace("  ", " ")
+                   rows: list[list[object]], note: str = "", command: str | None = None) -> str:
+    """Append ``### title · date · machine · torch · command`` and a markdown table.
+    ``command``: the line that reproduces the table, when ``sys.argv`` does not show it
+    (``python -m`` modules)."""
+    cmd = command or " ".join(
+        ["fedforge" if sys.argv[0].endswith("fedforge") else "python"]
+        + [Path(sys.argv[0]).name if not sys.argv[0].endswith("fedforge") else ""]
+        + sys.argv[1:]).replace("  ", " ")
     lines = [f"\n### {title} · {dt.date.today().isoformat()} · {machine_line(device)} · "
              f"torch {torch.__version__}\n", f"\nCommand: `{cmd.strip()}`\n",
              "\n| " + " | ".join(header) + " |\n", "|" + "---|" * len(header) + "\n"]

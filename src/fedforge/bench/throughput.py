@@ -3,15 +3,16 @@ epoch) and W2 (ResNet-18-GN on 32x32, 20 steps of batch 50).
 
 Measures client updates per second for a plain sequential PyTorch loop (``nn.Module`` +
 ``torch.optim.SGD`` per client, the way most FL code is written), fedforge's LoopEngine and
-VmapEngine — and Flower's simulation engine when ``flwr[simulation]`` is installed — in one
-process on the same data. An engine name may carry a precision: ``vmap:bf16``, ``plain:bf16``,
-and the vmap engine ``:compile`` (``torch.compile`` of the chunk function, ``vmap:compile``,
-``vmap:bf16:compile``; ``:cudagraphs`` for its ``reduce-overhead`` mode on a GPU): its one
-engine/algorithm/loss are reused across calls, so the warm-up
-call compiles and the timed calls run the compiled graph; the warm-up time is printed.
-``auto`` is the default engine of a run (``AutoEngine``: its calibration happens in the
-warm-up call). The suffix ``:procs2`` runs the cohort as two halves in two single-threaded
-worker processes (started before timing) instead of one process with two intra-op threads.
+VmapEngine — and Flower's simulation engine when ``flwr[simulation]`` is installed (without
+it a ``flower`` row is refused before anything is timed) — in one process on the same data.
+An engine name may carry a precision: ``vmap:bf16``, ``plain:bf16``, and the vmap engine
+``:compile`` (``torch.compile`` of the chunk function, ``vmap:compile``, ``vmap:bf16:compile``;
+``:cudagraphs`` for its ``reduce-overhead`` mode on a GPU): its one engine/algorithm/loss are
+reused across calls, so the warm-up call compiles and the timed calls run the compiled graph;
+the warm-up time is printed. ``auto`` is the default engine of a run (``AutoEngine``: its
+calibration happens in the warm-up call). The suffix ``:procs2`` runs the cohort as two
+halves in two single-threaded worker processes (started before timing) instead of one process
+with two intra-op threads.
 
 Every row reports the achieved GFLOP/s (FLOPs of one update, counted by
 ``torch.utils.flop_counter`` on the workload's forward and backward, x updates/s) and its
@@ -187,6 +188,8 @@ def check_engine_name(name: str, device: torch.device) -> tuple[str, bool | str,
     if "procs2" in flags and (engine not in ("plain", "loop", "vmap", "auto") or compile_
                               or device.type != "cpu"):
         raise ValueError(f"--engines: ':procs2' is for CPU plain/loop/vmap/auto, got {name!r}")
+    if engine == "flower" and flags:
+        raise ValueError(f"--engines: flower takes no suffix, got {name!r}")
     return engine, compile_, precision, "procs2" in flags
 
 
@@ -262,11 +265,14 @@ def run_w1(cohorts: list[int], engines: list[str], device: torch.device, chunk="
     timed calls there (``fedforge bench --profile``)."""
     from fedforge.bench.profiling import profiled
 
+    for name in engines:  # bad names and a missing Flower fail before anything is measured
+        check_engine_name(name, device)
+    if "flower" in engines:
+        from fedforge.bench.flower_w1 import check_flower  # optional dependency
+
+        check_flower()
     torch.manual_seed(0)
     model = build_model(work.model, work.input_shape, work.num_classes).to(device)
-    for name in engines:  # bad names fail before anything is measured
-        if name != "flower":
-            check_engine_name(name, device)
     gflop = flops_per_update(model, work) / 1e9
     if device.type not in _PEAKS:  # measured once per process
         _PEAKS[device.type] = {p: peak_gflops(device, d) for p, d in (

@@ -46,7 +46,10 @@ class VmapEngine(ChunkedEngine):
     chunk recompiles once with a dynamic client axis. Results equal the eager engine to float
     tolerance (tests/engine/test_compile.py). All compiled chunk functions of a process share
     dynamo's recompile limit (8 by default), past which dynamo falls back to eager with a
-    warning. W1 on a 2-core CPU (benchmarks/RESULTS.md): 1.2x eager vmap but still below the
+    warning. Compiled graphs are stored in torch's on-disk caches (FX graph, AOTAutograd) in
+    ``$TORCHINDUCTOR_CACHE_DIR``, by default ``~/.cache/fedforge/inductor``
+    (:mod:`fedforge.engine.compile_cache`), so a later process skips most of the compiling.
+    W1 on a 2-core CPU (benchmarks/RESULTS.md): 1.2x eager vmap but still below the
     plain loop in fp32; with bf16 1.2x the plain bf16 loop, after 75-160 s of compiling.
 
     ``conv`` chooses how convolutions and max-pooling of the vmapped clients run:
@@ -121,6 +124,9 @@ class VmapEngine(ChunkedEngine):
             return batched_conv_chunk
         if not self.compile:
             return chunk_fn
+        from fedforge.engine.compile_cache import use_compile_cache
+
+        use_compile_cache()  # compiled graphs are reused by later processes
         mode = "default" if self.compile is True else str(self.compile)
         return torch.compile(chunk_fn, mode=mode)
 
