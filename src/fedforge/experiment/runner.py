@@ -311,10 +311,13 @@ def resolve_run(cfg: RunConfig) -> tuple[RunConfig, Algorithm | None]:
 
 def run_experiment(
     cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress: bool = True,
-    overwrite: bool = False,
+    overwrite: bool = False, stop_at: float | None = None,
 ) -> list[dict]:
     """Run ``cfg``, writing ``out_dir/{config.resolved.toml, metrics.jsonl, checkpoints/}``
     (multi-task runs also ``events.jsonl`` and ``summary.json``).
+
+    ``stop_at``: end a single-task run after its first evaluation with ``test_accuracy`` at
+    or above this value (``fedforge bench w3``); that round is checkpointed as the last one.
 
     The one entry for every kind of run: without ``tasks``, synchronous rounds of one task
     (this module); with a ``[[tasks]]`` list, ``cfg.method``'s multi-task driver
@@ -322,6 +325,8 @@ def run_experiment(
     one that holds an earlier run needs ``resume`` or ``overwrite``
     (fedforge.experiment.rundir); RunDirError otherwise."""
     cfg, algorithm = resolve_run(cfg)  # config.resolved.toml records every default used
+    if stop_at is not None and (cfg.multitask or world_size() > 1):
+        raise ValueError("stop_at: only single-task runs in one process stop at an accuracy")
     out = Path(out_dir)
     may_change = MULTITASK_MAY_CHANGE if cfg.multitask else RUN_MAY_CHANGE
     if cfg.engine.name == "distributed" and init_distributed() and not is_main_rank():
@@ -333,7 +338,7 @@ def run_experiment(
         if cfg.multitask:
             return _run_tasks(cfg, out_dir, resume=resume, progress=progress)
         return _run_experiment(cfg, out_dir, resume=resume, progress=progress,
-                               algorithm=algorithm)
+                               algorithm=algorithm, stop_at=stop_at)
 
 
 def _scatters(cfg: RunConfig) -> bool:
@@ -353,7 +358,7 @@ def _run_tasks(cfg: RunConfig, out_dir: str | Path, *, resume: bool, progress: b
 
 def _run_experiment(
     cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress: bool = True,
-    algorithm: Algorithm | None = None,
+    algorithm: Algorithm | None = None, stop_at: float | None = None,
 ) -> list[dict]:
     from fedforge.experiment.progress import RoundProgress
 
@@ -476,7 +481,9 @@ def _run_experiment(
                     record.update(exp.algorithm.server_metrics(server_state, store.state))
                     record.update(exp.engine.report())  # auto: its choice and timings, once
                 metrics.write(record)
-            if t % cfg.checkpoint.every == 0 or t == cfg.rounds:
+            stop = (stop_at is not None and record is not None
+                    and record.get("test_accuracy", -1.0) >= stop_at)
+            if t % cfg.checkpoint.every == 0 or t == cfg.rounds or stop:
                 clients = store.state_dict()  # a collective when sharded: every rank
                 if is_main_rank():
                     save_checkpoint(
@@ -493,6 +500,8 @@ def _run_experiment(
                     )
                 barrier()  # the other ranks may read it (resume, rollback)
             bar.advance(t, record)
+            if stop:
+                break
     return history
 
 
