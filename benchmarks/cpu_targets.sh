@@ -24,7 +24,7 @@
 # hour), about 1 hour without; bf16 rows on a CPU without native bf16 take far longer.
 # --quick runs the same commands with the smallest settings (cohort 10, one repetition, a
 # tiny compile, one async repetition, W3 on the synthetic quickstart config) in about
-# 5 minutes, to check that the script and the environment work; its tables and log go to
+# 12 minutes, to check that the script and the environment work; its tables and log go to
 # runs/cpu_targets_quick/.
 #
 # Flower's rows need Flower's simulation engine (pip install "fedforge[bench]"); without it
@@ -119,7 +119,7 @@ step fedforge bench w1 --model lenet5 --cohorts "$profile_cohort" --engines vmap
     --profile --out "$profile_out" "${results[@]}"
 step "$PYTHON" -m fedforge.bench.compile_cache "${compile_args[@]}"
 step "$PYTHON" -m fedforge.bench.async_cost --reps "$reps"
-step fedforge bench w3 "${w3_args[@]}"
+step fedforge bench w3 --engines "$(engines fedforge,plain,flower)" "${w3_args[@]}"
 
 total=$((SECONDS - start))
 echo "total elapsed: $((total / 60)) min $((total % 60)) s" \
