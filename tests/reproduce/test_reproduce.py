@@ -186,6 +186,24 @@ def test_prepare_runs_once_before_the_first_run(tmp_path, monkeypatch):
     assert calls == [ROOT, "run"]
 
 
+def test_prepare_is_skipped_when_every_run_is_committed(tmp_path):
+    """A fresh clone with the committed metrics runs nothing, so it prepares nothing."""
+    import dataclasses
+
+    calls = []
+    spec = dataclasses.replace(tiny_spec(), prepare=lambda root: calls.append(root))
+    data = tmp_path / "data"
+    for cond in ("fast", "slow"):
+        for seed in (0, 1):
+            path = data / "tiny" / cond / f"seed{seed}.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text('{"round": 1}\n{"round": 2, "test_accuracy": 0.5}\n')
+    counts = run_grid(spec, root=ROOT, runs=tmp_path / "runs", data=data, progress=False,
+                      log=lambda _: None)
+    assert counts["skipped"] == 4 and counts["ran"] == 0
+    assert calls == []
+
+
 def test_safl_pretraining_is_skipped_when_its_checkpoint_exists(tmp_path, monkeypatch):
     from fedforge.reproduce.papers import safl
 

@@ -115,15 +115,21 @@ def run_grid(
     up to the divergence are kept, ``seed<k>.diverged.json`` records the round, and the grid
     goes on (rerunning it would diverge again: every run is deterministic)."""
     counts = {"skipped": 0, "ran": 0, "diverged": 0, "total": 0}
-    if spec.prepare is not None:
+    plan = grid_plan(spec, root, runs)
+    from_data = [not out.exists() and committed(data, spec, cond.name, cfg)
+                 for cond, cfg, out in plan]
+    finished = [known or is_finished(out, cfg.rounds, spec.multitask)
+                or divergence_stop(out) is not None
+                for known, (_, cfg, out) in zip(from_data, plan)]
+    if spec.prepare is not None and not all(finished):  # nothing to run, nothing to prepare
         spec.prepare(root)
-    for cond, cfg, out in grid_plan(spec, root, runs):
+    for (cond, cfg, out), known, done in zip(plan, from_data, finished):
         counts["total"] += 1
         dest = data_path(data, spec, cond.name, cfg.seed)
-        if not out.exists() and committed(data, spec, cond.name, cfg):
+        if known:
             counts["skipped"] += 1
             continue
-        if is_finished(out, cfg.rounds, spec.multitask) or divergence_stop(out):
+        if done:
             counts["skipped"] += 1
         else:
             log(f"[reproduce {spec.name}] {cond.name} seed {cfg.seed} -> {out}")
