@@ -11,10 +11,11 @@ exactly as the chosen engine alone would.
 
 Calibration only runs when it costs at most ``max_share`` (2 %) of the run's client updates
 (``budget_updates``, set by the runner to rounds x clients per round) and stops early once
-its wall time passes that share of the projected run; shorter runs use the vmapped engine
-with functorch's convolutions, as before ``auto`` existed. The choice and the per-layer
-convolution strategies are :meth:`state_dict`, stored in every checkpoint, so a resumed run
-reuses them and stays bit-exact.
+its wall time passes that share of the projected run. Shorter runs take a measured default
+(``benchmarks/RESULTS.md``): on a CPU, a model with convolutions runs the loop, since vmapped
+convolutions lose to it there, and any other model runs the vmapped engine. The choice and
+the per-layer convolution strategies are :meth:`state_dict`, stored in every checkpoint, so a
+resumed run reuses them and stays bit-exact.
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ def _label(choice: dict) -> str:
     if choice["engine"] == "loop":
         return "loop"
     return f"vmap chunk {choice['chunk']} conv {choice['conv']}"
+
+
+def _has_conv(params) -> bool:
+    """A convolution's weight has three or more dimensions; linear, norm and RNN ones fewer."""
+    return any(p.dim() >= 3 for p in params.values())
 
 
 def _head(inputs: CohortInputs, k: int) -> CohortInputs:
@@ -106,9 +112,13 @@ class AutoEngine(ChunkedEngine):
         return out
 
     def _default(self, inputs, x_all, reason: str) -> None:
-        self.choice = {"engine": "vmap", "chunk": self._chunk, "conv": "native",
-                       "calibrated": False, "reason": reason}
+        if _has_conv(inputs.global_params) and x_all.device.type == "cpu":
+            self.choice = {"engine": "loop", "chunk": 1, "conv": "native"}
+        else:
+            self.choice = {"engine": "vmap", "chunk": self._chunk, "conv": "native"}
+        self.choice.update(calibrated=False, reason=reason)
         self.engine = self.build(self.choice)
+        logger.info("engine auto: %s, uncalibrated (%s)", _label(self.choice), reason)
 
     def _choose(self, algorithm, loss_fn, x_all, y_all, inputs: CohortInputs) -> None:
         if self.compile:
@@ -144,10 +154,13 @@ class AutoEngine(ChunkedEngine):
 
     # --- records --------------------------------------------------------------------------
     def report(self) -> dict:
-        """Once, after a calibration: the choice and timings for the run's metrics."""
-        if self._reported or not (self.choice or {}).get("calibrated"):
+        """Once: the choice for the run's metrics, with the timings or why there were none."""
+        if self._reported or self.choice is None:
             return {}
         self._reported = True
+        if not self.choice.get("calibrated"):
+            return {"engine_auto": _label(self.choice),
+                    "engine_auto_reason": self.choice.get("reason", "")}
         return {"engine_auto": _label(self.choice), "engine_auto_ms": dict(self.timings),
                 "engine_auto_calibration_s": round(self.calibration_s, 3)}
 

@@ -16,7 +16,7 @@ class Metric:
     name: str
     unit: str | None = None
     higher_is_better: bool | None = None
-    wall_clock: bool = False  # measured seconds: differ between two runs of the same config
+    wall_clock: bool = False  # measured (or chosen from measurements): differs between two runs
 
     @property
     def label(self) -> str:
@@ -36,6 +36,10 @@ METRICS: dict[str, Metric] = {
     "fedptr_mtt_s": Metric("FedPTR trajectory-matching time", "s", wall_clock=True),
     "fedptr_proj_s": Metric("FedPTR projection time", "s", wall_clock=True),
     "engine_auto_calibration_s": Metric("engine calibration time", "s", wall_clock=True),
+    # the engine auto picked depends on the machine's timings, not on the run's maths
+    "engine_auto": Metric("engine chosen by auto", wall_clock=True),
+    "engine_auto_ms": Metric("engine candidates' ms per client update", wall_clock=True),
+    "engine_auto_reason": Metric("why auto did not calibrate", wall_clock=True),
     "dp_epsilon": Metric("privacy spent ε (at the run's δ)"),
     "bytes_up": Metric("bytes up, cumulative", "B"),
     "bytes_down": Metric("bytes down, cumulative", "B"),
