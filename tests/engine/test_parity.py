@@ -72,6 +72,27 @@ def test_loop_and_vmap_agree(algo_name, model_name):
     assert_same_run(ref, fast, rtol=1e-4)
 
 
+class _UntrimmedLoop(LoopEngine):
+    """The loop that runs every client for the cohort's longest schedule, padding included."""
+
+    def trim_steps(self, idx, ws):
+        return idx, ws
+
+
+@pytest.mark.parametrize("algo_name", sorted(ALGORITHMS))
+def test_loop_skips_trailing_padding_bit_for_bit(algo_name):
+    """A padded step changes nothing, so skipping it (client 1's last step) is exact."""
+    shape, kwargs, kind = MODELS["mlp"]
+    torch.manual_seed(0)
+    model = build_model("mlp", shape, NUM_CLASSES, **kwargs)
+    x, y, sample_idx, weights = _data(kind, shape)
+    algorithm = build_algorithm(algo_name, **_hparams(algo_name))
+    assert LoopEngine().trim_steps(sample_idx[1:2], weights[1:2])[1].shape[1] == STEPS - 1
+    ref = _run(algorithm, _UntrimmedLoop(), model, x, y, sample_idx, weights)
+    got = _run(algorithm, LoopEngine(), model, x, y, sample_idx, weights)
+    assert_same_run(ref, got, rtol=0, atol=0)
+
+
 def assert_same_run(ref, got, rtol: float, atol: float = 1e-5) -> None:
     """``_run`` results agree: parameters, server state and every client's stored state."""
     for a, b in zip(ref[:2], got[:2]):

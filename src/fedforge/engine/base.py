@@ -96,6 +96,13 @@ class ChunkedEngine:
             inputs.sample_idx.shape[0], self.chunk_size(inputs, x_all),
             lambda chunk: self._run_chunks(algorithm, loss_fn, x_all, y_all, inputs, chunk))
 
+    def trim_steps(
+        self, idx: torch.Tensor, ws: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A chunk's ``[c, steps, batch]`` sample indices and weights, as the engine runs them.
+        Kept whole here: a batched engine runs every client for the cohort's longest schedule."""
+        return idx, ws
+
     def run_chunked(self, num_items: int, chunk: int, attempt: Callable[[int], T]) -> T:
         """``attempt(chunk)`` for ``num_items`` items; on an out-of-memory error halve the
         chunk and start again (nothing is kept from the failed attempt), remembering the
@@ -131,8 +138,7 @@ class ChunkedEngine:
         states, metrics, deltas = [], [], []
         for start in range(0, num_clients, chunk):
             sl = slice(start, start + chunk)
-            idx = inputs.sample_idx[sl]  # [c, steps, batch]
-            ws = inputs.weights[sl]  # [c, steps, batch]
+            idx, ws = self.trim_steps(inputs.sample_idx[sl], inputs.weights[sl])
             masked = bool((ws.sum(-1) == 0).any())
             fn = self.local_update(algorithm, loss_fn, masked)
             out: LocalResult = fn(

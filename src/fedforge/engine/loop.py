@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
 from fedforge.core.tree import tree_index, tree_map
 from fedforge.engine.base import ChunkedEngine, CohortInputs
 
@@ -13,6 +15,16 @@ class LoopEngine(ChunkedEngine):
 
     def chunk_size(self, inputs: CohortInputs, x_all) -> int:
         return 1
+
+    def trim_steps(
+        self, idx: torch.Tensor, ws: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Drop the client's trailing padded steps (all weights zero). A padded step leaves
+        parameters and state untouched, so skipping it changes nothing but the time: under
+        label skew one client's schedule can be several times another's."""
+        active = (ws.sum(-1) > 0).any(0).nonzero()  # [n_active, 1] step indices
+        keep = int(active[-1]) + 1 if active.numel() else 1
+        return idx[:, :keep], ws[:, :keep]
 
     def wrap(self, fn: Callable) -> Callable:
         def one_client_chunk(global_params, broadcast, states, info, xs, ys, ws):
