@@ -343,7 +343,9 @@ def bench(
     cohorts: Annotated[str, typer.Option(help="w1/w2: comma-separated cohort sizes")] = "10,100",
     engines: Annotated[str | None, typer.Option(
         help="w1/w2 (default plain,loop,vmap,auto): plain,loop,vmap,auto,flower; suffixes "
-             ":bf16 (bf16 autocast), :procs2 (two single-threaded processes) and, for vmap, "
+             ":bf16 (bf16 autocast), :procs2 (the same round, half the cohort in each of "
+             "two single-threaded worker processes that hold the data from their start: two "
+             "processes vs one with two intra-op threads) and, for vmap, "
              ":compile (torch.compile), e.g. vmap:bf16:compile. w3 (default "
              "fedforge,plain,flower): the config as a fedforge run, as a plain PyTorch FedAvg "
              "loop and on Flower's simulation engine, each stopped at the target")] = None,

@@ -10,19 +10,30 @@ An engine name may carry a precision: ``vmap:bf16``, ``plain:bf16``, and the vma
 ``:cudagraphs`` for its ``reduce-overhead`` mode on a GPU): its one engine/algorithm/loss are
 reused across calls, so the warm-up call compiles and the timed calls run the compiled graph;
 the warm-up time is printed. ``auto`` is the default engine of a run (``AutoEngine``: its
-calibration happens in the warm-up call). The suffix ``:procs2`` runs the cohort as two
-halves in two single-threaded worker processes (started before timing) instead of one process
-with two intra-op threads.
+calibration happens in the warm-up call).
+
+The suffix ``:procs2`` answers the threads question: on a 2-core CPU, are two single-threaded
+processes, each running half the cohort's clients, faster than one process with two intra-op
+threads? It runs the same round as the row without the suffix (equal to float tolerance),
+split over two spawned workers (:mod:`fedforge.bench.procs`) that each hold the dataset and
+model from their start, run with one intra-op and one inter-op thread, and receive per call
+only the global parameters, broadcast and their half's client states, sample indices and
+weights; the parent adds the halves and takes the server step. Starting the workers (and an
+``auto`` worker's calibration on its half) falls in the untimed warm-up call, so the rate
+compares steady-state rounds, including the per-round messages to and from the workers. The
+workers are terminated after the row, also after an error or Ctrl-C.
 
 Every row reports the achieved GFLOP/s (FLOPs of one update, counted by
 ``torch.utils.flop_counter`` on the workload's forward and backward, x updates/s) and its
 share of the GEMM peak measured at the start (``torch.mm`` of 2048x2048 in fp32 or bf16).
 
     fedforge bench w1 --cohorts 10,100 --engines plain,loop,vmap,auto,vmap:bf16,vmap:compile
+    fedforge bench w1 --model lenet5 --cohorts 10,100 --engines loop,loop:procs2,auto,auto:procs2
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,7 +44,7 @@ import torch.nn.functional as F
 from fedforge.algorithms import build_algorithm
 from fedforge.core.store import ClientStore
 from fedforge.engine import AutoEngine, LoopEngine, VmapEngine, classification_loss
-from fedforge.engine.round import federated_round
+from fedforge.engine.round import RoundResult, federated_round
 from fedforge.models import build_model
 
 LR = 0.01
@@ -85,25 +96,32 @@ def train_client(model, x, y, client_idx, precision: str = "fp32") -> None:
 def plain_loop(model, x, y, idx, precision: str = "fp32") -> None:
     """The baseline: reload the global model per client, train, average."""
     global_state = {k: v.clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(plain_sum(model, global_state, x, y, idx, idx.shape[0], precision))
+
+
+def plain_sum(model: torch.nn.Module, global_state: dict[str, torch.Tensor], x: torch.Tensor,
+              y: torch.Tensor, idx: torch.Tensor, num: int, precision: str = "fp32"
+              ) -> dict[str, torch.Tensor]:
+    """Sum over the clients ``idx`` of their trained state / ``num`` (the cohort's size, so a
+    ``:procs2`` worker's share of the average); ``model`` is overwritten."""
     acc = {k: torch.zeros_like(v) for k, v in global_state.items()}
     for c in range(idx.shape[0]):
         model.load_state_dict(global_state)
         train_client(model, x, y, idx[c], precision)
         for k, v in model.state_dict().items():
-            acc[k] += v / idx.shape[0]
-    model.load_state_dict(acc)
+            acc[k] += v / num
+    return acc
 
 
 def fedforge_round(engine, model, x, y, idx, precision: str = "fp32", algo=None,
-                   loss_fn=None) -> None:
+                   loss_fn=None) -> RoundResult:
     algo = algo or build_algorithm("fedavg", local_lr=LR)
     loss_fn = loss_fn or classification_loss(model, precision)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     store = ClientStore(idx.shape[0], {})
     weights = torch.ones(idx.shape, device=x.device)
-    federated_round(algo, engine, loss_fn, params,
-                    algo.server_init(params), store, torch.arange(idx.shape[0]), x, y, idx,
-                    weights)
+    return federated_round(algo, engine, loss_fn, params, algo.server_init(params), store,
+                           torch.arange(idx.shape[0]), x, y, idx, weights)
 
 
 def peak_gflops(device: torch.device, dtype: torch.dtype = torch.float32, n: int = 2048,
@@ -193,18 +211,30 @@ def check_engine_name(name: str, device: torch.device) -> tuple[str, bool | str,
     return engine, compile_, precision, "procs2" in flags
 
 
-def runner(name: str, chunk, data, device: torch.device, work: Workload = W1
-           ) -> Callable[[], None]:
+def runner(name: str, chunk, data, device: torch.device, work: Workload = W1,
+           resources: contextlib.ExitStack | None = None) -> Callable[[], None]:
+    """The call a row times, on ``data = (model, x, y, idx)``. A ``:procs2`` row's workers
+    start here and are closed by ``resources`` (required for it)."""
     engine, compile_, precision, procs2 = check_engine_name(name, device)
-    if procs2:
-        return _two_processes(engine, precision, chunk, data[2].shape[0], work)
+    model, x, y, idx = data
     if engine == "flower":
         raise ValueError("flower is timed by run_w1 itself")
-    if engine == "plain":
+    if procs2:
+        from fedforge.bench.procs import WorkerPair
+
+        if resources is None:
+            raise ValueError(f"{name}: pass resources= (an ExitStack) to close its workers")
+        pair = resources.enter_context(WorkerPair(engine, model, x, y, precision, chunk,
+                                                  idx.shape[0]))
+        LAST_ENGINE[:] = [pair]  # run_w1 prints what its workers ran
+        if engine == "plain":
+            return lambda: pair.plain_round(model, idx)
+        eng = pair
+    elif engine == "plain":
         return lambda: plain_loop(*data, precision)
-    # one engine/algorithm/loss: a compiled graph or an auto calibration is made once
-    eng = make_engine(engine, chunk, compile_, data[2].shape[0])
-    LAST_ENGINE[:] = [eng]
+    else:  # one engine/algorithm/loss: a compiled graph or an auto calibration is made once
+        eng = make_engine(engine, chunk, compile_, idx.shape[0])
+        LAST_ENGINE[:] = [eng]
     algo = build_algorithm("fedavg", local_lr=LR)
     loss_fn = classification_loss(data[0], precision)
     return lambda: fedforge_round(eng, *data, precision, algo=algo, loss_fn=loss_fn)
@@ -220,43 +250,6 @@ def make_engine(engine: str, chunk, compile_=False, cohort: int = 1):
 
 
 LAST_ENGINE: list = []  # the engine of the latest fedforge row (auto: its choice is printed)
-_POOLS: list = []  # worker pools of ':procs2' rows, shut down after the row
-
-
-def _two_processes(engine: str, precision: str, chunk, cohort: int, work: Workload):
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-
-    pool = ProcessPoolExecutor(2, mp_context=mp.get_context("spawn"), initializer=_worker_init,
-                               initargs=(engine, precision, chunk, cohort, work))
-    _POOLS.append(pool)
-    halves = [(0, cohort // 2), (cohort // 2, cohort)]
-    list(pool.map(_worker_half, halves))  # start-up and first call are not timed
-    return lambda: list(pool.map(_worker_half, halves))
-
-
-_WORKER: dict = {}
-
-
-def _worker_init(engine, precision, chunk, cohort, work) -> None:
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = build_model(work.model, work.input_shape, work.num_classes)
-    _WORKER.update(engine=engine, precision=precision, chunk=chunk,
-                   data=(model, *make_data(cohort, torch.device("cpu"), work)))
-
-
-def _worker_half(bounds: tuple[int, int]) -> None:
-    model, x, y, idx = _WORKER["data"]
-    part = (model, x, y, idx[bounds[0]:bounds[1]])
-    if _WORKER["engine"] == "plain":
-        plain_loop(*part, _WORKER["precision"])
-    else:
-        key = ("engine", bounds)
-        if key not in _WORKER:
-            _WORKER[key] = make_engine(_WORKER["engine"], _WORKER["chunk"],
-                                       cohort=bounds[1] - bounds[0])
-        fedforge_round(_WORKER[key], *part, _WORKER["precision"])
 
 
 def run_w1(cohorts: list[int], engines: list[str], device: torch.device, chunk="auto",
@@ -287,20 +280,22 @@ def run_w1(cohorts: list[int], engines: list[str], device: torch.device, chunk="
         for name in engines:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            with profiled(profile_dir or ".", f"{work.name}_{name.replace(':', '-')}_{cohort}",
-                          enabled=profile_dir is not None and name != "flower"):
-                if name == "flower":
-                    from fedforge.bench.flower_w1 import flower_round  # optional dependency
+            with contextlib.ExitStack() as resources:  # a :procs2 row's workers end here
+                with profiled(profile_dir or ".", f"{work.name}_{name.replace(':', '-')}_"
+                              f"{cohort}", enabled=profile_dir is not None and name != "flower"):
+                    if name == "flower":
+                        from fedforge.bench.flower_w1 import flower_round  # optional extra
 
-                    seconds = flower_round(*data, device=device, rounds=2 + repeats)
-                else:
-                    seconds = timed(runner(name, chunk, data, device, work), device, repeats)
-            while _POOLS:
-                _POOLS.pop().shutdown()
-            if name.split(":")[0] == "auto" and LAST_ENGINE:
-                auto = LAST_ENGINE.pop()
-                print(f"  auto chose {auto.choice}; ms per update {auto.timings}; conv plans "
-                      f"{auto.state_dict().get('conv_plans', {})}", flush=True)
+                        seconds = flower_round(*data, device=device, rounds=2 + repeats)
+                    else:
+                        seconds = timed(runner(name, chunk, data, device, work, resources),
+                                        device, repeats)
+                last = LAST_ENGINE.pop() if LAST_ENGINE else None
+                if isinstance(last, AutoEngine):
+                    print(f"  auto chose {last.choice}; ms per update {last.timings}; conv "
+                          f"plans {last.state_dict().get('conv_plans', {})}", flush=True)
+                elif hasattr(last, "describe"):
+                    print(f"  :procs2 workers: {last.describe()}", flush=True)
             peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
             rate = cohort / seconds
             if name.split(":")[0] == "plain" and plain_rate is None:
