@@ -10,6 +10,7 @@ import torch
 from fedforge.algorithms import build_algorithm
 from fedforge.engine import AutoEngine, LoopEngine, VmapEngine, build_engine
 from fedforge.engine import auto as auto_mod
+from fedforge.engine.base import CohortInputs
 from fedforge.experiment.config import load_config
 from fedforge.experiment.runner import run_experiment
 from fedforge.models import build_model
@@ -33,8 +34,8 @@ def test_calibrated_choice_agrees_with_loop_and_records_timings():
     ref = _run(algo, LoopEngine(), model, x, y, idx, w)
     assert_same_run(ref, got, rtol=1e-4)
     assert engine.choice["calibrated"] is True
-    labels = {"loop", "vmap chunk 4 conv native", "vmap chunk 4 conv auto",
-              "vmap chunk 2 conv native", "vmap chunk 2 conv auto"}
+    labels = {"loop", "loop channels_last", "vmap chunk 4 conv native",
+              "vmap chunk 4 conv auto", "vmap chunk 2 conv native", "vmap chunk 2 conv auto"}
     assert set(engine.timings) <= labels and "loop" in engine.timings
     assert min(engine.timings, key=engine.timings.get) == auto_mod._label(engine.choice)
     rep = engine.report()
@@ -77,6 +78,42 @@ def test_recorded_choice_is_reused_without_calibrating(monkeypatch):
     assert second.engine.state_dict() == first.engine.state_dict()  # same conv strategies
     with pytest.raises(ValueError, match="unknown recorded engine"):
         AutoEngine().load_state_dict({"choice": {"engine": "jax"}})
+
+
+def test_cpu_conv_net_times_the_channels_last_loop_and_a_resume_rebuilds_it(monkeypatch):
+    """On a CPU a 2-D conv net also times the loop in channels-last layout; a recorded
+    channels-last choice comes back as that loop, not the plain one."""
+    model, (x, y, idx, w), algo = _setup()
+    engine = AutoEngine(budget_updates=10**6)
+    _run(algo, engine, model, x, y, idx, w)
+    assert "loop channels_last" in engine.timings
+    # forced: a resumed run that had chosen the channels-last loop
+    monkeypatch.setattr(AutoEngine, "_choose", lambda *a: pytest.fail("recalibrated"))
+    state = {**engine.state_dict(),
+             "choice": {"engine": "loop", "chunk": 1, "conv": "channels_last",
+                        "calibrated": True}}
+    resumed = AutoEngine(budget_updates=10**6)
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+    assert isinstance(resumed.engine, LoopEngine) and resumed.engine.channels_last
+    assert auto_mod._label(resumed.choice) == "loop channels_last"
+    ref = _run(algo, LoopEngine(), model, x, y, idx, w)
+    assert_same_run(ref, _run(algo, resumed, model, x, y, idx, w), rtol=1e-4)
+    with pytest.raises(ValueError, match="unknown recorded loop conv"):
+        AutoEngine().load_state_dict({"choice": {"engine": "loop", "conv": "nhwc"}})
+
+
+def test_channels_last_is_a_candidate_only_for_2d_conv_nets_on_cpu():
+    shape, kwargs, kind = MODELS["mlp"]
+    mlp = build_model("mlp", shape, 5, **kwargs)
+    cnn = _setup()[0]
+    x, _, idx, w = _data(kind, shape)
+    engine = AutoEngine()
+    for model, expected in ((mlp, False), (cnn, True)):
+        params = dict(model.named_parameters())
+        inputs = CohortInputs(params, {}, {}, {}, idx, w, torch.full((idx.shape[0],), 0.25))
+        cands = engine.candidates(inputs, x)
+        assert ({"engine": "loop", "chunk": 1, "conv": "channels_last"} in cands) is expected
+        assert cands[0] == {"engine": "loop", "chunk": 1, "conv": "native"}
 
 
 def test_build_engine_auto_and_config_default():

@@ -6,6 +6,10 @@ convolutions already keep the cores busy. On its first cohort the engine times a
 of that cohort with each candidate — the loop, the vmapped engine at its automatic chunk
 size and at half of it, each with functorch's convolutions and with the per-shape batched
 ones (:mod:`fedforge.engine.batched_conv`) — keeps the fastest and runs every cohort with it.
+On a CPU a model with 2-D convolutions also has the channels-last loop ("loop channels_last":
+images and conv weights in NHWC memory format, which can spare oneDNN's layout reorders and
+use the NHWC pooling kernels, or lose to the plain loop; its results leave the engine in the
+ordinary layout).
 The calibration's results are thrown away (the local update is pure), so the run trains
 exactly as the chosen engine alone would.
 
@@ -36,13 +40,18 @@ MAX_SHARE = 0.02  # calibration may cost at most this share of the run
 
 def _label(choice: dict) -> str:
     if choice["engine"] == "loop":
-        return "loop"
+        return "loop channels_last" if choice.get("conv") == "channels_last" else "loop"
     return f"vmap chunk {choice['chunk']} conv {choice['conv']}"
 
 
 def _has_conv(params) -> bool:
     """A convolution's weight has three or more dimensions; linear, norm and RNN ones fewer."""
     return any(p.dim() >= 3 for p in params.values())
+
+
+def _has_conv2d(params) -> bool:
+    """A 2-D convolution's weight is 4-D: what the channels-last loop changes the layout of."""
+    return any(p.dim() == 4 for p in params.values())
 
 
 def _head(inputs: CohortInputs, k: int) -> CohortInputs:
@@ -81,9 +90,14 @@ class AutoEngine(ChunkedEngine):
 
     # --- what runs ------------------------------------------------------------------------
     def build(self, choice: dict) -> ChunkedEngine:
-        """The engine a choice names (``{"engine": "loop"}`` or vmap with chunk and conv)."""
+        """The engine a choice names: the loop (conv ``native`` or ``channels_last``) or vmap
+        with chunk and conv."""
         if choice.get("engine") == "loop":
-            return LoopEngine(keep_deltas=self.keep_deltas)
+            conv = choice.get("conv", "native")
+            if conv not in ("native", "channels_last"):
+                raise ValueError(f"engine auto: unknown recorded loop conv {conv!r}")
+            return LoopEngine(keep_deltas=self.keep_deltas,
+                              channels_last=conv == "channels_last")
         if choice.get("engine") != "vmap":
             raise ValueError(f"engine auto: unknown recorded engine {choice.get('engine')!r}")
         return VmapEngine(chunk_size=choice.get("chunk", "auto"), compile=self.compile,
@@ -101,12 +115,15 @@ class AutoEngine(ChunkedEngine):
 
     # --- calibration ----------------------------------------------------------------------
     def candidates(self, inputs: CohortInputs, x_all: torch.Tensor) -> list[dict]:
-        """Loop, then vmap at the automatic chunk ``a`` and ``a // 2``, each with native and
-        batched convolutions (chunks capped at the cohort size)."""
+        """Loop (and on a CPU, for a 2-D conv net, the channels-last loop), then vmap at the
+        automatic chunk ``a`` and ``a // 2``, each with native and batched convolutions
+        (chunks capped at the cohort size)."""
         num = inputs.sample_idx.shape[0]
         a = min(VmapEngine(self._chunk).chunk_size(inputs, x_all), num)
         chunks = [a] if self._chunk != "auto" or a < 4 else [a, a // 2]
         out = [{"engine": "loop", "chunk": 1, "conv": "native"}]
+        if x_all.device.type == "cpu" and _has_conv2d(inputs.global_params):
+            out.append({"engine": "loop", "chunk": 1, "conv": "channels_last"})
         for c in chunks:
             out += [{"engine": "vmap", "chunk": c, "conv": conv} for conv in ("native", "auto")]
         return out

@@ -1,4 +1,12 @@
-"""LoopEngine: one client at a time, no vmap. The reference the fast engine is tested against."""
+"""LoopEngine: one client at a time, no vmap. The reference the fast engine is tested against.
+
+``channels_last=True`` runs each client's image batches and 4-D tensors (convolution weights
+and what is shaped like them) in ``torch.channels_last`` (NHWC) memory format: on a CPU this
+can spare oneDNN's layout reorders around each convolution and use the vectorised NHWC
+pooling; whether it wins depends on the machine and model, so ``auto`` times it.
+Only the layout changes, not the values; the outputs are returned contiguous, so aggregation,
+client state and checkpoints are as without it. Float results differ only by kernel rounding.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +18,26 @@ from fedforge.core.tree import tree_index, tree_map
 from fedforge.engine.base import ChunkedEngine, CohortInputs
 
 
+def _to_channels_last(tree):
+    """Every 4-D tensor of a tree in channels-last memory format; other leaves as they are."""
+    return tree_map(lambda t: t.contiguous(memory_format=torch.channels_last)
+                    if isinstance(t, torch.Tensor) and t.dim() == 4 else t, tree)
+
+
+def _steps_channels_last(xs: torch.Tensor) -> torch.Tensor:
+    """``[steps, batch, C, H, W]`` stored as ``[steps, batch, H, W, C]``, so that each step's
+    ``xs[k]`` is a channels-last ``[batch, C, H, W]``; non-image inputs are left alone."""
+    if xs.dim() != 5:
+        return xs
+    return xs.movedim(-3, -1).contiguous().movedim(-1, -3)
+
+
 class LoopEngine(ChunkedEngine):
     name = "loop"
+
+    def __init__(self, keep_deltas: bool = False, *, channels_last: bool = False) -> None:
+        super().__init__(keep_deltas=keep_deltas)
+        self.channels_last = channels_last
 
     def chunk_size(self, inputs: CohortInputs, x_all) -> int:
         return 1
@@ -29,10 +55,14 @@ class LoopEngine(ChunkedEngine):
     def wrap(self, fn: Callable) -> Callable:
         def one_client_chunk(global_params, broadcast, states, info, xs, ys, ws):
             # every per-client argument has a leading axis of size 1: drop it, run, restore it
-            out = fn(
-                global_params, broadcast, tree_index(states, 0), tree_index(info, 0),
-                xs[0], ys[0], ws[0],
-            )
+            state, x = tree_index(states, 0), xs[0]
+            if self.channels_last:
+                global_params, broadcast, state = _to_channels_last(
+                    (global_params, broadcast, state))
+                x = _steps_channels_last(x)
+            out = fn(global_params, broadcast, state, tree_index(info, 0), x, ys[0], ws[0])
+            if self.channels_last:  # back to the ordinary layout for everything downstream
+                out = tree_map(torch.Tensor.contiguous, out)
             return tree_map(lambda t: t.unsqueeze(0), out)
 
         return one_client_chunk
