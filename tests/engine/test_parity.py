@@ -13,6 +13,7 @@ from fedforge.algorithms import ALGORITHMS, algorithm_hparams, build_algorithm
 from fedforge.core.store import ClientStore
 from fedforge.core.tree import flatten_dict
 from fedforge.engine import LoopEngine, VmapEngine, classification_loss
+from fedforge.engine.local import autograd_grad_and_value
 from fedforge.experiment.round import federated_round
 from fedforge.models import build_model
 
@@ -140,3 +141,25 @@ def assert_same_run(ref, got, rtol: float, atol: float = 1e-5) -> None:
             torch.testing.assert_close(fa[k], fb[k], rtol=rtol, atol=atol, msg=k)
     for k, v in ref[2].state_dict().items():
         torch.testing.assert_close(v, got[2].state_dict()[k], rtol=rtol, atol=atol, msg=k)
+
+
+@pytest.mark.parametrize("model_name", MODELS)
+def test_loop_gradients_equal_functorch_bit_for_bit(model_name):
+    """The loop's plain-autograd gradients are torch.func's, and an unused parameter (here a
+    spare one added to the dict) gets zeros as under torch.func."""
+    shape, kwargs, kind = MODELS[model_name]
+    torch.manual_seed(0)
+    model = build_model(model_name, shape, NUM_CLASSES, **kwargs)
+    x, y, sample_idx, weights = _data(kind, shape)
+    loss_fn = classification_loss(model)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    batch = (x[sample_idx[2, 1]], y[sample_idx[2, 1]], weights[2, 1])  # a partial batch
+    want_g, want_loss = torch.func.grad_and_value(loss_fn)(params, *batch)
+    got_g, got_loss = autograd_grad_and_value(loss_fn)(params, *batch)
+    assert torch.equal(got_loss, want_loss) and not got_loss.requires_grad
+    assert got_g.keys() == want_g.keys()
+    assert all(torch.equal(got_g[k], want_g[k]) for k in want_g)
+    spare = {**params, "spare": torch.ones(3)}
+    unused = autograd_grad_and_value(lambda p, *b: loss_fn(
+        {k: v for k, v in p.items() if k != "spare"}, *b))(spare, *batch)[0]
+    assert torch.equal(unused["spare"], torch.zeros(3))

@@ -53,6 +53,7 @@ class ChunkedEngine:
     """Runs ``local_update`` over chunks of the cohort; subclasses say how one chunk runs."""
 
     name = "base"
+    functional_grad = True  # gradients through torch.func: what a vmapped chunk needs
 
     def __init__(self, keep_deltas: bool = False) -> None:
         self.keep_deltas = keep_deltas
@@ -73,7 +74,8 @@ class ChunkedEngine:
     def local_update(self, algorithm: Algorithm, loss_fn: LossFn, masked: bool) -> Callable:
         key = (id(algorithm), id(loss_fn), masked)
         if key not in self._fns:
-            self._fns[key] = self.wrap(make_local_update(algorithm, loss_fn, masked=masked))
+            self._fns[key] = self.wrap(make_local_update(
+                algorithm, loss_fn, masked=masked, functional=self.functional_grad))
         return self._fns[key]
 
     def wrap(self, fn: Callable) -> Callable:

@@ -67,14 +67,35 @@ def set_matmul_precision(precision: str) -> None:
     torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
 
 
-def make_local_update(algorithm: Algorithm, loss_fn: LossFn, *, masked: bool) -> Callable:
+def autograd_grad_and_value(loss_fn: LossFn) -> Callable:
+    """``torch.func.grad_and_value`` for one client outside any transform, through ordinary
+    autograd: the same kernels and gradients, without functorch's per-call wrapping, which
+    costs about a quarter of a small conv net's step on a CPU (benchmarks/RESULTS.md)."""
+
+    def grad_and_value(params: Params, x, y, w):
+        leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+        with torch.enable_grad():
+            loss = loss_fn(leaves, x, y, w)
+            grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
+        return ({k: torch.zeros_like(v) if g is None else g
+                 for (k, v), g in zip(leaves.items(), grads, strict=True)}, loss.detach())
+
+    return grad_and_value
+
+
+def make_local_update(
+    algorithm: Algorithm, loss_fn: LossFn, *, masked: bool, functional: bool = True
+) -> Callable:
     """Build the pure local-round function of ``algorithm``.
 
     Args:
       masked: some steps of some clients are padding (all weights zero); such steps leave
         parameters and optimizer state unchanged. ``False`` skips the selects (faster).
+      functional: gradients through ``torch.func`` (needed under ``vmap``); ``False`` uses
+        plain autograd, for an engine that runs one client at a time.
     """
-    grad_and_loss = torch.func.grad_and_value(loss_fn)
+    grad_and_loss = (torch.func.grad_and_value(loss_fn) if functional
+                     else autograd_grad_and_value(loss_fn))
     opt = algorithm.local_optimizer
     keep_grad_sum = algorithm.needs_grad_sum
     privacy = getattr(algorithm, "privacy", None)  # fedforge.privacy: DP-SGD, clipped deltas

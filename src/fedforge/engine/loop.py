@@ -34,6 +34,7 @@ def _steps_channels_last(xs: torch.Tensor) -> torch.Tensor:
 
 class LoopEngine(ChunkedEngine):
     name = "loop"
+    functional_grad = False  # one client outside any transform: plain autograd is cheaper
 
     def __init__(self, keep_deltas: bool = False, *, channels_last: bool = False) -> None:
         super().__init__(keep_deltas=keep_deltas)
