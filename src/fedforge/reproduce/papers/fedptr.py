@@ -36,19 +36,15 @@ width 16 (paper 128); a fixed subset of 10 000 training images per dataset
 are whole), so a client holds about 1 000 images of one or two classes and takes about 2
 local steps per round; trajectory matching with 1 image per class (|D̃| = 10, Table 3's
 smallest set, 65.8 % vs 69.0 % on CIFAR-10), H = 3 outer and R = 3 student steps (paper 20,
-10; D̃ and β are warm-started across rounds, so 100 rounds give 300 outer steps). Timed
-pilots on the shared machine (a plain W1 CNN step at 0.9–1.6 s against 12 ms on the quiet
-machine, so wall times were scaled down by that ratio): one client's MTT with 1 image per
-class, H = R = 5 took 0.55 s (width 16) and 0.76 s (width 32) quiet-equivalent, a
-batch-500 step 0.036 s (width 16). But a whole FedAvg round of the engine (10 clients,
-width 16, 10 000 images) took 250–280 s under that load, ≈ 2.5 s quiet-equivalent, three
-times the plain steps. Estimate: FedAvg-like runs ≈ 250 s, FedPTR ≈ 450 s, FedPTR-S ≈ 270 s
-per 100 rounds: ≈ 2.5 h per dataset, ≈ 5 h for the whole grid (± 50 %: the scaling by a load
-ratio is coarse). The stages run Fashion-MNIST's drift check (FedAvg against central
-training) first, then its other six methods (≈ 1.6 h with the check), then its ablations,
-then CIFAR-10 in the same order, so a 2-hour budget covers the Fashion-MNIST claim; the
-CIFAR-10 half needs a second session (every run resumes). Accuracy every 10 rounds on the
-whole test set.
+10; D̃ and β are warm-started across rounds, so 100 rounds give 300 outer steps). Measured
+wall time per 100-round FMNIST run on a quiet 2-core CPU, one thread per run: central
+training ≈ 2.5 min, FedAvg-like methods ≈ 4 min (2.4 s per round, after the loop engine
+stopped running each client for the longest client's schedule), FedPTR ≈ 5 min (of which
+≈ 2 min trajectory matching and projection, `prep_s`; a test suite shared the machine):
+≈ 2.2 h for the 30 FMNIST runs. The
+stages run Fashion-MNIST's drift check (FedAvg against central training) first, then its
+other six methods, then its ablations, then CIFAR-10 in the same order; every run resumes,
+so the grid spans sessions. Accuracy every 10 rounds on the whole test set.
 
 **Mechanism.** Logged per layer (`fedptr_drift/<layer>` ‖x_i − x‖ as cohort means,
 `fedptr_anchor_dist/<layer>` ‖x − w̃‖, `fedptr_prox/<layer>` the prox gradient's norm)
