@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fedforge.algorithms import algorithm_hparams
 from fedforge.reproduce import get_reproduction
 from fedforge.reproduce.grid import grid_plan
 
@@ -17,7 +18,7 @@ def _plan():
 
 def test_federation_is_the_papers_and_the_scale_is_documented():
     spec, plan = _plan()
-    assert spec.seeds == (0, 1, 2) and len(spec.conditions) == 20
+    assert spec.seeds == (0, 1, 2) and len(spec.conditions) == 22
     for (name, _seed), cfg in plan.items():
         assert cfg.rounds >= 100 and cfg.client.batch_size == 500
         assert cfg.client.local_epochs == 1 and cfg.client.local_steps is None
@@ -45,6 +46,21 @@ def test_ablations_change_one_thing():
     assert plan[("c10_fedptr_s", 0)].algorithm.outer_steps == 3
 
 
+def test_momentum_control_is_fedavg_with_fedptrs_local_optimizer():
+    _, plan = _plan()
+    fedptr = plan[("fm_fedptr", 1)].model_dump()["algorithm"]
+    control, fedavg = plan[("fm_fedavg_m05", 1)].model_dump(), plan[("fm_fedavg", 1)].model_dump()
+    assert control["algorithm"].pop("client_optimizer") == "momentum"
+    assert control["algorithm"].pop("local_momentum") == 0.5
+    defaults = algorithm_hparams("fedptr")  # what FedPTR's clients run unless overridden
+    assert fedptr.get("client_optimizer", defaults["client_optimizer"]) == "momentum"
+    assert fedptr.get("local_momentum", defaults["local_momentum"]) == 0.5
+    for cfg in (control, fedavg):
+        cfg["algorithm"].pop("client_optimizer", None)
+        cfg["algorithm"].pop("local_momentum", None)
+    assert control == fedavg
+
+
 def test_claim_compares_both_variants_with_every_baseline():
     spec, _ = _plan()
     pairs = {(c.a, c.b) for c in spec.comparisons}
@@ -53,5 +69,6 @@ def test_claim_compares_both_variants_with_every_baseline():
             for b in ("fedavg", "fedprox", "scaffold", "feddyn", "feddc"):
                 assert (f"{p}_{m}", f"{p}_{b}") in pairs
         assert (f"{p}_fedptr", f"{p}_fedptr_fixed") in pairs
-    assert len(pairs) == 22
+        assert (f"{p}_fedptr", f"{p}_fedavg_m05") in pairs
+    assert len(pairs) == 24
     assert spec.paper["c10_fedptr"] == "69.04" and spec.paper["fm_fedptr_s"] == "85.48"
