@@ -44,10 +44,11 @@ stopped running each client for the longest client's schedule), FedPTR ≈ 5 min
 ≈ 2.2 h for the 30 FMNIST runs. The
 stages run Fashion-MNIST's drift check (FedAvg against central training) first, then its
 other six methods, then its ablations, then CIFAR-10 in the same order; every run resumes,
-so the grid spans sessions. Accuracy every 10 rounds on the whole test set. FMNIST FedAvg seed 0
-ran on the vmapped engine, every later run on the loop (`auto`'s default for a conv net in
-a run too short to calibrate): the two agree to float tolerance step by step (the engine
-parity tests), not bit for bit, so that seed's pairs carry a little extra noise.
+so the grid spans sessions. Accuracy every 10 rounds on the whole test set. FMNIST FedAvg
+seed 0 and central training seeds 0 and 1 ran on the vmapped engine, every later run on the
+loop (`auto`'s default for a conv net in a run too short to calibrate): the two agree to
+float tolerance step by step (the engine parity tests), not bit for bit, so those pairs
+carry a little extra noise.
 
 **Mechanism.** Logged per layer (`fedptr_drift/<layer>` ‖x_i − x‖ as cohort means,
 `fedptr_anchor_dist/<layer>` ‖x − w̃‖, `fedptr_prox/<layer>` the prox gradient's norm)
