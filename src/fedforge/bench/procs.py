@@ -33,6 +33,7 @@ from fedforge.algorithms import build_algorithm
 from fedforge.algorithms.base import Algorithm
 from fedforge.core.tree import PyTree, tree_map, upcast
 from fedforge.engine import CohortInputs, CohortOutput, classification_loss
+from fedforge.engine.base import _cat
 from fedforge.engine.distributed import shard_bounds
 from fedforge.engine.local import LossFn
 
@@ -130,21 +131,14 @@ class WorkerPair:
             raise ValueError("WorkerPair runs the bench's FedAvg on the data it started with")
         num = inputs.sample_idx.shape[0]
         halves = self._halves(num)
-        outs = self._call("round", [inputs._replace(  # agg_weights stay global: partial sums
-            client_states=tree_map(lambda s, lo=lo, hi=hi: s[lo:hi], inputs.client_states),
-            info=tree_map(lambda s, lo=lo, hi=hi: s[lo:hi], inputs.info),
-            sample_idx=inputs.sample_idx[lo:hi], weights=inputs.weights[lo:hi],
-            agg_weights=inputs.agg_weights[lo:hi]) for lo, hi in halves])
+        # agg_weights stay global: each half's "mean" delta is a partial sum
+        outs = self._call("round", [inputs.clients(slice(lo, hi)) for lo, hi in halves])
         uploads = [tree_map(lambda u, k=hi - lo: u * k, o.mean_uploads)
                    for o, (lo, hi) in zip(outs, halves)]
-
-        def cat(trees: list) -> PyTree:
-            return tree_map(lambda *xs: torch.cat(xs), *trees)
-
         return CohortOutput(_sum([o.mean_delta for o in outs]),
                             tree_map(lambda u: u / num, _sum(uploads)),
-                            cat([o.client_states for o in outs]),
-                            cat([o.metrics for o in outs]), None)
+                            _cat([o.client_states for o in outs]),
+                            _cat([o.metrics for o in outs]), None)
 
     def plain_round(self, model: nn.Module, idx: torch.Tensor) -> None:
         """The plain PyTorch loop's round (``plain_loop``): each worker trains its half from

@@ -29,7 +29,6 @@ import time
 
 import torch
 
-from fedforge.core.tree import tree_index
 from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput
 from fedforge.engine.loop import LoopEngine
 from fedforge.engine.vmap import VmapEngine
@@ -52,15 +51,6 @@ def _has_conv(params) -> bool:
 def _has_conv2d(params) -> bool:
     """A 2-D convolution's weight is 4-D: what the channels-last loop changes the layout of."""
     return any(p.dim() == 4 for p in params.values())
-
-
-def _head(inputs: CohortInputs, k: int) -> CohortInputs:
-    """The first ``k`` clients of a cohort (aggregation weights need not sum to 1 here)."""
-    sl = slice(0, k)
-    return inputs._replace(
-        client_states=tree_index(inputs.client_states, sl), info=tree_index(inputs.info, sl),
-        sample_idx=inputs.sample_idx[sl], weights=inputs.weights[sl],
-        agg_weights=inputs.agg_weights[sl])
 
 
 class AutoEngine(ChunkedEngine):
@@ -149,7 +139,7 @@ class AutoEngine(ChunkedEngine):
         best, best_ms = None, float("inf")
         for cand in cands:
             engine = self.build(cand)
-            sub = _head(inputs, cand["chunk"])
+            sub = inputs.clients(slice(0, cand["chunk"]))
             engine.run_cohort(algorithm, loss_fn, x_all, y_all, sub)  # warm-up
             t0 = time.perf_counter()
             engine.run_cohort(algorithm, loss_fn, x_all, y_all, sub)

@@ -34,6 +34,14 @@ class CohortInputs(NamedTuple):
     weights: torch.Tensor  # [C, steps, batch] 1 = real sample, 0 = padding
     agg_weights: torch.Tensor  # [C], sums to 1: weights of the deltas in the mean
 
+    def clients(self, sl: slice) -> CohortInputs:
+        """The clients ``sl`` of the cohort. Their aggregation weights stay the cohort's, so a
+        part's "mean" delta is its share of the sum (calibration, ranks and worker halves)."""
+        return self._replace(
+            client_states=tree_index(self.client_states, sl), info=tree_index(self.info, sl),
+            sample_idx=self.sample_idx[sl], weights=self.weights[sl],
+            agg_weights=self.agg_weights[sl])
+
 
 class CohortOutput(NamedTuple):
     mean_delta: Params  # sum_i agg_w_i * delta_i

@@ -26,7 +26,6 @@ from fedforge.core.store import ClientStore
 from fedforge.core.tree import (
     PyTree,
     flatten_dict,
-    tree_index,
     tree_leaves,
     tree_map,
     tree_map2,
@@ -100,13 +99,8 @@ class DistributedEngine(VmapEngine):
         rank, world = dist.get_rank(), dist.get_world_size()
         num_clients = inputs.sample_idx.shape[0]
         lo, hi = shard_bounds(num_clients, rank, world)
-        sl = slice(lo, hi)
-        shard = CohortInputs(
-            inputs.global_params, inputs.broadcast, tree_index(inputs.client_states, sl),
-            tree_index(inputs.info, sl), inputs.sample_idx[sl], inputs.weights[sl],
-            inputs.agg_weights[sl],  # global weights: the shard's "mean" is a partial sum
-        )
-        out = super().run_cohort(algorithm, loss_fn, x_all, y_all, shard)
+        # global weights: the shard's "mean" is a partial sum
+        out = super().run_cohort(algorithm, loss_fn, x_all, y_all, inputs.clients(slice(lo, hi)))
         n = hi - lo
         delta_sum = out.mean_delta
         upload_sum = tree_map(lambda u: u * n, out.mean_uploads) if n else None
