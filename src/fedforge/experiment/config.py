@@ -115,7 +115,8 @@ class EvalConfig(_Section):
 
 
 class EngineConfig(_Section):
-    # auto: times loop and vmap variants on the first cohort (engine/auto.py)
+    # auto: times loop and vmap variants on the first cohort; runs too short for that take loop
+    # for a CPU conv net, vmap otherwise; metrics record the choice as engine_auto
     name: Literal["auto", "vmap", "loop", "distributed"] = "auto"
     chunk_size: int | Literal["auto"] = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
