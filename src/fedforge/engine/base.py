@@ -79,6 +79,10 @@ class ChunkedEngine:
         """Keys for the run's next metrics record (``auto``: its choice, once)."""
         return {}
 
+    def close(self) -> None:
+        """Release what the engine holds outside this process (``procs``: its workers); a
+        no-op for the in-process engines. The runner calls it when a run ends."""
+
     def local_update(self, algorithm: Algorithm, loss_fn: LossFn, masked: bool) -> Callable:
         key = (id(algorithm), id(loss_fn), masked)
         if key not in self._fns:
