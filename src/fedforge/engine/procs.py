@@ -527,6 +527,8 @@ class ProcessEngine(ChunkedEngine):
             self.inner_name = inner
         self.workers = workers
         self.inner.load_state_dict(state)
+        if "workers" in state:
+            self._reported = True  # the run's metrics already hold it
 
 
 def _one_line(exc: BaseException) -> str:
