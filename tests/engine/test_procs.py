@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import math
 import multiprocessing as mp
+import os
+import signal
 import threading
 
 import pytest
@@ -265,6 +267,26 @@ def test_config_engine_procs_runs_records_its_workers_and_resumes_bit_exact(tmp_
     ck = "checkpoints/round_00002.safetensors"
     a, b = load_file(str(tmp_path / "p" / ck)), load_file(str(tmp_path / "r" / ck))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow  # starts the workers again
+def test_a_dead_worker_is_named_and_the_next_cohort_starts_new_ones(engine):
+    model = _model()
+    x, y, sample_idx, weights = _data(KIND, SHAPE)
+    algorithm, loss_fn = build_algorithm("fedavg", local_lr=0.05), classification_loss(model)
+    inputs = _inputs(x, sample_idx, weights, _params(model))
+    engine.run_cohort(algorithm, loss_fn, x, y, inputs)
+    victim = engine.processes[1]
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.join(timeout=30)
+    with pytest.raises(RuntimeError, match=rf"^procs engine worker {victim.pid} exited "
+                                           rf"\(code -9\) in 'run'"):
+        engine.run_cohort(algorithm, loss_fn, x, y, inputs)
+    assert engine.processes == [] and engine.fallback is None  # all ended, none left behind
+    got = engine.run_cohort(algorithm, loss_fn, x, y, inputs)
+    assert victim.pid not in [p.pid for p in engine.processes]
+    want = LoopEngine().run_cohort(algorithm, loss_fn, x, y, inputs)
+    torch.testing.assert_close(got.mean_delta, want.mean_delta)
 
 
 def test_close_leaves_no_process(engine):

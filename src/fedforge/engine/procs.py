@@ -281,13 +281,23 @@ class WorkerPool:
         ``packed=False`` sends tensors through shared memory (for data sent once)."""
         if self.closed:
             raise RuntimeError(f"{self.name}s were closed")
+        doing = f"in {task!r}"
         try:
-            for conn, payload in zip(self._conns, payloads):
-                conn.send((task, pack(payload) if packed else payload))
+            for conn, proc, payload in zip(self._conns, self.processes, payloads):
+                try:
+                    conn.send((task, pack(payload) if packed else payload))
+                except (BrokenPipeError, ConnectionResetError):
+                    raise self._died(proc, doing) from None
         except BaseException:
             self.close()  # some workers got the call, others not: start afresh
             raise
-        return self._collect(len(payloads), f"in {task!r}")
+        return self._collect(len(payloads), doing)
+
+    def _died(self, proc: Any, doing: str) -> RuntimeError:
+        proc.join(timeout=5)
+        self.close()
+        return RuntimeError(f"{self.name} {proc.pid} exited (code {proc.exitcode}) {doing}; "
+                            f"its output above may say why")
 
     def _collect(self, count: int, doing: str) -> list:
         results, failure = [], None
@@ -296,10 +306,7 @@ class WorkerPool:
                 try:
                     ok, result = conn.recv()
                 except (EOFError, OSError):
-                    proc.join(timeout=5)
-                    self.close()
-                    raise RuntimeError(f"{self.name} {proc.pid} exited (code {proc.exitcode}) "
-                                       f"{doing}; its output above may say why") from None
+                    raise self._died(proc, doing) from None
                 if ok:
                     results.append(unpack(result))
                 elif failure is None:  # keep reading: every reply must be taken off the pipe
