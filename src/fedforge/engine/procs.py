@@ -19,9 +19,8 @@ What travels, and when:
   process; sent again only if a later cohort passes other tensors);
 * the algorithm and the loss, once per distinct pair, pickled and cached in each worker.
   Algorithms are built from closures (optax-style transforms), which the standard pickle
-  refuses, so functions that cannot be found by name travel by value: their bytecode,
-  closure cells and defaults. The workers are spawned from this interpreter and import the
-  same modules, so the bytecode runs there exactly as here;
+  refuses, so they travel with cloudpickle, which sends such functions by value. The
+  workers are spawned from this interpreter and import the same modules;
 * per cohort, only what a shard needs (global parameters, broadcast, the shard's client
   states, round inputs, sample indices and weights), as plain arrays.
 
@@ -36,23 +35,19 @@ block, garbage collection, interpreter exit) terminates the workers.
 
 from __future__ import annotations
 
-import importlib
-import io
 import logging
-import marshal
 import multiprocessing as mp
 import os
 import pickle
 import signal
-import sys
 import threading
 import traceback
-import types
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import cloudpickle
 import numpy as np
 import torch
 import torch.multiprocessing  # noqa: F401  (registers tensors' transfer through shared memory)
@@ -123,68 +118,12 @@ def combine_shards(outs: Sequence[CohortOutput], sizes: Sequence[int],
     )
 
 
-# --- what travels once: functions by value ------------------------------------------------
-def _found_by_name(fn: types.FunctionType) -> bool:
-    obj: Any = sys.modules.get(fn.__module__ or "")
-    for part in fn.__qualname__.split("."):
-        obj = getattr(obj, part, None)
-    return obj is fn
-
-
-def _cell_contents(cell: types.CellType) -> tuple[bool, Any]:
-    try:
-        return True, cell.cell_contents
-    except ValueError:  # a cell not assigned yet
-        return False, None
-
-
-def _function_skeleton(code: bytes, module: str, name: str, qualname: str,
-                       num_cells: int) -> types.FunctionType:
-    cells = tuple(types.CellType() for _ in range(num_cells)) or None
-    fn = types.FunctionType(marshal.loads(code), vars(importlib.import_module(module)), name,
-                            None, cells)
-    fn.__qualname__ = qualname
-    return fn
-
-
-def _fill_function(fn: types.FunctionType, state: tuple) -> None:
-    # filled after the skeleton is memoised, so a closure that reaches itself unpickles
-    defaults, kwdefaults, attrs, cells = state
-    fn.__defaults__, fn.__kwdefaults__ = defaults, kwdefaults
-    fn.__dict__.update(attrs)
-    for cell, (full, value) in zip(fn.__closure__ or (), cells):
-        if full:
-            cell.cell_contents = value
-
-
-class _ByValuePickler(pickle.Pickler):
-    """The standard pickle, except that functions it could not find by name (closures,
-    lambdas) are pickled by value. Only for a process spawned from this interpreter."""
-
-    def reducer_override(self, obj: Any) -> Any:
-        if type(obj) is not types.FunctionType or _found_by_name(obj):
-            return NotImplemented
-        module = sys.modules.get(obj.__module__ or "")
-        if module is None or obj.__globals__ is not vars(module):
-            raise pickle.PicklingError(f"function {obj.__qualname__!r} does not belong to "
-                                       f"an importable module")
-        if obj.__module__ == "__main__" and not getattr(module, "__file__", None):
-            raise pickle.PicklingError(f"function {obj.__qualname__!r} belongs to an "
-                                       f"interactive __main__ that a worker cannot import")
-        cells = obj.__closure__ or ()
-        state = (obj.__defaults__, obj.__kwdefaults__, dict(obj.__dict__),
-                 tuple(_cell_contents(c) for c in cells))
-        return (_function_skeleton, (marshal.dumps(obj.__code__), obj.__module__,
-                                     obj.__name__, obj.__qualname__, len(cells)),
-                state, None, None, _fill_function)
-
-
+# --- what travels once: the algorithm and the loss -----------------------------------------
 def dumps_by_value(obj: Any) -> bytes:
-    """``obj`` pickled for a spawned worker, closures included (:class:`_ByValuePickler`);
-    tensors are copied into the bytes."""
-    buf = io.BytesIO()
-    _ByValuePickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    return buf.getvalue()
+    """``obj`` pickled for a spawned worker with cloudpickle: algorithms are built from
+    closures (optax-style transforms), which the standard pickle refuses; cloudpickle sends
+    functions it cannot find by name by value. Tensors are copied into the bytes."""
+    return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 # --- the worker processes -------------------------------------------------------------------
