@@ -422,12 +422,6 @@ class ProcessEngine(ChunkedEngine):
             self._pool.close()
         self._pool, self._data, self._loaded = None, None, set()
 
-    def __enter__(self) -> ProcessEngine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     @property
     def processes(self) -> list:
         """The live pool's worker processes (empty before the first cohort that needs them)."""
