@@ -116,6 +116,43 @@ def test_channels_last_is_a_candidate_only_for_2d_conv_nets_on_cpu():
         assert cands[0] == {"engine": "loop", "chunk": 1, "conv": "native"}
 
 
+def test_worker_processes_are_tried_only_from_the_fedforge_command(monkeypatch):
+    """A spawned worker re-imports the main module: only fedforge's own entry points are
+    known to guard theirs, so ``auto`` leaves scripts, notebooks and tests in one process."""
+    x = torch.zeros(2, 3)
+    assert auto_mod.process_workers(x) == 0  # pytest
+    monkeypatch.setattr("sys.argv", ["/venv/bin/fedforge", "run", "c.toml"])
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert auto_mod.process_workers(x) == 1  # OMP_NUM_THREADS=1: one worker, so none
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 64)
+    assert auto_mod.process_workers(x) == auto_mod.default_workers()
+
+
+@pytest.mark.slow  # spawns worker processes
+def test_auto_times_worker_processes_and_a_resume_rebuilds_them(monkeypatch):
+    model, (x, y, idx, w), algo = _setup()
+    monkeypatch.setattr(auto_mod, "process_workers", lambda x_all: 2)
+    monkeypatch.setattr(auto_mod, "PROCESS_START_S", 0.0)
+    engine = AutoEngine(budget_updates=10**6)
+    ref = _run(algo, LoopEngine(), model, x, y, idx, w)
+    with engine:
+        assert_same_run(ref, _run(algo, engine, model, x, y, idx, w), rtol=1e-4)
+        assert any(k.startswith("procs 2 x ") for k in engine.timings), engine.timings
+    assert not getattr(engine.engine, "processes", [])  # closed with the auto engine
+    monkeypatch.setattr(AutoEngine, "_choose", lambda *a: pytest.fail("recalibrated"))
+    choice = {"engine": "procs", "inner": "loop", "chunk": 1, "conv": "native", "workers": 2,
+              "calibrated": True}
+    resumed = AutoEngine(budget_updates=10**6)
+    resumed.load_state_dict(json.loads(json.dumps({"choice": choice, "workers": 2,
+                                                   "inner": "loop"})))
+    assert auto_mod._label(resumed.choice) == "procs 2 x loop"
+    with resumed:
+        assert_same_run(ref, _run(algo, resumed, model, x, y, idx, w), rtol=1e-4)
+        assert len(resumed.engine.processes) == 2
+    with pytest.raises(ValueError, match="unknown recorded procs inner"):
+        AutoEngine().load_state_dict({"choice": {"engine": "procs", "inner": "jax"}})
+
+
 def test_build_engine_auto_and_config_default():
     assert isinstance(build_engine("auto"), AutoEngine)
     assert load_config(QUICKSTART).engine.name == "auto"

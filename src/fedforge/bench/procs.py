@@ -6,59 +6,32 @@ cohort's clients, beat one process whose two intra-op threads meet at every oper
 the model go to each worker once, when it starts (the data through shared memory, one copy
 for all three processes), and stay there; a call ships only what a half needs (global
 parameters, broadcast, the half's client states and info, sample indices and weights, as
-plain arrays) and the parent adds the halves' weighted delta sums the way
-``DistributedEngine`` adds ranks. So a ``:procs2`` round equals the in-process one to float
+plain arrays) and the parent adds the halves' weighted delta sums the way the ``procs``
+engine adds its workers' shards. So a ``:procs2`` round equals the in-process one to float
 tolerance (tests/bench/test_procs2.py); only how it is executed differs.
 
-Each worker sets one intra-op and one inter-op thread before any work and ignores Ctrl-C
-(the parent handles it). The pair is a context manager: leaving it, normally or by an
-exception, terminates both workers, and a worker whose parent died exits at once.
+The workers are the ``procs`` engine's (:class:`fedforge.engine.procs.WorkerPool`: one
+intra-op and one inter-op thread, Ctrl-C left to the parent, exit when the parent dies);
+what is bench-only is what they hold: the bench's FedAvg and loss, built in the worker from
+the row's settings, any bench engine (``auto`` and the plain PyTorch loop too), and the
+plain loop's round. The pair is a context manager: leaving it, normally or by an exception,
+terminates both workers.
 """
 
 from __future__ import annotations
 
 import copy
-import multiprocessing as mp
-import os
-import signal
-import threading
-import traceback
-from dataclasses import dataclass
+from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from fedforge.algorithms import build_algorithm
 from fedforge.algorithms.base import Algorithm
-from fedforge.core.tree import PyTree, tree_map, upcast
 from fedforge.engine import CohortInputs, CohortOutput, classification_loss
-from fedforge.engine.base import _cat
 from fedforge.engine.distributed import shard_bounds
 from fedforge.engine.local import LossFn
-
-
-@dataclass(frozen=True)
-class _Array:
-    """A tensor in transit. Pickled as plain bytes: torch's own reduction would put every
-    small tensor of every call into a new shared-memory file (milliseconds each)."""
-
-    data: np.ndarray
-    dtype: torch.dtype
-
-
-def _pack(tree: PyTree) -> PyTree:
-    return tree_map(lambda t: _Array(upcast(t.detach()).numpy(), t.dtype)
-                    if isinstance(t, torch.Tensor) else t, tree)
-
-
-def _unpack(tree: PyTree) -> PyTree:
-    return tree_map(lambda a: torch.from_numpy(a.data).to(a.dtype)
-                    if isinstance(a, _Array) else a, tree)
-
-
-def _sum(trees: list) -> PyTree:
-    return tree_map(lambda *xs: sum(xs[1:], xs[0]), *trees)
+from fedforge.engine.procs import WorkerPool, combine_shards, sum_trees, worker_threads
 
 
 class WorkerPair:
@@ -69,24 +42,15 @@ class WorkerPair:
     def __init__(self, engine: str, model: nn.Module, x_all: torch.Tensor,
                  y_all: torch.Tensor, precision: str = "fp32", chunk: int | str = "auto",
                  cohort: int = 2) -> None:
-        ctx = mp.get_context("spawn")
         self.x_all = x_all
-        self.processes: list = []
-        self._conns: list = []
-        try:
-            for _ in range(2):
-                here, there = ctx.Pipe()
-                proc = ctx.Process(target=_serve, daemon=True, args=(
-                    there, engine, chunk, (cohort + 1) // 2,
-                    copy.deepcopy(model),  # its own: sending moves it to shared memory
-                    x_all, y_all, precision))
-                proc.start()
-                there.close()  # the worker's end: a dead worker is then EOF here
-                self.processes.append(proc)
-                self._conns.append(here)
-        except BaseException:
-            self.close()
-            raise
+        self.pool = WorkerPool(
+            2, _BenchWorker, engine, chunk, (cohort + 1) // 2,
+            copy.deepcopy(model),  # not the caller's: sending moves it to shared memory
+            x_all, y_all, precision, name=":procs2 worker")
+
+    @property
+    def processes(self) -> list:
+        return self.pool.processes
 
     def __enter__(self) -> WorkerPair:
         return self
@@ -96,27 +60,7 @@ class WorkerPair:
 
     def close(self) -> None:
         """Terminate both workers (mid-call too) and wait for them."""
-        for proc in self.processes:
-            proc.terminate()
-        for proc in self.processes:
-            proc.join()
-        for conn in self._conns:
-            conn.close()
-
-    def _call(self, task: str, payloads: list) -> list:
-        for conn, payload in zip(self._conns, payloads):
-            conn.send((task, _pack(payload)))
-        results = []
-        for conn, proc in zip(self._conns[:len(payloads)], self.processes):
-            try:
-                ok, result = conn.recv()
-            except EOFError:
-                raise RuntimeError(f":procs2 worker {proc.pid} exited "
-                                   f"(code {proc.exitcode}); see its traceback above") from None
-            if not ok:
-                raise RuntimeError(f":procs2 worker {proc.pid} failed:\n{result}")
-            results.append(_unpack(result))
-        return results
+        self.pool.close()
 
     @staticmethod
     def _halves(num_clients: int) -> list[tuple[int, int]]:
@@ -129,59 +73,50 @@ class WorkerPair:
         own engine, FedAvg and loss, built from the same settings as the parent's."""
         if x_all is not self.x_all or algorithm.name != "fedavg":
             raise ValueError("WorkerPair runs the bench's FedAvg on the data it started with")
-        num = inputs.sample_idx.shape[0]
-        halves = self._halves(num)
+        halves = self._halves(inputs.sample_idx.shape[0])
         # agg_weights stay global: each half's "mean" delta is a partial sum
-        outs = self._call("round", [inputs.clients(slice(lo, hi)) for lo, hi in halves])
-        uploads = [tree_map(lambda u, k=hi - lo: u * k, o.mean_uploads)
-                   for o, (lo, hi) in zip(outs, halves)]
-        return CohortOutput(_sum([o.mean_delta for o in outs]),
-                            tree_map(lambda u: u / num, _sum(uploads)),
-                            _cat([o.client_states for o in outs]),
-                            _cat([o.metrics for o in outs]), None)
+        outs = self.pool.call("round", [inputs.clients(slice(lo, hi)) for lo, hi in halves])
+        return combine_shards(outs, [hi - lo for lo, hi in halves], keep_deltas=False)
 
     def plain_round(self, model: nn.Module, idx: torch.Tensor) -> None:
         """The plain PyTorch loop's round (``plain_loop``): each worker trains its half from
         ``model``'s state; their averages' sum is loaded into ``model``."""
         state = model.state_dict()
         num = idx.shape[0]
-        sums = self._call("plain", [(state, idx[lo:hi], num) for lo, hi in self._halves(num)])
-        model.load_state_dict(_sum(sums))
+        sums = self.pool.call("plain", [(state, idx[lo:hi], num)
+                                         for lo, hi in self._halves(num)])
+        model.load_state_dict(sum_trees(sums))
 
     def describe(self) -> list[dict]:
         """Per worker: its intra-op and inter-op threads and engine (``auto``: the choice)."""
-        return self._call("describe", [None, None])
+        return self.pool.call("describe", [None, None])
 
 
-def _serve(conn, engine: str, chunk, half: int, model: nn.Module, x_all: torch.Tensor,
-           y_all: torch.Tensor, precision: str) -> None:
-    """A worker's loop: set up once, then answer calls until the parent goes away."""
-    from fedforge.bench.throughput import LR, make_engine, plain_sum
+class _BenchWorker:
+    """A ``:procs2`` worker: the row's engine, the bench's FedAvg and loss, model and data."""
 
-    torch.set_num_threads(1)
-    torch.set_num_interop_threads(1)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent terminates us
-    parent = mp.parent_process()  # killed without cleanup (SIGKILL, a timeout): exit too
-    threading.Thread(target=lambda: (parent.join(), os._exit(1)), daemon=True).start()
-    eng = None if engine == "plain" else make_engine(engine, chunk, cohort=half)
-    algorithm = build_algorithm("fedavg", local_lr=LR)
-    loss_fn = classification_loss(model, precision)  # a closure: built here, not sent
-    while True:
-        try:
-            task, payload = conn.recv()
-        except EOFError:
-            return
-        try:
-            payload = _unpack(payload)
-            if task == "round":
-                out = eng.run_cohort(algorithm, loss_fn, x_all, y_all, payload)
-            elif task == "plain":
-                state, idx, num = payload
-                out = plain_sum(model, state, x_all, y_all, idx, num, precision)
-            else:
-                out = {"threads": torch.get_num_threads(),
-                       "interop": torch.get_num_interop_threads(),
-                       "engine": getattr(eng, "choice", None) or getattr(eng, "name", "plain")}
-            conn.send((True, _pack(out)))
-        except Exception:
-            conn.send((False, traceback.format_exc()))
+    def __init__(self, engine: str, chunk: int | str, half: int, model: nn.Module,
+                 x_all: torch.Tensor, y_all: torch.Tensor, precision: str) -> None:
+        from fedforge.bench.throughput import LR, make_engine  # it imports this module
+
+        self.eng = None if engine == "plain" else make_engine(engine, chunk, cohort=half)
+        self.algorithm = build_algorithm("fedavg", local_lr=LR)
+        # its own copy: both workers got the same shared-memory model, which plain_sum trains
+        model = copy.deepcopy(model)
+        self.loss_fn = classification_loss(model, precision)
+        self.model, self.x_all, self.y_all, self.precision = model, x_all, y_all, precision
+
+    def __call__(self, task: str, payload: Any) -> Any:
+        from fedforge.bench.throughput import plain_sum
+
+        if task == "round":
+            assert self.eng is not None
+            return self.eng.run_cohort(self.algorithm, self.loss_fn, self.x_all, self.y_all,
+                                       payload)
+        if task == "plain":
+            state, idx, num = payload
+            return plain_sum(self.model, state, self.x_all, self.y_all, idx, num,
+                             self.precision)
+        eng = self.eng
+        return {**worker_threads(),
+                "engine": getattr(eng, "choice", None) or getattr(eng, "name", "plain")}

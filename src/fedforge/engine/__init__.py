@@ -5,14 +5,16 @@ from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput
 from fedforge.engine.distributed import DistributedEngine
 from fedforge.engine.local import LocalResult, classification_loss, make_local_update
 from fedforge.engine.loop import LoopEngine
+from fedforge.engine.procs import ProcessEngine
 from fedforge.engine.vmap import VmapEngine
 
 ENGINES = {"auto": AutoEngine, "vmap": VmapEngine, "loop": LoopEngine,
-           "distributed": DistributedEngine}
+           "distributed": DistributedEngine, "procs": ProcessEngine}
 
 
 def build_engine(name: str = "vmap", **kwargs) -> ChunkedEngine:
-    """Engine by name (``auto`` times loop and vmap variants, ``loop`` is the reference)."""
+    """Engine by name (``auto`` times loop and vmap variants, ``loop`` is the reference,
+    ``procs`` splits the cohort over worker processes)."""
     if name not in ENGINES:
         raise ValueError(f"engine.name: unknown engine {name!r}; expected one of {sorted(ENGINES)}")
     return ENGINES[name](**kwargs)
@@ -20,6 +22,6 @@ def build_engine(name: str = "vmap", **kwargs) -> ChunkedEngine:
 
 __all__ = [
     "ENGINES", "AutoEngine", "ChunkedEngine", "CohortInputs", "CohortOutput", "DistributedEngine",
-    "LocalResult", "LoopEngine", "VmapEngine", "build_engine", "classification_loss",
-    "make_local_update",
+    "LocalResult", "LoopEngine", "ProcessEngine", "VmapEngine", "build_engine",
+    "classification_loss", "make_local_update",
 ]

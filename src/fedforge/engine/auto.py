@@ -10,6 +10,10 @@ On a CPU a model with 2-D convolutions also has the channels-last loop ("loop ch
 images and conv weights in NHWC memory format, which can spare oneDNN's layout reorders and
 use the NHWC pooling kernels, or lose to the plain loop; its results leave the engine in the
 ordinary layout).
+On a CPU run from the ``fedforge`` command with two or more threads, it then times the winner
+split over single-threaded worker processes (:class:`~fedforge.engine.procs.ProcessEngine`,
+one per thread; two such processes beat one two-threaded process on the machines measured),
+and keeps whichever is faster. The workers' start-up counts against the calibration's share.
 The calibration's results are thrown away (the local update is pure), so the run trains
 exactly as the chosen engine alone would.
 
@@ -25,22 +29,47 @@ resumed run reuses them and stays bit-exact.
 from __future__ import annotations
 
 import logging
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput
 from fedforge.engine.loop import LoopEngine
+from fedforge.engine.procs import ProcessEngine, default_workers
 from fedforge.engine.vmap import VmapEngine
 
 logger = logging.getLogger(__name__)
 MAX_SHARE = 0.02  # calibration may cost at most this share of the run
+PROCESS_START_S = 3.0  # starting worker processes (spawn, import torch, share the data)
 
 
 def _label(choice: dict) -> str:
+    if choice["engine"] == "procs":
+        inner = _label({**choice, "engine": choice["inner"]})
+        return f"procs {choice['workers']} x {inner}"
     if choice["engine"] == "loop":
         return "loop channels_last" if choice.get("conv") == "channels_last" else "loop"
     return f"vmap chunk {choice['chunk']} conv {choice['conv']}"
+
+
+def process_workers(x_all: torch.Tensor) -> int:
+    """How many single-threaded worker processes ``auto`` may try: the intra-op threads this
+    process was given (``OMP_NUM_THREADS``, ``torch.set_num_threads``), capped by the usable
+    CPUs; 0 off the CPU or outside the ``fedforge`` command, where a spawned worker could
+    re-run an unguarded script's top level."""
+    if x_all.device.type != "cpu" or not _launched_by_cli():
+        return 0
+    return min(torch.get_num_threads(), default_workers())
+
+
+def _launched_by_cli() -> bool:
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name.split(".")[0] == "fedforge":  # python -m fedforge
+        return True
+    return Path(sys.argv[0]).stem == "fedforge"  # the console script (guarded by pip)
 
 
 def _has_conv(params) -> bool:
@@ -80,8 +109,14 @@ class AutoEngine(ChunkedEngine):
 
     # --- what runs ------------------------------------------------------------------------
     def build(self, choice: dict) -> ChunkedEngine:
-        """The engine a choice names: the loop (conv ``native`` or ``channels_last``) or vmap
-        with chunk and conv."""
+        """The engine a choice names: the loop (conv ``native`` or ``channels_last``), vmap
+        with chunk and conv, or worker processes running the loop or vmap."""
+        if choice.get("engine") == "procs":
+            inner = choice.get("inner")
+            if inner not in ("loop", "vmap"):
+                raise ValueError(f"engine auto: unknown recorded procs inner engine {inner!r}")
+            return ProcessEngine(keep_deltas=self.keep_deltas, workers=choice.get("workers"),
+                                 inner=inner, chunk_size=choice.get("chunk", "auto"))
         if choice.get("engine") == "loop":
             conv = choice.get("conv", "native")
             if conv not in ("native", "channels_last"):
@@ -99,6 +134,10 @@ class AutoEngine(ChunkedEngine):
         assert self.engine is not None
         self.engine.keep_deltas = self.keep_deltas
         return self.engine.run_cohort(algorithm, loss_fn, x_all, y_all, inputs)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
 
     def chunk_size(self, inputs: CohortInputs, x_all: torch.Tensor) -> int:
         return (self.engine or VmapEngine(self._chunk)).chunk_size(inputs, x_all)
@@ -152,12 +191,42 @@ class AutoEngine(ChunkedEngine):
             spent = time.perf_counter() - t_start
             if spent > self.max_share * best_ms / 1000.0 * self.budget_updates:
                 break  # over the share of the projected run: keep the best so far
-        self.calibration_s = time.perf_counter() - t_start
         assert best is not None
+        workers = process_workers(x_all)
+        if workers >= 2 and best[0]["conv"] != "channels_last":
+            best, best_ms = self._time_processes(algorithm, loss_fn, x_all, y_all, inputs,
+                                                 best, best_ms, workers, t_start)
+        self.calibration_s = time.perf_counter() - t_start
         self.choice = {**best[0], "calibrated": True}
         self.engine = best[1]
         logger.info("engine auto: %s (ms per client update: %s; %.1f s)", _label(best[0]),
                     self.timings, self.calibration_s)
+
+    def _time_processes(self, algorithm, loss_fn, x_all, y_all, inputs: CohortInputs,
+                        best: tuple, best_ms: float, workers: int, t_start: float) -> tuple:
+        """The in-process winner against the same engine in ``workers`` single-threaded
+        processes, each running one chunk -> the faster (choice, engine) and its time."""
+        cand = {"engine": "procs", "inner": best[0]["engine"], "chunk": best[0]["chunk"],
+                "conv": "native", "workers": workers}
+        if best[0]["engine"] == "vmap" and best[0]["conv"] != "native":
+            return best, best_ms  # per-layer conv plans live in this process only
+        clients = min(workers * cand["chunk"], inputs.sample_idx.shape[0])
+        allowed = self.max_share * best_ms / 1000.0 * self.budget_updates
+        if clients < 2 or time.perf_counter() - t_start + PROCESS_START_S > allowed:
+            return best, best_ms
+        engine = self.build(cand)
+        sub = inputs.clients(slice(0, clients))
+        engine.run_cohort(algorithm, loss_fn, x_all, y_all, sub)  # starts the workers
+        t0 = time.perf_counter()
+        engine.run_cohort(algorithm, loss_fn, x_all, y_all, sub)
+        ms = (time.perf_counter() - t0) * 1000.0 / clients
+        if engine.fallback is None:
+            self.timings[_label(cand)] = round(ms, 3)
+        if engine.fallback is None and ms < best_ms:
+            best[1].close()
+            return (cand, engine), ms
+        engine.close()
+        return best, best_ms
 
     # --- records --------------------------------------------------------------------------
     def report(self) -> dict:

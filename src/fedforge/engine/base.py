@@ -79,6 +79,16 @@ class ChunkedEngine:
         """Keys for the run's next metrics record (``auto``: its choice, once)."""
         return {}
 
+    def close(self) -> None:
+        """Release what the engine holds outside this process (``procs``: its workers); a
+        no-op for the in-process engines. The runner calls it when a run ends."""
+
+    def __enter__(self) -> ChunkedEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def local_update(self, algorithm: Algorithm, loss_fn: LossFn, masked: bool) -> Callable:
         key = (id(algorithm), id(loss_fn), masked)
         if key not in self._fns:

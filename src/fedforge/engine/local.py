@@ -39,25 +39,40 @@ class LocalResult(NamedTuple):
 PRECISIONS = ("fp32", "bf16", "tf32")
 
 
+class ClassificationLoss:
+    """Masked mean cross-entropy of ``model``'s logits: ``sum_b w_b CE_b / max(sum_b w_b, 1)``.
+
+    A module-level class rather than a closure so that it pickles with its model: the
+    ``procs`` engine sends it to its worker processes once (:mod:`fedforge.engine.procs`).
+    Called as ``loss(params, x, y, w)``; build it with :func:`classification_loss`.
+    """
+
+    def __init__(self, model: nn.Module, precision: str = "fp32") -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(
+                f"engine.precision: expected one of {PRECISIONS}, got {precision!r}")
+        self.model = model
+        self.precision = precision
+
+    def __call__(self, params: Params, x: torch.Tensor, y: torch.Tensor,
+                 w: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(x.device.type, dtype=torch.bfloat16,
+                            enabled=self.precision == "bf16"):
+            logits = torch.func.functional_call(self.model, params, (x,))  # [B, classes]
+        per_sample = F.cross_entropy(upcast(logits), y, reduction="none")  # [B]
+        return (per_sample * w).sum() / w.sum().clamp_min(1.0)
+
+
 def classification_loss(model: nn.Module, precision: str = "fp32") -> LossFn:
     """Masked mean cross-entropy: ``sum_b w_b CE_b / max(sum_b w_b, 1)``.
 
     ``precision="bf16"`` runs the model's forward (and so its backward) under bf16 autocast
     on the inputs' device — on CPUs with AMX and on GPUs this roughly halves step time;
     parameters, the loss and every optimizer state stay fp32. ``"tf32"`` is set globally by
-    :func:`set_matmul_precision`, not here.
+    :func:`set_matmul_precision`, not here. The result is a :class:`ClassificationLoss`, which
+    can be pickled (worker processes of the ``procs`` engine).
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"engine.precision: expected one of {PRECISIONS}, got {precision!r}")
-    autocast = precision == "bf16"
-
-    def loss_fn(params, x, y, w):
-        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
-            logits = torch.func.functional_call(model, params, (x,))  # [B, classes]
-        per_sample = F.cross_entropy(upcast(logits), y, reduction="none")  # [B]
-        return (per_sample * w).sum() / w.sum().clamp_min(1.0)
-
-    return loss_fn
+    return ClassificationLoss(model, precision)
 
 
 def set_matmul_precision(precision: str) -> None:

@@ -70,9 +70,10 @@ def _scalar(hp: dict, key: str, default: float) -> float:
 def build_job_engine(cfg: RunConfig) -> ChunkedEngine:
     """The engine whose jobs mode trains a task's dispatched jobs (one per task, so an
     out-of-memory retry of one model does not shrink another's chunks). Under torchrun each
-    rank trains its shard of jobs with its own vmap engine."""
-    if cfg.engine.name == "loop":
-        return build_engine("loop")
+    rank trains its shard of jobs with its own vmap engine; ``procs`` trains them in this
+    process with the loop its workers run."""
+    if cfg.engine.name in ("loop", "procs"):
+        return build_engine(cfg.engine.name)
     return build_engine("vmap", chunk_size=cfg.engine.chunk_size)
 
 

@@ -115,9 +115,12 @@ class EvalConfig(_Section):
 
 
 class EngineConfig(_Section):
-    # auto: times loop and vmap variants on the first cohort; runs too short for that take loop
-    # for a CPU conv net, vmap otherwise; metrics record the choice as engine_auto
-    name: Literal["auto", "vmap", "loop", "distributed"] = "auto"
+    # auto: times loop and vmap variants on the first cohort (from the fedforge command on a
+    # CPU with >= 2 threads, also the winner in worker processes); runs too short for that take
+    # loop for a CPU conv net, vmap otherwise; metrics record the choice as engine_auto.
+    # procs: the cohort split over single-threaded worker processes, one per CPU, each
+    # running the loop on its share (faster than threads on small CPUs)
+    name: Literal["auto", "vmap", "loop", "distributed", "procs"] = "auto"
     chunk_size: int | Literal["auto"] = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: Literal["fp32", "bf16", "tf32"] = "fp32"  # bf16 = autocast of the forward

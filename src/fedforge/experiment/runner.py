@@ -7,6 +7,7 @@ from round k draws exactly what an uninterrupted run draws, with no RNG state to
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -140,6 +141,8 @@ class Experiment:
             algorithm = for_run(cfg, algorithm, data.num_clients, dict(network.named_parameters()))
         engine_kw = {} if cfg.engine.name == "loop" else {
             "chunk_size": cfg.engine.chunk_size, "compile": cfg.engine.compile}
+        if cfg.engine.name == "procs":  # its workers run the loop: no compiled chunks
+            engine_kw = {"chunk_size": cfg.engine.chunk_size}
         if cfg.engine.name == "auto":  # calibrates only where it costs <= 2 % of the run
             engine_kw["budget_updates"] = cfg.rounds * cfg.server.clients_per_round
         engine = build_engine(cfg.engine.name, **engine_kw)
@@ -399,7 +402,9 @@ def _run_experiment(
     cost = build_cost_model(cfg.sim, exp.network, exp.data.input_shape, cfg.client.batch_size)
     stragglers = straggler_clock(cfg.sim, exp.data.num_clients, cfg.seed, meta.get("sim_clock"))
     history = metrics.records
-    with RoundProgress.for_run(cfg, out, start, enabled=progress) as bar:
+    # closing the engine ends its worker processes (procs), also after an error or Ctrl-C
+    with RoundProgress.for_run(cfg, out, start, enabled=progress) as bar, \
+            contextlib.closing(exp.engine):
         t = start - 1
         while t < cfg.rounds:  # a while loop: a divergence rollback moves t back
             t += 1
