@@ -342,7 +342,8 @@ def bench(
         help="w1 | w2 (throughput) | w3 (time to accuracy of one config, per engine)")],
     cohorts: Annotated[str, typer.Option(help="w1/w2: comma-separated cohort sizes")] = "10,100",
     engines: Annotated[str | None, typer.Option(
-        help="w1/w2 (default plain,loop,vmap,auto): plain,loop,vmap,auto,flower; suffixes "
+        help="w1/w2 (default plain,loop,vmap,auto): plain,loop,vmap,auto,procs (one "
+             "single-threaded worker process per CPU),flower; suffixes "
              ":bf16 (bf16 autocast), :procs2 (the same round, half the cohort in each of "
              "two single-threaded worker processes that hold the data from their start: two "
              "processes vs one with two intra-op threads) and, for vmap, "

@@ -43,12 +43,18 @@ import torch.nn.functional as F
 
 from fedforge.algorithms import build_algorithm
 from fedforge.core.store import ClientStore
-from fedforge.engine import AutoEngine, LoopEngine, VmapEngine, classification_loss
+from fedforge.engine import (
+    AutoEngine,
+    LoopEngine,
+    ProcessEngine,
+    VmapEngine,
+    classification_loss,
+)
 from fedforge.engine.round import RoundResult, federated_round
 from fedforge.models import build_model
 
 LR = 0.01
-ENGINES = ("plain", "loop", "vmap", "auto", "flower")
+ENGINES = ("plain", "loop", "vmap", "auto", "procs", "flower")
 FLAGS = ("compile", "cudagraphs", "procs2", "fp32", "bf16")
 W1_HEADER = ["engine", "cohort", "client updates/s", "GFLOP/s", "% of peak", "peak GPU GiB",
              "vs plain"]
@@ -234,6 +240,8 @@ def runner(name: str, chunk, data, device: torch.device, work: Workload = W1,
         return lambda: plain_loop(*data, precision)
     else:  # one engine/algorithm/loss: a compiled graph or an auto calibration is made once
         eng = make_engine(engine, chunk, compile_, idx.shape[0])
+        if resources is not None:  # procs (or auto's choice of it): its workers end with the row
+            resources.enter_context(eng)
         LAST_ENGINE[:] = [eng]
     algo = build_algorithm("fedavg", local_lr=LR)
     loss_fn = classification_loss(data[0], precision)
@@ -246,6 +254,8 @@ def make_engine(engine: str, chunk, compile_=False, cohort: int = 1):
         return LoopEngine()
     if engine == "auto":
         return AutoEngine(chunk_size=chunk, budget_updates=1000 * cohort)
+    if engine == "procs":  # one single-threaded worker per CPU, each running the loop
+        return ProcessEngine()
     return VmapEngine(chunk_size=chunk, compile=compile_)
 
 
