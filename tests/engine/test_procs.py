@@ -22,7 +22,7 @@ from fedforge.algorithms import ALGORITHMS, build_algorithm
 from fedforge.core.store import ClientStore
 from fedforge.engine import LoopEngine, ProcessEngine, build_engine, classification_loss
 from fedforge.engine.base import CohortInputs
-from fedforge.engine.procs import default_workers, dumps_by_value
+from fedforge.engine.procs import default_workers, pickle_for_workers
 from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.round import federated_round
 from fedforge.experiment.runner import run_experiment
@@ -157,7 +157,7 @@ def test_unpicklable_loss_runs_in_process_with_one_warning(caplog):
     model = _model()
     x, y, sample_idx, weights = _data(KIND, SHAPE)
     with pytest.raises(TypeError):
-        dumps_by_value(_Unpicklable(model))
+        pickle_for_workers(_Unpicklable(model))
     eng = ProcessEngine(workers=2)
     fedavg = build_algorithm("fedavg", local_lr=0.05)
     inputs = _inputs(x, sample_idx, weights, _params(model))
@@ -232,7 +232,7 @@ def test_a_closure_travels_by_value():
 
         return f
 
-    f = pickle.loads(dumps_by_value(outer()))
+    f = pickle.loads(pickle_for_workers(outer()))
     assert f(torch.tensor(5.0)) == (torch.tensor(5.0) - 10 + 1) * 9
     with pytest.raises((pickle.PicklingError, AttributeError)):  # the standard pickle
         pickle.dumps(outer())

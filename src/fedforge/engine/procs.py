@@ -119,7 +119,7 @@ def combine_shards(outs: Sequence[CohortOutput], sizes: Sequence[int],
 
 
 # --- what travels once: the algorithm and the loss -----------------------------------------
-def dumps_by_value(obj: Any) -> bytes:
+def pickle_for_workers(obj: Any) -> bytes:
     """``obj`` pickled for a spawned worker with cloudpickle: algorithms are built from
     closures (optax-style transforms), which the standard pickle refuses; cloudpickle sends
     functions it cannot find by name by value. Tensors are copied into the bytes."""
@@ -376,7 +376,7 @@ class ProcessEngine(ChunkedEngine):
         key, blob = (id(algorithm), id(loss_fn)), None
         if key not in self._tokens:
             try:
-                blob = dumps_by_value((algorithm, loss_fn))
+                blob = pickle_for_workers((algorithm, loss_fn))
             except Exception as exc:  # PicklingError, TypeError, AttributeError, ...
                 return self._fall_back(f"the algorithm or the loss cannot be pickled "
                                        f"({type(exc).__name__}: {exc})")
@@ -399,7 +399,7 @@ class ProcessEngine(ChunkedEngine):
                                        f"workers ({_one_line(exc)})")
             self._data = (x_all, y_all)
         if token not in self._loaded:
-            blob = blob or dumps_by_value((algorithm, loss_fn))
+            blob = blob or pickle_for_workers((algorithm, loss_fn))
             try:
                 self._pool.call("load", [(token, blob)] * self.workers)
             except RuntimeError as exc:
