@@ -153,6 +153,22 @@ def test_auto_times_worker_processes_and_a_resume_rebuilds_them(monkeypatch):
         AutoEngine().load_state_dict({"choice": {"engine": "procs", "inner": "jax"}})
 
 
+@pytest.mark.slow  # spawns worker processes
+def test_uncalibrated_cpu_conv_net_runs_the_loop_in_worker_processes(monkeypatch):
+    """From the fedforge command, with two threads and >= 1000 client updates, a run too short
+    to calibrate trains a CPU conv net with the loop in worker processes (the loop's maths)."""
+    model, (x, y, idx, w), algo = _setup()
+    monkeypatch.setattr(auto_mod, "process_workers", lambda x_all: 2)
+    small = AutoEngine(budget_updates=999, max_share=0.0)
+    assert _run(algo, small, model, x, y, idx, w) and small.choice["engine"] == "loop"
+    with AutoEngine(budget_updates=1000, max_share=0.0) as engine:
+        got = _run(algo, engine, model, x, y, idx, w)
+        assert engine.choice["calibrated"] is False
+        assert auto_mod._label(engine.choice) == "procs 2 x loop"
+        assert len(engine.engine.processes) == 2
+    assert_same_run(_run(algo, LoopEngine(), model, x, y, idx, w), got, rtol=1e-4)
+
+
 def test_build_engine_auto_and_config_default():
     assert isinstance(build_engine("auto"), AutoEngine)
     assert load_config(QUICKSTART).engine.name == "auto"

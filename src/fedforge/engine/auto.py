@@ -10,10 +10,11 @@ On a CPU a model with 2-D convolutions also has the channels-last loop ("loop ch
 images and conv weights in NHWC memory format, which can spare oneDNN's layout reorders and
 use the NHWC pooling kernels, or lose to the plain loop; its results leave the engine in the
 ordinary layout).
-On a CPU run from the ``fedforge`` command with two or more threads, it then times the winner
-split over single-threaded worker processes (:class:`~fedforge.engine.procs.ProcessEngine`,
-one per thread; two such processes beat one two-threaded process on the machines measured),
-and keeps whichever is faster. The workers' start-up counts against the calibration's share.
+On a CPU run from the ``fedforge`` command with two or more threads, it then times the loop
+(and a vmapped winner) split over single-threaded worker processes
+(:class:`~fedforge.engine.procs.ProcessEngine`, one per thread; such processes beat one
+multi-threaded process on the machines measured), and keeps whichever is fastest. The
+workers' start-up counts against the calibration's share.
 The calibration's results are thrown away (the local update is pure), so the run trains
 exactly as the chosen engine alone would.
 
@@ -21,7 +22,9 @@ Calibration only runs when it costs at most ``max_share`` (2 %) of the run's cli
 (``budget_updates``, set by the runner to rounds x clients per round) and stops early once
 its wall time passes that share of the projected run. Shorter runs take a measured default
 (``benchmarks/RESULTS.md``): on a CPU, a model with convolutions runs the loop, since vmapped
-convolutions lose to it there, and any other model runs the vmapped engine. The choice and
+convolutions lose to it there (from the ``fedforge`` command with two or more threads and at
+least 1000 client updates, the loop in worker processes), and any other model runs the
+vmapped engine. The choice and
 the per-layer convolution strategies are :meth:`state_dict`, stored in every checkpoint, so a
 resumed run reuses them and stays bit-exact.
 """
@@ -43,6 +46,9 @@ from fedforge.engine.vmap import VmapEngine
 logger = logging.getLogger(__name__)
 MAX_SHARE = 0.02  # calibration may cost at most this share of the run
 PROCESS_START_S = 3.0  # starting worker processes (spawn, import torch, share the data)
+# an uncalibrated CPU conv net runs in worker processes from this many client updates on:
+# they beat the loop in every measurement (benchmarks/RESULTS.md), and start in 1.5-3 s
+PROCESS_MIN_UPDATES = 1000
 
 
 def _label(choice: dict) -> str:
@@ -158,8 +164,12 @@ class AutoEngine(ChunkedEngine):
         return out
 
     def _default(self, inputs, x_all, reason: str) -> None:
+        workers = process_workers(x_all)
         if _has_conv(inputs.global_params) and x_all.device.type == "cpu":
             self.choice = {"engine": "loop", "chunk": 1, "conv": "native"}
+            if workers >= 2 and (self.budget_updates or 0) >= PROCESS_MIN_UPDATES:
+                self.choice = {"engine": "procs", "inner": "loop", "chunk": 1,
+                               "conv": "native", "workers": workers}
         else:
             self.choice = {"engine": "vmap", "chunk": self._chunk, "conv": "native"}
         self.choice.update(calibrated=False, reason=reason)
@@ -193,7 +203,7 @@ class AutoEngine(ChunkedEngine):
                 break  # over the share of the projected run: keep the best so far
         assert best is not None
         workers = process_workers(x_all)
-        if workers >= 2 and best[0]["conv"] != "channels_last":
+        if workers >= 2:
             best, best_ms = self._time_processes(algorithm, loss_fn, x_all, y_all, inputs,
                                                  best, best_ms, workers, t_start)
         self.calibration_s = time.perf_counter() - t_start
@@ -204,28 +214,32 @@ class AutoEngine(ChunkedEngine):
 
     def _time_processes(self, algorithm, loss_fn, x_all, y_all, inputs: CohortInputs,
                         best: tuple, best_ms: float, workers: int, t_start: float) -> tuple:
-        """The in-process winner against the same engine in ``workers`` single-threaded
-        processes, each running one chunk -> the faster (choice, engine) and its time."""
-        cand = {"engine": "procs", "inner": best[0]["engine"], "chunk": best[0]["chunk"],
-                "conv": "native", "workers": workers}
-        if best[0]["engine"] == "vmap" and best[0]["conv"] != "native":
-            return best, best_ms  # per-layer conv plans live in this process only
-        clients = min(workers * cand["chunk"], inputs.sample_idx.shape[0])
+        """The loop (and a vmap winner at its chunk) split over ``workers`` single-threaded
+        processes, each running one chunk, against the in-process winner -> the fastest
+        (choice, engine) and its time."""
+        inners = [("loop", 1)]
+        if best[0]["engine"] == "vmap" and best[0]["conv"] == "native":  # conv plans stay here
+            inners.append(("vmap", best[0]["chunk"]))
         allowed = self.max_share * best_ms / 1000.0 * self.budget_updates
-        if clients < 2 or time.perf_counter() - t_start + PROCESS_START_S > allowed:
-            return best, best_ms
-        engine = self.build(cand)
-        sub = inputs.clients(slice(0, clients))
-        engine.run_cohort(algorithm, loss_fn, x_all, y_all, sub)  # starts the workers
-        t0 = time.perf_counter()
-        engine.run_cohort(algorithm, loss_fn, x_all, y_all, sub)
-        ms = (time.perf_counter() - t0) * 1000.0 / clients
-        if engine.fallback is None:
-            self.timings[_label(cand)] = round(ms, 3)
-        if engine.fallback is None and ms < best_ms:
-            best[1].close()
-            return (cand, engine), ms
-        engine.close()
+        for inner, chunk in inners:
+            clients = min(workers * chunk, inputs.sample_idx.shape[0])
+            if clients < 2 or time.perf_counter() - t_start + PROCESS_START_S > allowed:
+                break
+            cand = {"engine": "procs", "inner": inner, "chunk": chunk, "conv": "native",
+                    "workers": workers}
+            engine = self.build(cand)
+            sub = inputs.clients(slice(0, clients))
+            engine.run_cohort(algorithm, loss_fn, x_all, y_all, sub)  # starts the workers
+            t0 = time.perf_counter()
+            engine.run_cohort(algorithm, loss_fn, x_all, y_all, sub)
+            ms = (time.perf_counter() - t0) * 1000.0 / clients
+            if engine.fallback is None:
+                self.timings[_label(cand)] = round(ms, 3)
+            if engine.fallback is None and ms < best_ms:
+                best[1].close()
+                best, best_ms = (cand, engine), ms
+            else:
+                engine.close()
         return best, best_ms
 
     # --- records --------------------------------------------------------------------------

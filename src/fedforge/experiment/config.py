@@ -116,8 +116,9 @@ class EvalConfig(_Section):
 
 class EngineConfig(_Section):
     # auto: times loop and vmap variants on the first cohort (from the fedforge command on a
-    # CPU with >= 2 threads, also the winner in worker processes); runs too short for that take
-    # loop for a CPU conv net, vmap otherwise; metrics record the choice as engine_auto.
+    # CPU with >= 2 threads, also in worker processes); runs too short for that take loop for a
+    # CPU conv net (there, from 1000 client updates, in worker processes), vmap otherwise;
+    # metrics record the choice as engine_auto.
     # procs: the cohort split over single-threaded worker processes, one per CPU, each
     # running the loop on its share (faster than threads on small CPUs)
     name: Literal["auto", "vmap", "loop", "distributed", "procs"] = "auto"
