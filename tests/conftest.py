@@ -8,6 +8,12 @@ bridge — about one more minute on 2 cores. An explicit ``-m`` on the command l
 
 import os
 
+# Numpy's OpenBLAS, one thread: with its thread pool, a Flower simulation's server thread hung
+# in OpenBLAS (numpy matmul in the synthetic dataset's generator) late in the full CI=true
+# run, after the bench and torchrun tests, though every part passed on its own. The
+# BLAS calls here are tiny; the variable is read when numpy loads, so this must come first.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 
 def pytest_configure(config):
     explicit = any(a == "-m" or a.startswith("-m") for a in config.invocation_params.args)
