@@ -1,5 +1,10 @@
-"""Nothing in the package unpickles: no ``pickle``/``torch.load``/``allow_pickle=True``, and
-every ``np.load`` passes ``allow_pickle=False`` explicitly. Checkpoints are safetensors + JSON."""
+"""Nothing in the package unpickles files: no ``pickle``/``torch.load``/``allow_pickle=True``,
+and every ``np.load`` passes ``allow_pickle=False`` explicitly. Checkpoints are safetensors +
+JSON.
+
+One named exception: the procs engine's workers unpickle the algorithm and loss that their
+own parent pickled and sent over the private pipe to the child it spawned, as
+``multiprocessing`` itself does with every message; nothing is read from disk."""
 
 import re
 from pathlib import Path
@@ -15,6 +20,13 @@ FORBIDDEN = [
 ]
 
 
+# (file, line text) pairs allowed to match, each with its reason in the module docstring
+ALLOWED = {
+    ("engine/procs.py", "import pickle"),
+    ("engine/procs.py", "self.pairs[token] = pickle.loads(blob)"),
+}
+
+
 def _code_lines():
     for path in sorted(SRC.rglob("*.py")):
         for no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
@@ -23,7 +35,8 @@ def _code_lines():
 
 def test_no_pickle_or_torch_load_in_the_package():
     hits = [f"{p.relative_to(SRC)}:{n}: {why}: {line.strip()}" for p, n, line in _code_lines()
-            for rx, why in FORBIDDEN if rx.search(line)]
+            for rx, why in FORBIDDEN if rx.search(line)
+            and (p.relative_to(SRC).as_posix(), line.strip()) not in ALLOWED]
     assert not hits, "\n".join(hits)
 
 
@@ -39,3 +52,9 @@ def test_the_check_catches_what_it_should():
               "yaml.load(text)", "from dill import loads"]
     assert all(any(rx.search(s) for rx, _ in FORBIDDEN) for s in sample)
     assert not any(rx.search("yaml.safe_load(text)") for rx, _ in FORBIDDEN)
+
+
+def test_every_allowed_exception_still_exists():
+    """An allowance whose line is gone must go too, or it would excuse a future one."""
+    lines = {(p.relative_to(SRC).as_posix(), line.strip()) for p, _, line in _code_lines()}
+    assert ALLOWED <= lines, ALLOWED - lines

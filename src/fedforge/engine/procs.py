@@ -273,7 +273,7 @@ class _EngineWorker:
             return None
         if task == "load":
             token, blob = payload
-            self.pairs[token] = pickle.loads(blob)
+            self.pairs[token] = pickle.loads(blob)  # bytes our parent pickled, sent on our pipe
             return None
         if task == "run":
             token, keep_deltas, dtype, inputs = payload
