@@ -78,6 +78,16 @@ def _launched_by_cli() -> bool:
     return Path(sys.argv[0]).stem == "fedforge"  # the console script (guarded by pip)
 
 
+def _ms_per_update(engine: ChunkedEngine, algorithm, loss_fn, x_all: torch.Tensor,
+                   y_all: torch.Tensor, sub: CohortInputs) -> float:
+    """A warm-up call (plans, compiled chunks, worker start-up), then a timed one -> its
+    milliseconds per client update."""
+    engine.run_cohort(algorithm, loss_fn, x_all, y_all, sub)
+    t0 = time.perf_counter()
+    engine.run_cohort(algorithm, loss_fn, x_all, y_all, sub)
+    return (time.perf_counter() - t0) * 1000.0 / sub.sample_idx.shape[0]
+
+
 def _has_conv(params) -> bool:
     """A convolution's weight has three or more dimensions; linear, norm and RNN ones fewer."""
     return any(p.dim() >= 3 for p in params.values())
@@ -164,9 +174,9 @@ class AutoEngine(ChunkedEngine):
         return out
 
     def _default(self, inputs, x_all, reason: str) -> None:
-        workers = process_workers(x_all)
         if _has_conv(inputs.global_params) and x_all.device.type == "cpu":
             self.choice = {"engine": "loop", "chunk": 1, "conv": "native"}
+            workers = process_workers(x_all)
             if workers >= 2 and (self.budget_updates or 0) >= PROCESS_MIN_UPDATES:
                 self.choice = {"engine": "procs", "inner": "loop", "chunk": 1,
                                "conv": "native", "workers": workers}
@@ -188,18 +198,14 @@ class AutoEngine(ChunkedEngine):
         best, best_ms = None, float("inf")
         for cand in cands:
             engine = self.build(cand)
-            sub = inputs.clients(slice(0, cand["chunk"]))
-            engine.run_cohort(algorithm, loss_fn, x_all, y_all, sub)  # warm-up
-            t0 = time.perf_counter()
-            engine.run_cohort(algorithm, loss_fn, x_all, y_all, sub)
-            ms = (time.perf_counter() - t0) * 1000.0 / cand["chunk"]
+            ms = _ms_per_update(engine, algorithm, loss_fn, x_all, y_all,
+                                inputs.clients(slice(0, cand["chunk"])))
             if cand["conv"] == "auto" and not engine.state_dict().get("conv_plans"):
                 continue  # no convolution in this model: same as native
             self.timings[_label(cand)] = round(ms, 3)
             if ms < best_ms:
                 best, best_ms = (cand, engine), ms
-            spent = time.perf_counter() - t_start
-            if spent > self.max_share * best_ms / 1000.0 * self.budget_updates:
+            if time.perf_counter() - t_start > self._share_s(best_ms):
                 break  # over the share of the projected run: keep the best so far
         assert best is not None
         workers = process_workers(x_all)
@@ -220,19 +226,16 @@ class AutoEngine(ChunkedEngine):
         inners = [("loop", 1)]
         if best[0]["engine"] == "vmap" and best[0]["conv"] == "native":  # conv plans stay here
             inners.append(("vmap", best[0]["chunk"]))
-        allowed = self.max_share * best_ms / 1000.0 * self.budget_updates
+        allowed = self._share_s(best_ms)
         for inner, chunk in inners:
             clients = min(workers * chunk, inputs.sample_idx.shape[0])
             if clients < 2 or time.perf_counter() - t_start + PROCESS_START_S > allowed:
                 break
             cand = {"engine": "procs", "inner": inner, "chunk": chunk, "conv": "native",
                     "workers": workers}
-            engine = self.build(cand)
-            sub = inputs.clients(slice(0, clients))
-            engine.run_cohort(algorithm, loss_fn, x_all, y_all, sub)  # starts the workers
-            t0 = time.perf_counter()
-            engine.run_cohort(algorithm, loss_fn, x_all, y_all, sub)
-            ms = (time.perf_counter() - t0) * 1000.0 / clients
+            engine = self.build(cand)  # its warm-up call starts the workers
+            ms = _ms_per_update(engine, algorithm, loss_fn, x_all, y_all,
+                                inputs.clients(slice(0, clients)))
             if engine.fallback is None:
                 self.timings[_label(cand)] = round(ms, 3)
             if engine.fallback is None and ms < best_ms:
@@ -241,6 +244,10 @@ class AutoEngine(ChunkedEngine):
             else:
                 engine.close()
         return best, best_ms
+
+    def _share_s(self, best_ms: float) -> float:
+        """Seconds calibration may take: its share of the run projected at ``best_ms``."""
+        return self.max_share * best_ms / 1000.0 * self.budget_updates
 
     # --- records --------------------------------------------------------------------------
     def report(self) -> dict:

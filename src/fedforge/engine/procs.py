@@ -311,11 +311,8 @@ class ProcessEngine(ChunkedEngine):
     def __init__(self, keep_deltas: bool = False, *, workers: int | None = None,
                  inner: str = "loop", chunk_size: int | str = "auto") -> None:
         super().__init__(keep_deltas=keep_deltas)
-        if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
-                                    or workers < 1):
-            raise ValueError(f"engine procs: workers must be an int >= 1 or None, got "
-                             f"{workers!r}")
-        self.workers = default_workers() if workers is None else workers
+        self.workers = default_workers() if workers is None else _checked_workers(
+            workers, "engine procs: workers (or None)")
         self._chunk = chunk_size
         self.inner_name = inner
         self.inner = _build_inner(inner, chunk_size, keep_deltas)
@@ -455,10 +452,8 @@ class ProcessEngine(ChunkedEngine):
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` (a resumed run: the recorded workers and inner engine)."""
-        workers = state.get("workers", self.workers)
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"checkpoint field 'engine.workers': expected an int >= 1, got "
-                             f"{workers!r}")
+        workers = _checked_workers(state.get("workers", self.workers),
+                                   "checkpoint field 'engine.workers'")
         inner = state.get("inner", self.inner_name)
         if workers != self.workers or inner != self.inner_name:
             self.close()  # workers of another count or engine: new ones start when needed
@@ -469,6 +464,13 @@ class ProcessEngine(ChunkedEngine):
         self.inner.load_state_dict(state)
         if "workers" in state:
             self._reported = True  # the run's metrics already hold it
+
+
+def _checked_workers(value: Any, field: str) -> int:
+    """``value`` if it is a worker count (an int >= 1, not a bool), else a one-line error."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{field}: expected an int >= 1, got {value!r}")
+    return value
 
 
 def _one_line(exc: BaseException) -> str:

@@ -7,7 +7,6 @@ from round k draws exactly what an uninterrupted run draws, with no RNG state to
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import os
@@ -403,8 +402,7 @@ def _run_experiment(
     stragglers = straggler_clock(cfg.sim, exp.data.num_clients, cfg.seed, meta.get("sim_clock"))
     history = metrics.records
     # closing the engine ends its worker processes (procs), also after an error or Ctrl-C
-    with RoundProgress.for_run(cfg, out, start, enabled=progress) as bar, \
-            contextlib.closing(exp.engine):
+    with RoundProgress.for_run(cfg, out, start, enabled=progress) as bar, exp.engine:
         t = start - 1
         while t < cfg.rounds:  # a while loop: a divergence rollback moves t back
             t += 1
