@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from fedforge.reproduce import REPRODUCTIONS, Comparison, Condition, Reproduction, reproduce
+from fedforge.reproduce import (
+    REPRODUCTIONS,
+    Comparison,
+    Condition,
+    Reproduction,
+    get_reproduction,
+    reproduce,
+)
 from fedforge.reproduce.grid import grid_plan, run_grid
 from fedforge.reproduce.report import paper_scale, write_report
 
@@ -226,3 +233,19 @@ def test_a_censored_time_only_keeps_calls_it_cannot_overturn(call, expect, a_cen
     from fedforge.reproduce.report import _censored_call
 
     assert _censored_call(call, expect, a_cens, b_cens) == result
+
+
+def test_figures_pair_the_two_sides_of_a_one_to_one_comparison():
+    """NAR and vanilla of one backbone share a colour (NAR solid, vanilla dashed); a
+    condition compared with several others keeps a colour of its own."""
+    from fedforge.reproduce.report import line_styles
+
+    nar = line_styles(get_reproduction("fednar"), ["fedavg_nar", "fedavg_vanilla",
+                                                   "fedprox_nar", "fedprox_vanilla"])
+    assert nar["fedavg_nar"] == (nar["fedavg_vanilla"][0], "-")
+    assert nar["fedavg_vanilla"][1] == "--"
+    assert nar["fedprox_nar"][0] != nar["fedavg_nar"][0]
+    fedptr = get_reproduction("fedptr")
+    assert {"c10_fedptr", "c10_fedavg"} <= {c.name for c in fedptr.conditions}
+    ptr = line_styles(fedptr, ["c10_fedptr", "c10_fedavg"])
+    assert {s[1] for s in ptr.values()} == {"-"} and len({s[0] for s in ptr.values()}) == 2

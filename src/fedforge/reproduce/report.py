@@ -342,6 +342,24 @@ def _mean_curve(runs: dict[int, RunSummary], key: str) -> tuple[list[float], lis
     return xs, [sum(by_round[x]) / len(by_round[x]) for x in xs]
 
 
+def line_styles(spec: Reproduction, names: list[str]) -> dict[str, tuple[str, str]]:
+    """(colour, line style) per condition: the two sides of a one-to-one comparison (a
+    condition in no other comparison, e.g. "X + NAR" against "X") share a colour, b dashed."""
+    uses: dict[str, int] = {}
+    for c in spec.comparisons:
+        for side in (c.a, c.b):
+            uses[side] = uses.get(side, 0) + 1
+    styles: dict[str, tuple[str, str]] = {}
+    for c in spec.comparisons:
+        if c.a in names and c.b in names and uses[c.a] == uses[c.b] == 1:
+            colour = f"C{len(set(s[0] for s in styles.values())) % 10}"
+            styles[c.a], styles[c.b] = (colour, "-"), (colour, "--")
+    for name in names:
+        if name not in styles:
+            styles[name] = (f"C{len(set(s[0] for s in styles.values())) % 10}", "-")
+    return styles
+
+
 def plot_accuracy(spec: Reproduction, runs: dict, path: Path) -> Path:
     """Mean curve per condition; one panel per ``spec.panels`` entry (default: one)."""
     import matplotlib
@@ -353,6 +371,7 @@ def plot_accuracy(spec: Reproduction, runs: dict, path: Path) -> Path:
     fig, grid = plt.subplots(1, len(panels), figsize=(7 if len(panels) == 1 else 5.2 *
                                                        len(panels), 4.2), squeeze=False)
     colours: dict[str, str] = {}  # one colour per method across the panels
+    styles = {} if spec.panels else line_styles(spec, [n for n in panels[0][1] if runs.get(n)])
     for ax, (title, names) in zip(grid.flat, panels, strict=True):
         for name in names:
             if not runs.get(name):
@@ -365,8 +384,9 @@ def plot_accuracy(spec: Reproduction, runs: dict, path: Path) -> Path:
             label = spec.condition(name).title
             if title:  # the panel names the regime: drop a "regime: " prefix
                 label = label.split(": ", 1)[-1]
-            colour = colours.setdefault(label, f"C{len(colours) % 10}")
-            ax.plot(xs, ys, color=colour, label=f"{label} ({len(runs[name])} seeds)")
+            colour, ls = styles.get(name) or (colours.setdefault(label, f"C{len(colours) % 10}"),
+                                              "-")
+            ax.plot(xs, ys, color=colour, ls=ls, label=f"{label} ({len(runs[name])} seeds)")
         if spec.target is not None:
             ax.axhline(spec.target, color="grey", ls="--", lw=0.8,
                        label=f"target {spec.target:g}")
@@ -400,18 +420,22 @@ def plot_diagnostics(spec: Reproduction, runs: dict, path: Path) -> Path | None:
     for ax in axes[len(keys) + 1:]:
         ax.set_visible(False)
     axes = axes[:len(keys) + 1]
-    for name, cond_runs in runs.items():
+    shown = [n for n in (spec.curves or runs) if runs.get(n)]
+    styles = line_styles(spec, shown)
+    for name in shown:
+        cond_runs = runs[name]
         lasts = [evals[-1] for s in cond_runs if (evals := evaluated(cond_runs[s].history,
                                                                       spec.metric))]
         if not any(k in last for last in lasts for k in keys):
             continue
         title = spec.condition(name).title
+        colour, ls = styles[name]
         xs, ys = _mean_curve(cond_runs, spec.metric)
-        axes[0].plot(xs, ys, label=title)
+        axes[0].plot(xs, ys, color=colour, ls=ls, label=title)
         for ax, key in zip(axes[1:], keys, strict=True):
             xs, ys = _mean_curve(cond_runs, key)
             if xs:
-                ax.plot(xs, ys, label=title)
+                ax.plot(xs, ys, color=colour, ls=ls, label=title)
     axes[0].set_title(spec.metric, fontsize=9)
     for ax, key in zip(axes[1:], keys, strict=True):
         ax.set_title(key, fontsize=9)

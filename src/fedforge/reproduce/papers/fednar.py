@@ -142,7 +142,7 @@ def fednar_spec() -> Reproduction:
             tuple(c.name for c in paper_a),
         ),
         diagnostics=("clip_fraction", "clip_norm"),
-        curves=tuple(c.name for c in cifar),
+        curves=tuple(c.name for c in (*cifar, *paper_a)),
         paper=PAPER,
         paper_title="authors' logs: acc. % at round 1000 (CIFAR-10, ResNet-18)",
         notes=NOTES,
