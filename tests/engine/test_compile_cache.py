@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import torch._functorch.config as functorch_config
 import torch._inductor.config as inductor_config
 
@@ -85,3 +86,28 @@ def test_second_process_hits_the_fx_graph_cache(tmp_path):
         runs.append(json.loads(out.strip().splitlines()[-1]))
     assert runs[0]["miss"] >= 1 and runs[0]["hit"] == 0
     assert runs[1]["hit"] >= 1 and runs[1]["miss"] == 0
+
+
+def _graph_targets(precision: str) -> list[str]:
+    """What dynamo captures from the classification loss, with a recording backend."""
+    from fedforge.engine import classification_loss
+
+    seen: list[str] = []
+
+    def record(gm, example_inputs):
+        seen.extend(str(node.target) for node in gm.graph.nodes)
+        return gm.forward
+
+    loss = classification_loss(torch.nn.Linear(3, 2), precision)
+    params = dict(loss.model.named_parameters())
+    x, y, w = torch.randn(4, 3), torch.tensor([0, 1, 0, 1]), torch.ones(4)
+    torch._dynamo.reset()
+    torch.compile(loss, backend=record)(params, x, y, w)
+    return seen
+
+
+def test_fp32_loss_opens_no_autocast_region():
+    """An autocast region in the graph, even a disabled one, makes AOTAutograd bypass its
+    cache, so every new process would re-trace the backward."""
+    assert not any("autocast" in t for t in _graph_targets("fp32"))
+    assert any("autocast" in t for t in _graph_targets("bf16"))  # the check can see one

@@ -56,9 +56,11 @@ class ClassificationLoss:
 
     def __call__(self, params: Params, x: torch.Tensor, y: torch.Tensor,
                  w: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(x.device.type, dtype=torch.bfloat16,
-                            enabled=self.precision == "bf16"):
-            logits = torch.func.functional_call(self.model, params, (x,))  # [B, classes]
+        if self.precision == "bf16":
+            with torch.autocast(x.device.type, dtype=torch.bfloat16):
+                logits = torch.func.functional_call(self.model, params, (x,))  # [B, classes]
+        else:  # no autocast region at all: one, even disabled, stops the compile cache
+            logits = torch.func.functional_call(self.model, params, (x,))
         per_sample = F.cross_entropy(upcast(logits), y, reduction="none")  # [B]
         return (per_sample * w).sum() / w.sum().clamp_min(1.0)
 
