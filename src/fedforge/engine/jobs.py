@@ -13,6 +13,7 @@ pure ``make_local_update``, with the task algorithm's local optimizer.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -143,6 +144,8 @@ class TaskExecutor:
         self.engine = engine if engine is not None else VmapEngine()
         self.loss_fn = loss_fn
         self.batches_run = 0
+        self.jobs_run = 0
+        self.compute_s = 0.0  # wall seconds inside the engine's training calls
 
     # --- bookkeeping --------------------------------------------------------------------
     def submit(self, job: Job, params: Params, broadcast: dict) -> None:
@@ -205,10 +208,13 @@ class TaskExecutor:
         params = tree_stack([versions[j.version][0] for j in jobs])  # [J, ...]
         bcast = tree_stack([versions[j.version][1] for j in jobs])  # [J, ...] per leaf
         masked = bool((mask.sum(-1) == 0).any())  # one function for the whole batch
+        t0 = time.perf_counter()
         deltas, losses, calls = run_jobs(self.engine, self._fn(masked), self.x_all, self.y_all,
                                          JobInputs(params, bcast, sample_idx, mask),
                                          self.max_batch)
+        self.compute_s += time.perf_counter() - t0
         self.batches_run += calls
+        self.jobs_run += len(jobs)
         return deltas, losses
 
     # --- checkpoints -------------------------------------------------------------------

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from fedforge.algorithms.base import Algorithm
-from fedforge.core.tree import Params, restore_like, tree_map, tree_map2
+from fedforge.core.tree import Params, restore_like, tree_leaves, tree_map
 from fedforge.server.chain import Aggregate
 
 
@@ -39,7 +39,10 @@ class BufferedServer:
 
         -> whether a server step happened.
         """
-        self.buf_sum = tree_map2(lambda s, d: s + weight * d, self.buf_sum, delta)
+        # in place: one arrival costs an add per leaf, not two new model-sized tensors
+        # (the sum the same as ``s + weight * d``, bit for bit)
+        for s, d in zip(tree_leaves(self.buf_sum), tree_leaves(delta), strict=True):
+            s.add_(d if weight == 1.0 else weight * d)
         self.buf_count += 1
         if self.buf_count < self.b:
             return False
