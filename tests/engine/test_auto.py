@@ -190,3 +190,24 @@ def test_run_records_the_choice_and_resume_reuses_it(tmp_path, monkeypatch):
                           progress=False)
     assert [r["round"] for r in more] == [1, 2, 3] and "engine_auto" not in more[2]
 
+
+
+def test_calibration_leaves_the_worker_processes_their_share(monkeypatch):
+    """In-process candidates stop before one would overrun the share minus what timing the
+    worker processes needs, so a tight budget still tries them (each candidate: 0.2 s)."""
+    import time
+
+    model, (x, y, idx, w), algo = _setup()
+    monkeypatch.setattr(auto_mod, "process_workers", lambda x_all: 2)
+    monkeypatch.setattr(auto_mod, "PROCESS_START_S", 0.5)
+    monkeypatch.setattr(auto_mod, "_ms_per_update", lambda *a: time.sleep(0.2) or 10.0)
+    seen = {}
+
+    def record(self, algorithm, loss_fn, x_all, y_all, inputs, best, best_ms, workers, t0):
+        seen["left_s"] = self._share_s(best_ms) - (time.perf_counter() - t0)
+        return best, best_ms
+
+    monkeypatch.setattr(AutoEngine, "_time_processes", record)
+    engine = AutoEngine(budget_updates=5000)  # share: 2 % x 10 ms x 5000 = 1 s
+    _run(algo, engine, model, x, y, idx, w)
+    assert seen["left_s"] >= auto_mod.PROCESS_START_S

@@ -19,8 +19,9 @@ The calibration's results are thrown away (the local update is pure), so the run
 exactly as the chosen engine alone would.
 
 Calibration only runs when it costs at most ``max_share`` (2 %) of the run's client updates
-(``budget_updates``, set by the runner to rounds x clients per round) and stops early once
-its wall time passes that share of the projected run. Shorter runs take a measured default
+(``budget_updates``, set by the runner to rounds x clients per round), and it skips the
+remaining candidates once the next would overrun that share of the projected run (keeping
+what timing the worker processes needs for them). Shorter runs take a measured default
 (``benchmarks/RESULTS.md``): on a CPU, a model with convolutions runs the loop, since vmapped
 convolutions lose to it there (from the ``fedforge`` command with two or more threads and at
 least 1000 client updates, the loop in worker processes), and any other model runs the
@@ -196,19 +197,24 @@ class AutoEngine(ChunkedEngine):
                                  f"updates > {self.max_share:.0%} of {self.budget_updates})")
         t_start = time.perf_counter()
         best, best_ms = None, float("inf")
+        workers = process_workers(x_all)
+        last_s = 0.0  # how long the previous candidate took
         for cand in cands:
+            left = (self._share_s(best_ms) - self._process_reserve_s(workers, best_ms)
+                    - (time.perf_counter() - t_start))
+            if best is not None and last_s > left:
+                break  # the next candidate would overrun the share: keep the best so far
             engine = self.build(cand)
+            t_cand = time.perf_counter()
             ms = _ms_per_update(engine, algorithm, loss_fn, x_all, y_all,
                                 inputs.clients(slice(0, cand["chunk"])))
+            last_s = time.perf_counter() - t_cand
             if cand["conv"] == "auto" and not engine.state_dict().get("conv_plans"):
                 continue  # no convolution in this model: same as native
             self.timings[_label(cand)] = round(ms, 3)
             if ms < best_ms:
                 best, best_ms = (cand, engine), ms
-            if time.perf_counter() - t_start > self._share_s(best_ms):
-                break  # over the share of the projected run: keep the best so far
         assert best is not None
-        workers = process_workers(x_all)
         if workers >= 2:
             best, best_ms = self._time_processes(algorithm, loss_fn, x_all, y_all, inputs,
                                                  best, best_ms, workers, t_start)
@@ -244,6 +250,13 @@ class AutoEngine(ChunkedEngine):
             else:
                 engine.close()
         return best, best_ms
+
+    @staticmethod
+    def _process_reserve_s(workers: int, best_ms: float) -> float:
+        """What timing the loop in worker processes needs of the share (0 without them):
+        their start-up and two calls of one client each, so the in-process candidates
+        cannot spend it first (processes won every CPU measurement of a conv net)."""
+        return PROCESS_START_S + 2 * best_ms / 1000.0 if workers >= 2 else 0.0
 
     def _share_s(self, best_ms: float) -> float:
         """Seconds calibration may take: its share of the run projected at ``best_ms``."""
