@@ -29,9 +29,10 @@ from torch import nn
 from fedforge.algorithms import build_algorithm
 from fedforge.algorithms.base import Algorithm
 from fedforge.engine import CohortInputs, CohortOutput, classification_loss
+from fedforge.engine.base import combine_shards, sum_trees
 from fedforge.engine.distributed import shard_bounds
 from fedforge.engine.local import LossFn
-from fedforge.engine.procs import WorkerPool, combine_shards, sum_trees, worker_threads
+from fedforge.engine.procs import WorkerPool, worker_threads
 
 
 class WorkerPair:

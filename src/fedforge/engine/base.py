@@ -9,13 +9,13 @@ not the cohort. ``LoopEngine`` uses chunks of one client without vmap (the refer
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple, TypeVar
 
 import torch
 
 from fedforge.algorithms.base import Algorithm
-from fedforge.core.tree import Params, tree_index, tree_map, tree_map2
+from fedforge.core.tree import Params, PyTree, tree_index, tree_map, tree_map2
 from fedforge.engine.local import LocalResult, LossFn, make_local_update
 
 logger = logging.getLogger(__name__)
@@ -55,6 +55,33 @@ def _cat(chunks: list) -> dict:
     if not chunks:
         return {}
     return tree_map(lambda *xs: torch.cat(xs), *chunks) if len(chunks) > 1 else chunks[0]
+
+
+def sum_trees(trees: Sequence[PyTree]) -> PyTree:
+    """Leafwise sum of equally shaped trees, in order."""
+    return tree_map(lambda *xs: sum(xs[1:], xs[0]), *trees)
+
+
+def combine_shards(outs: Sequence[CohortOutput], sizes: Sequence[int], keep_deltas: bool,
+                   delta_sum: PyTree | None = None) -> CohortOutput:
+    """One cohort's output from its contiguous shards, in order, each run with the cohort's
+    aggregation weights: the delta sums add up, upload means are re-weighted by shard size,
+    states, metrics and deltas are concatenated. Empty shards are skipped. ``delta_sum``:
+    the shards' delta sums already added up elsewhere (an all-reduce across ranks).
+
+    The one place shards become a cohort: worker processes (``procs``) and ranks
+    (``DistributedEngine``) both combine here."""
+    live = [(o, k) for o, k in zip(outs, sizes, strict=True) if k]
+    num = sum(sizes)
+    uploads = [tree_map(lambda u, k=k: u * k, o.mean_uploads) for o, k in live]
+    shards = [o for o, _ in live]
+    return CohortOutput(
+        delta_sum if delta_sum is not None else sum_trees([o.mean_delta for o in shards]),
+        tree_map(lambda u: u / num, sum_trees(uploads)) if uploads else {},
+        _cat([o.client_states for o in shards]),
+        _cat([o.metrics for o in shards]),
+        _cat([o.deltas for o in shards]) if keep_deltas else None,
+    )
 
 
 class ChunkedEngine:

@@ -28,10 +28,9 @@ from fedforge.core.tree import (
     flatten_dict,
     tree_leaves,
     tree_map,
-    tree_map2,
     tree_to,
 )
-from fedforge.engine.base import CohortInputs, CohortOutput, _cat
+from fedforge.engine.base import CohortInputs, CohortOutput, combine_shards
 from fedforge.engine.local import LossFn
 from fedforge.engine.vmap import VmapEngine
 
@@ -101,32 +100,19 @@ class DistributedEngine(VmapEngine):
         lo, hi = shard_bounds(num_clients, rank, world)
         # global weights: the shard's "mean" is a partial sum
         out = super().run_cohort(algorithm, loss_fn, x_all, y_all, inputs.clients(slice(lo, hi)))
-        n = hi - lo
         delta_sum = out.mean_delta
-        upload_sum = tree_map(lambda u: u * n, out.mean_uploads) if n else None
         # a rank with an empty shard has zero deltas and still joins every collective
         gathered: list = [None] * world
         # host tensors: unpickled CUDA tensors would land on the sender's GPU index
         dist.all_gather_object(gathered, tree_to({
-            "u": upload_sum, "s": out.client_states, "m": out.metrics, "k": out.deltas}, "cpu"))
+            "u": out.mean_uploads, "s": out.client_states, "m": out.metrics, "k": out.deltas},
+            "cpu"))
         gathered = tree_to(gathered, x_all.device)
         for leaf in tree_leaves(delta_sum):
             dist.all_reduce(leaf, op=dist.ReduceOp.SUM)
-        ups = [g["u"] for g in gathered if g["u"] is not None]
-        mean_uploads = {}
-        if ups:
-            total = ups[0]
-            for u in ups[1:]:
-                total = tree_map2(torch.add, total, u)
-            mean_uploads = tree_map(lambda u: u / num_clients, total)
-        parts = [g for g in gathered if g["m"]]
-        return CohortOutput(
-            delta_sum,
-            mean_uploads,
-            _cat([g["s"] for g in parts]),
-            _cat([g["m"] for g in parts]),
-            _cat([g["k"] for g in parts]) if self.keep_deltas else None,
-        )
+        sizes = [b - a for a, b in (shard_bounds(num_clients, r, world) for r in range(world))]
+        shards = [CohortOutput(None, g["u"], g["s"], g["m"], g["k"]) for g in gathered]
+        return combine_shards(shards, sizes, self.keep_deltas, delta_sum=delta_sum)
 
 
 def make_client_store(num_clients: int, template: dict, device: torch.device | str = "cpu",

@@ -43,7 +43,7 @@ import signal
 import threading
 import traceback
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +54,7 @@ import torch.multiprocessing  # noqa: F401  (registers tensors' transfer through
 
 from fedforge.algorithms.base import Algorithm
 from fedforge.core.tree import PyTree, tree_map, upcast
-from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput, _cat
+from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput, combine_shards
 from fedforge.engine.distributed import shard_bounds
 from fedforge.engine.local import LossFn
 from fedforge.engine.loop import LoopEngine
@@ -95,27 +95,6 @@ def unpack(tree: PyTree) -> PyTree:
     """The tensors :func:`pack` packed, in their own dtypes."""
     return tree_map(lambda a: torch.from_numpy(a.data).to(a.dtype)
                     if isinstance(a, _Array) else a, tree)
-
-
-def sum_trees(trees: Sequence[PyTree]) -> PyTree:
-    """Leafwise sum of equally shaped trees, in order."""
-    return tree_map(lambda *xs: sum(xs[1:], xs[0]), *trees)
-
-
-def combine_shards(outs: Sequence[CohortOutput], sizes: Sequence[int],
-                   keep_deltas: bool) -> CohortOutput:
-    """One cohort's output from its contiguous shards, in order, each run with the cohort's
-    aggregation weights: the delta sums add up, upload means are re-weighted by shard size,
-    states, metrics and deltas are concatenated (as ``DistributedEngine`` combines ranks)."""
-    num = sum(sizes)
-    uploads = [tree_map(lambda u, k=k: u * k, o.mean_uploads) for o, k in zip(outs, sizes)]
-    return CohortOutput(
-        sum_trees([o.mean_delta for o in outs]),
-        tree_map(lambda u: u / num, sum_trees(uploads)),
-        _cat([o.client_states for o in outs]),
-        _cat([o.metrics for o in outs]),
-        _cat([o.deltas for o in outs]) if keep_deltas else None,
-    )
 
 
 # --- what travels once: the algorithm and the loss -----------------------------------------
