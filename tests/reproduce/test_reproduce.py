@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -249,3 +250,21 @@ def test_figures_pair_the_two_sides_of_a_one_to_one_comparison():
     assert {"c10_fedptr", "c10_fedavg"} <= {c.name for c in fedptr.conditions}
     ptr = line_styles(fedptr, ["c10_fedptr", "c10_fedavg"])
     assert {s[1] for s in ptr.values()} == {"-"} and len({s[0] for s in ptr.values()}) == 2
+
+
+def test_a_paired_sweep_tables_and_plots_the_difference_per_value(tmp_path):
+    from fedforge.reproduce import Sweep
+    from fedforge.reproduce.report import RunSummary, plot_sweep, sweep_table
+
+    def run(seed, acc):
+        return RunSummary(seed, 1.0, 1.0, acc, True, 1.0, [])
+
+    runs = {"a1": {0: run(0, 0.50), 1: run(1, 0.60)}, "b1": {0: run(0, 0.40), 1: run(1, 0.45)},
+            "a2": {0: run(0, 0.30)}, "b2": {}}
+    sweep = Sweep("lr sweep", "lr", ((0.1, "a1", "b1"), (1.0, "a2", "b2")), "A", "B")
+    table = sweep_table(runs, sweep).splitlines()
+    assert table[2].startswith("| 0.1 | 0.5500 ± ") and "| 0.1250 ± " in table[2]
+    assert table[3] == "| 1 | 0.3000 | – | – | 0 |"
+    assert plot_sweep(runs, sweep, tmp_path / "s.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="sweep 'lr sweep' names unknown condition 'nope'"):
+        replace(tiny_spec(), sweeps=(Sweep("lr sweep", "lr", ((1.0, "fast", "nope"),)),))

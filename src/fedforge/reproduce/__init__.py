@@ -16,12 +16,13 @@ from fedforge.reproduce.spec import (
     Comparison,
     Condition,
     Reproduction,
+    Sweep,
     get_reproduction,
     register,
 )
 
-__all__ = ["REPRODUCTIONS", "Comparison", "Condition", "Reproduction", "get_reproduction",
-           "register", "reproduce"]
+__all__ = ["REPRODUCTIONS", "Comparison", "Condition", "Reproduction", "Sweep",
+           "get_reproduction", "register", "reproduce"]
 
 
 def reproduce(

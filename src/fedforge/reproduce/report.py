@@ -16,7 +16,7 @@ from pathlib import Path
 
 from fedforge.experiment.metrics import evaluated
 from fedforge.reproduce.grid import diverged_path, read_metrics, summary_path
-from fedforge.reproduce.spec import Comparison, Reproduction
+from fedforge.reproduce.spec import Comparison, Reproduction, Sweep
 from fedforge.reproduce.stats import (
     INCONCLUSIVE,
     REPRODUCED,
@@ -450,6 +450,70 @@ def plot_diagnostics(spec: Reproduction, runs: dict, path: Path) -> Path | None:
     return path
 
 
+def _sweep_rows(runs: dict, sweep: Sweep) -> list[tuple[float, Interval, Interval, Interval]]:
+    """Per value: final metric of a and of b, and the paired a − b (common seeds)."""
+    rows = []
+    for value, a, b in sweep.points:
+        ra, rb = runs.get(a, {}), runs.get(b, {})
+        common = sorted(set(ra) & set(rb))
+        rows.append((value, t_interval([r.final_acc for r in ra.values()]),
+                     t_interval([r.final_acc for r in rb.values()]),
+                     paired_difference([ra[s].final_acc for s in common],
+                                       [rb[s].final_acc for s in common])))
+    return rows
+
+
+def sweep_table(runs: dict, sweep: Sweep) -> str:
+    fmt = METRICS["final_acc"][1]
+    head = [sweep.parameter, f"{sweep.a_label}: final acc.", f"{sweep.b_label}: final acc.",
+            f"{sweep.a_label} − {sweep.b_label} (paired)", "seeds"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for value, a, b, diff in _sweep_rows(runs, sweep):
+        ci = "–" if diff.n == 0 else diff.format(fmt)
+        if diff.n >= 2:
+            ci += f" [{fmt.format(diff.low)}, {fmt.format(diff.high)}]"
+        cells = [f"{value:g}", "–" if a.n == 0 else a.format(fmt),
+                 "–" if b.n == 0 else b.format(fmt), ci, str(diff.n)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_sweep(runs: dict, sweep: Sweep, path: Path) -> Path:
+    """Left: final metric of a and b against the parameter (log axis), mean ± 95 % CI over
+    seeds; right: their paired difference with its CI and the zero line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in _sweep_rows(runs, sweep) if r[3].n]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4))
+
+    def bars(ax, xs, ivs, **kw):
+        ax.errorbar(xs, [iv.mean for iv in ivs],
+                    yerr=[0.0 if math.isnan(iv.half) else iv.half for iv in ivs],
+                    capsize=3, **kw)
+
+    xs = [r[0] for r in rows]
+    bars(left, xs, [r[1] for r in rows], fmt="o-", label=sweep.a_label)
+    bars(left, xs, [r[2] for r in rows], fmt="s--", label=sweep.b_label)
+    bars(right, xs, [r[3] for r in rows], fmt="o-", color="C2")
+    right.axhline(0.0, color="grey", lw=0.8)
+    left.set_ylabel("final acc. (mean of last 5 evals)")
+    right.set_ylabel(f"{sweep.a_label} − {sweep.b_label}, paired")
+    left.legend(fontsize=8)
+    for ax in (left, right):
+        ax.set_xscale("log")
+        ax.set_xlabel(sweep.parameter)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{sweep.title} (mean ± 95 % CI over seeds)", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def headline(spec: Reproduction, runs: dict) -> list[str]:
     lines = []
     for comp in spec.comparisons:
@@ -497,6 +561,10 @@ def write_report(spec: Reproduction, data: Path, docs: Path, *, command: str = "
             table(spec, runs, list(spec.curves) or None), ""]
     for title, names in spec.ablations:
         out += [f"**{title}.**", "", table(spec, runs, list(names)), ""]
+    for i, sweep in enumerate(spec.sweeps):
+        png = plot_sweep(runs, sweep, img / f"{spec.name}_sweep{i}.png")
+        out += [f"**{sweep.title}.**", "", sweep_table(runs, sweep), "",
+                f"![{sweep.title}](../img/{png.name})", ""]
     out += ["**Paired comparisons** (same seed = same partition, cohorts and batches).", "",
             comparison_table(spec, runs), "",
             "**Verdict.**" if done == total else "**Verdict so far.**", "", *headline(spec, runs),

@@ -51,6 +51,19 @@ class Comparison:
 
 
 @dataclass(frozen=True)
+class Sweep:
+    """A paired hyper-parameter sweep: at each value of ``parameter``, condition ``a``
+    against condition ``b`` (e.g. with and without the method), same seeds. The report
+    tables and plots the final metric of both and their paired difference per value."""
+
+    title: str
+    parameter: str  # the x axis, e.g. "λ (initial weight decay)"
+    points: tuple[tuple[float, str, str], ...]  # (value, a, b), increasing values
+    a_label: str = "a"
+    b_label: str = "b"
+
+
+@dataclass(frozen=True)
 class Reproduction:
     """A falsifiable claim and the grid that tests it (see ``REPRODUCING.md``)."""
 
@@ -77,6 +90,7 @@ class Reproduction:
     paper_commands: tuple[str, ...] = ()  # what a GPU run at the paper's scale would execute
     paper_compute: str = ""  # the estimate printed with --scale paper
     ablations: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (title, conditions) tables
+    sweeps: tuple[Sweep, ...] = ()  # paired sweeps: a table and a figure each
     # execution order: each stage's conditions for every seed, stage after stage (the
     # claim's core first); conditions in no stage run last
     stages: tuple[tuple[str, ...], ...] = ()
@@ -102,6 +116,12 @@ class Reproduction:
             for side in (comp.a, comp.b):
                 if side not in names:
                     raise ValueError(f"{self.name}: comparison names unknown condition {side!r}")
+        for sweep in self.sweeps:
+            for _, a, b in sweep.points:
+                for side in (a, b):
+                    if side not in names:
+                        raise ValueError(f"{self.name}: sweep {sweep.title!r} names unknown "
+                                         f"condition {side!r}")
         if self.gain_baseline is not None and self.gain_baseline not in names:
             raise ValueError(f"{self.name}: gain_baseline names unknown condition "
                              f"{self.gain_baseline!r}")

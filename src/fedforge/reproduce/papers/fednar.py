@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fedforge.reproduce.spec import Comparison, Condition, Reproduction, register
+from fedforge.reproduce.spec import Comparison, Condition, Reproduction, Sweep, register
 
 CLAIM = (
     "Adding NAR (weight decay inside the clip, annealed) to each of six backbones — FedAvg, "
@@ -149,10 +149,13 @@ def fednar_spec() -> Reproduction:
         ablations=(
             ("Clip threshold (FedAvg, CIFAR-10): the code's A = 10 against the grid's A = 5",
              tuple(c.name for c in (*paper_a, *cifar[:2]))),
-            ("λ sweep (FedAvg, CIFAR-10)",
-             tuple(c.name for c in (*_lambda(LAMBDAS[0]), *cifar[:2],
-                                    *[x for v in LAMBDAS[1:] for x in _lambda(v)]))),
         ),
+        sweeps=(Sweep(
+            "λ sweep (FedAvg, CIFAR-10, A = 5)", "λ (initial weight decay)",
+            tuple(sorted([(0.05, "fedavg_nar", "fedavg_vanilla"),
+                          *[(float(v), f"fedavg_wd{v}_nar", f"fedavg_wd{v}_vanilla")
+                            for v in LAMBDAS]])),
+            a_label="FedAvg + NAR", b_label="FedAvg"),),
         paper_commands=tuple(
             f"fedforge compare {CIFAR} -a {alg} model.name=resnet18_gn 'model.options={{}}' "
             f"rounds=1000 server.clients_per_round=20 engine.device=cuda "
