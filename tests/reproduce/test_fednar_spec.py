@@ -50,3 +50,5 @@ def test_release_script_settings_come_from_the_config():
     assert cfg.data.partition == "dirichlet_equal" and cfg.data.partition_options["alpha"] == 0.3
     shk = plan[("shk_fedadam_nar", 2)]
     assert shk.data.dataset == "shakespeare" and shk.client.lr["init"] == 0.01
+    assert shk.client.max_grad_norm == 3.0  # Shakespeare's regime: see the spec's notes
+    assert plan[("shk_fedavg_a10_vanilla", 0)].client.max_grad_norm == 10.0

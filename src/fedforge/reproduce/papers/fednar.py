@@ -41,7 +41,8 @@ CIFAR_SCALE = (
     "rounds=100", "eval.every=5", "server.clients_per_round=10", "checkpoint.every=10",
     "engine.name=procs", "client.max_grad_norm=5.0",
 )
-SHAKESPEARE_SCALE = ("rounds=50", "eval.every=5", "checkpoint.every=10")
+SHAKESPEARE_SCALE = ("rounds=50", "eval.every=5", "checkpoint.every=10", "engine.name=procs",
+                     "client.max_grad_norm=3.0")
 LAMBDAS = ("0.01", "0.1", "0.3")
 
 NOTES = """\
@@ -65,6 +66,14 @@ therefore uses A = 5, the measured norm scale rounded to a whole number, fixed f
 run before any NAR run; A = 10 stays as an ablation for FedAvg. The diagnostic figure shows
 the fraction of clipped local steps per round (`clip_fraction`) and the mean pre-clip norm
 (`clip_norm`) for every condition.
+
+**Shakespeare.** The config's transformer (d = 64, 2 layers), 100 speaking roles of at most
+200 windows, 10 per round, K = 10 steps of batch 20, λ = 10⁻⁴, 50 rounds. The same rule set
+its threshold: vanilla FedAvg at the code's A = 10 (seed 0, 50 rounds, raw metrics in
+`pilot/shk_fedavg_vanilla_A10.jsonl`) clipped none of its local steps, with a mean
+pre-clip norm of 2.77 over rounds 26–50, so at A = 10 NAR and vanilla take the same steps.
+The Shakespeare conditions clip at A = 3, fixed from that run before any NAR run; FedAvg at
+A = 10 stays as an ablation. They also run in worker processes (`engine.name = "procs"`).
 """
 
 
@@ -98,6 +107,16 @@ def _paper_threshold() -> tuple[Condition, Condition]:
     )
 
 
+def _shakespeare_paper_threshold() -> tuple[Condition, Condition]:
+    over = (*SHAKESPEARE_SCALE, "client.max_grad_norm=10.0")
+    return (
+        Condition("shk_fedavg_a10_vanilla", "fedavg", (*over, "client.nar=false"),
+                  label="Shakespeare FedAvg, A = 10", config=SHAKESPEARE),
+        Condition("shk_fedavg_a10_nar", "fedavg", (*over, "client.nar=true"),
+                  label="Shakespeare FedAvg + NAR, A = 10", config=SHAKESPEARE),
+    )
+
+
 def _lambda(value: str) -> tuple[Condition, Condition]:
     over = (*CIFAR_SCALE, f"client.weight_decay={value}")
     return (
@@ -119,7 +138,8 @@ def fednar_spec() -> Reproduction:
     ]
     sweep = [c for v in LAMBDAS for c in _lambda(v)]
     paper_a = list(_paper_threshold())
-    conditions = (*cifar, *shakespeare, *sweep, *paper_a)
+    shk_a = list(_shakespeare_paper_threshold())
+    conditions = (*cifar, *shakespeare, *sweep, *paper_a, *shk_a)
     comparisons = tuple(
         Comparison(f"{p}_nar", f"{p}_vanilla", "final_acc", ">") for p, _, _ in BACKBONES
     ) + (
@@ -140,6 +160,7 @@ def fednar_spec() -> Reproduction:
             tuple(c.name for c in shakespeare),
             tuple(c.name for c in sweep),
             tuple(c.name for c in paper_a),
+            tuple(c.name for c in shk_a),
         ),
         diagnostics=("clip_fraction", "clip_norm"),
         curves=tuple(c.name for c in (*cifar, *paper_a)),
@@ -149,6 +170,8 @@ def fednar_spec() -> Reproduction:
         ablations=(
             ("Clip threshold (FedAvg, CIFAR-10): the code's A = 10 against the grid's A = 5",
              tuple(c.name for c in (*paper_a, *cifar[:2]))),
+            ("Clip threshold (FedAvg, Shakespeare): the code's A = 10 against the grid's A = 3",
+             tuple(c.name for c in (*shk_a, *shakespeare[:2]))),
         ),
         sweeps=(Sweep(
             "λ sweep (FedAvg, CIFAR-10, A = 5)", "λ (initial weight decay)",
