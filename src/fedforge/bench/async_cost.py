@@ -27,6 +27,7 @@ import time
 
 import torch
 
+from fedforge.core.malloc import keep_freed_memory
 from fedforge.engine import classification_loss
 from fedforge.engine.round import federated_round
 from fedforge.experiment.async_runner import build_driver, build_tasks
@@ -90,6 +91,7 @@ def main() -> None:
     ap.add_argument("--sync-config", default="examples/fedast_bench_sync.toml")
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
+    keep_freed_memory()  # as the ``fedforge`` command does for every run
     runs, s = [], []
     for _ in range(args.reps):
         runs.append(time_async(args.async_config))
