@@ -17,7 +17,6 @@ from fedforge.engine.batched_conv import (
     STRATEGIES,
     BatchedConvMode,
     ConvPlans,
-    max_pool2d_amax,
 )
 from fedforge.models import build_model
 from tests.engine.test_parity import _data, _hparams, _run, assert_same_run
@@ -85,23 +84,6 @@ def test_auto_plans_pick_a_measured_strategy_per_shape_and_reload():
         again.load_state_dict({"k": "fft"})
     with pytest.raises(ValueError, match="conv strategy"):
         ConvPlans("fft")
-
-
-def test_amax_pool_equals_max_pool_behind_relu():
-    x = torch.tensor([[[[1.0, -2.0, 3.0, 0.5, 9.0],
-                        [-1.0, 4.0, -3.0, 0.0, 9.0],
-                        [0.0, -5.0, -1.0, -2.0, 9.0],
-                        [-7.0, -6.0, 2.0, 2.5, 9.0]]]])  # last column dropped by floor
-    out = max_pool2d_amax(x, 2)
-    assert out.tolist() == [[[[4.0, 3.0], [0.0, 2.5]]]]
-
-    def f(pool):
-        return lambda x: (pool(torch.relu(x), 2) * torch.tensor([[1.0, 2.0], [3.0, 4.0]])).sum()
-
-    # the bottom-left window is all <= 0: tied zeros after the ReLU, gradient 0 either way
-    torch.testing.assert_close(grad(f(max_pool2d_amax))(x), grad(f(F.max_pool2d))(x))
-    # windows that do not tile fall back to F.max_pool2d
-    torch.testing.assert_close(max_pool2d_amax(x, 3, 1), F.max_pool2d(x, 3, 1))
 
 
 LENET_LIKE = ("cnn", (1, 12, 12), {"channels": (3, 5), "fc": 8})

@@ -11,15 +11,14 @@ whose batching rule picks, per layer shape, the fastest of
 * ``loop``: the clients' own convolutions one after another (no layout change);
 * ``bmm``: unfold (im2col) + one batched GEMM over the client axis (``torch.baddbmm``);
 
-and ``F.max_pool2d`` with ``kernel == stride`` (no padding) to reshape + ``amax``, which
-stays in the input's layout. The forward and the backward choices are made separately by a
-one-off micro-benchmark on the layer's shapes, cached per (shape, dtype, threads) in
+and ``F.max_pool2d`` with ``kernel == stride`` (no padding) to maxima of strided views
+(:mod:`fedforge.engine.pooling`), which stay in the input's layout. The forward and the
+backward convolution choices are made separately by a one-off micro-benchmark on the
+layer's shapes, cached per (shape, dtype, threads) in
 :class:`ConvPlans` (the engine checkpoints them so a resumed run computes the same way).
 
-Every strategy equals ``F.conv2d`` to float tolerance (``tests/engine/test_batched_conv.py``).
-Pooling by ``amax`` equals max-pooling except where a window holds exact ties: ``amax``
-splits the gradient between them. Behind a ReLU, as in every zoo model, the only ties are
-zeros, whose gradient the ReLU discards, so training is unchanged.
+Every strategy equals ``F.conv2d`` to float tolerance (``tests/engine/test_batched_conv.py``);
+the pooling equals ``F.max_pool2d`` bit for bit, ties included.
 
 Under bf16 autocast the convolutions and GEMMs run in bf16 (the weights are cast once per
 layer call, as autocast does); gradients of fp32 weights come back in fp32.
@@ -34,8 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from fedforge.engine.pooling import POOL_FUNCS, max_pool2d_tiled
+
 STRATEGIES = ("grouped", "loop", "bmm")
-_POOL_FUNCS = {F.max_pool2d, torch.max_pool2d}
 
 
 def _pair(v) -> tuple[int, int]:
@@ -272,21 +272,6 @@ def conv2d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, *,
                          plans or ConvPlans())
 
 
-def max_pool2d_amax(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
-                    return_indices=False):
-    """Max-pooling as reshape + ``amax`` when windows tile the input (kernel == stride, no
-    padding); otherwise ``F.max_pool2d``. See the module docstring for ties."""
-    k, s = _pair(kernel_size), _pair(stride if stride is not None else kernel_size)
-    if (k != s or _pair(padding) != (0, 0) or _pair(dilation) != (1, 1) or ceil_mode
-            or return_indices or x.dim() < 3):
-        return F.max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode=ceil_mode,
-                            return_indices=return_indices)
-    *lead, h, w = x.shape
-    oh, ow = h // k[0], w // k[1]
-    x = x[..., : oh * k[0], : ow * k[1]]
-    return x.reshape(*lead, oh, k[0], ow, k[1]).amax((-3, -1))
-
-
 class BatchedConvMode(TorchFunctionMode):
     """Inside this mode ``F.conv2d`` and tiling ``F.max_pool2d`` use the batched kernels.
 
@@ -301,6 +286,6 @@ class BatchedConvMode(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is F.conv2d:
             return conv2d(*args, **kwargs, plans=self.plans)
-        if func in _POOL_FUNCS:
-            return max_pool2d_amax(*args, **kwargs)
+        if func in POOL_FUNCS:
+            return max_pool2d_tiled(*args, **kwargs)
         return func(*args, **kwargs)

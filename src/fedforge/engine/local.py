@@ -9,6 +9,7 @@ both must agree to float tolerance.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import NamedTuple
 
 import torch
@@ -25,6 +26,7 @@ from fedforge.core.tree import (
     tree_zeros_like,
     upcast,
 )
+from fedforge.engine.pooling import TiledPoolMode
 
 LossFn = Callable[[Params, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -56,11 +58,14 @@ class ClassificationLoss:
 
     def __call__(self, params: Params, x: torch.Tensor, y: torch.Tensor,
                  w: torch.Tensor) -> torch.Tensor:
-        if self.precision == "bf16":
-            with torch.autocast(x.device.type, dtype=torch.bfloat16):
-                logits = torch.func.functional_call(self.model, params, (x,))  # [B, classes]
-        else:  # no autocast region at all: one, even disabled, stops the compile cache
-            logits = torch.func.functional_call(self.model, params, (x,))
+        # torch.compile brings its own pooling kernels; eager runs pool by strided maxima
+        pooling = nullcontext() if torch.compiler.is_compiling() else TiledPoolMode()
+        with pooling:
+            if self.precision == "bf16":
+                with torch.autocast(x.device.type, dtype=torch.bfloat16):
+                    logits = torch.func.functional_call(self.model, params, (x,))  # [B, C]
+            else:  # no autocast region at all: one, even disabled, stops the compile cache
+                logits = torch.func.functional_call(self.model, params, (x,))
         per_sample = F.cross_entropy(upcast(logits), y, reduction="none")  # [B]
         return (per_sample * w).sum() / w.sum().clamp_min(1.0)
 
