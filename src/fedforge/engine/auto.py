@@ -198,9 +198,11 @@ class AutoEngine(ChunkedEngine):
         t_start = time.perf_counter()
         best, best_ms = None, float("inf")
         workers = process_workers(x_all)
+        # keep the processes' share only for a CPU conv net, where they won every measurement
+        reserve_for = workers if _has_conv(inputs.global_params) else 0
         last_s = 0.0  # how long the previous candidate took
         for cand in cands:
-            left = (self._share_s(best_ms) - self._process_reserve_s(workers, best_ms)
+            left = (self._share_s(best_ms) - self._process_reserve_s(reserve_for, best_ms)
                     - (time.perf_counter() - t_start))
             if best is not None and last_s > left:
                 break  # the next candidate would overrun the share: keep the best so far
