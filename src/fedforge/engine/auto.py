@@ -50,6 +50,9 @@ PROCESS_START_S = 3.0  # starting worker processes (spawn, import torch, share t
 # an uncalibrated CPU conv net runs in worker processes from this many client updates on:
 # they beat the loop in every measurement (benchmarks/RESULTS.md), and start in 1.5-3 s
 PROCESS_MIN_UPDATES = 1000
+# clients per worker when timing the loop in processes: with one, the per-call cost (sending
+# the model, collecting the shard) made them look slower than they run (LeNet-5, 2026-11-26)
+PROCESS_LOOP_CLIENTS = 4
 
 
 def _label(choice: dict) -> str:
@@ -229,14 +232,15 @@ class AutoEngine(ChunkedEngine):
     def _time_processes(self, algorithm, loss_fn, x_all, y_all, inputs: CohortInputs,
                         best: tuple, best_ms: float, workers: int, t_start: float) -> tuple:
         """The loop (and a vmap winner at its chunk) split over ``workers`` single-threaded
-        processes, each running one chunk, against the in-process winner -> the fastest
-        (choice, engine) and its time."""
+        processes, each running a few clients (the loop) or one chunk (vmap), against the
+        in-process winner -> the fastest (choice, engine) and its time."""
         inners = [("loop", 1)]
         if best[0]["engine"] == "vmap" and best[0]["conv"] == "native":  # conv plans stay here
             inners.append(("vmap", best[0]["chunk"]))
         allowed = self._share_s(best_ms)
         for inner, chunk in inners:
-            clients = min(workers * chunk, inputs.sample_idx.shape[0])
+            per_worker = PROCESS_LOOP_CLIENTS if inner == "loop" else chunk
+            clients = min(workers * per_worker, inputs.sample_idx.shape[0])
             if clients < 2 or time.perf_counter() - t_start + PROCESS_START_S > allowed:
                 break
             cand = {"engine": "procs", "inner": inner, "chunk": chunk, "conv": "native",
@@ -256,9 +260,11 @@ class AutoEngine(ChunkedEngine):
     @staticmethod
     def _process_reserve_s(workers: int, best_ms: float) -> float:
         """What timing the loop in worker processes needs of the share (0 without them):
-        their start-up and two calls of one client each, so the in-process candidates
+        their start-up and two calls of a few clients each, so the in-process candidates
         cannot spend it first (processes won every CPU measurement of a conv net)."""
-        return PROCESS_START_S + 2 * best_ms / 1000.0 if workers >= 2 else 0.0
+        if workers < 2:
+            return 0.0
+        return PROCESS_START_S + 2 * PROCESS_LOOP_CLIENTS * best_ms / 1000.0
 
     def _share_s(self, best_ms: float) -> float:
         """Seconds calibration may take: its share of the run projected at ``best_ms``."""
