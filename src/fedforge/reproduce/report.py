@@ -9,6 +9,7 @@ simulated time to *every* target, per-task times and the paired gain over its ba
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import dataclass, field, replace
@@ -349,14 +350,15 @@ def line_styles(spec: Reproduction, names: list[str]) -> dict[str, tuple[str, st
     for c in spec.comparisons:
         for side in (c.a, c.b):
             uses[side] = uses.get(side, 0) + 1
+    colours = (f"C{i % 10}" for i in itertools.count())  # matplotlib's cycle, in order
     styles: dict[str, tuple[str, str]] = {}
     for c in spec.comparisons:
         if c.a in names and c.b in names and uses[c.a] == uses[c.b] == 1:
-            colour = f"C{len(set(s[0] for s in styles.values())) % 10}"
+            colour = next(colours)
             styles[c.a], styles[c.b] = (colour, "-"), (colour, "--")
     for name in names:
         if name not in styles:
-            styles[name] = (f"C{len(set(s[0] for s in styles.values())) % 10}", "-")
+            styles[name] = (next(colours), "-")
     return styles
 
 
