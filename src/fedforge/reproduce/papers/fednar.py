@@ -77,54 +77,42 @@ A = 10 stays as an ablation. They also run in worker processes (`engine.name = "
 """
 
 
+def _with_and_without(name: str, algorithm: str, label: str, overrides: tuple[str, ...],
+                      suffix: str = "", config: str | None = None
+                      ) -> tuple[Condition, Condition]:
+    """``<name>_vanilla`` and ``<name>_nar``: the same run with the decay added after the clip
+    or inside it; labels ``<label><suffix>`` and ``<label> + NAR<suffix>``."""
+    return (
+        Condition(f"{name}_vanilla", algorithm, (*overrides, "client.nar=false"),
+                  label=f"{label}{suffix}", config=config),
+        Condition(f"{name}_nar", algorithm, (*overrides, "client.nar=true"),
+                  label=f"{label} + NAR{suffix}", config=config),
+    )
+
+
 def _cifar(prefix: str, algorithm: str, label: str) -> tuple[Condition, Condition]:
-    return (
-        Condition(f"{prefix}_vanilla", algorithm, (*CIFAR_SCALE, "client.nar=false"),
-                  label=f"{label}"),
-        Condition(f"{prefix}_nar", algorithm, (*CIFAR_SCALE, "client.nar=true"),
-                  label=f"{label} + NAR"),
-    )
+    return _with_and_without(prefix, algorithm, label, CIFAR_SCALE)
 
 
-def _shakespeare(prefix: str, algorithm: str, label: str, extra: tuple[str, ...] = ()
-                 ) -> tuple[Condition, Condition]:
-    scale = (*SHAKESPEARE_SCALE, *extra)
-    return (
-        Condition(f"shk_{prefix}_vanilla", algorithm, (*scale, "client.nar=false"),
-                  label=f"Shakespeare {label}", config=SHAKESPEARE),
-        Condition(f"shk_{prefix}_nar", algorithm, (*scale, "client.nar=true"),
-                  label=f"Shakespeare {label} + NAR", config=SHAKESPEARE),
-    )
+def _shakespeare(prefix: str, algorithm: str, label: str, extra: tuple[str, ...] = (),
+                 suffix: str = "") -> tuple[Condition, Condition]:
+    return _with_and_without(f"shk_{prefix}", algorithm, f"Shakespeare {label}",
+                             (*SHAKESPEARE_SCALE, *extra), suffix, SHAKESPEARE)
 
 
 def _paper_threshold() -> tuple[Condition, Condition]:
-    over = (*CIFAR_SCALE, "client.max_grad_norm=10.0")
-    return (
-        Condition("fedavg_a10_vanilla", "fedavg", (*over, "client.nar=false"),
-                  label="FedAvg, A = 10"),
-        Condition("fedavg_a10_nar", "fedavg", (*over, "client.nar=true"),
-                  label="FedAvg + NAR, A = 10"),
-    )
+    return _with_and_without("fedavg_a10", "fedavg", "FedAvg",
+                             (*CIFAR_SCALE, "client.max_grad_norm=10.0"), ", A = 10")
 
 
 def _shakespeare_paper_threshold() -> tuple[Condition, Condition]:
-    over = (*SHAKESPEARE_SCALE, "client.max_grad_norm=10.0")
-    return (
-        Condition("shk_fedavg_a10_vanilla", "fedavg", (*over, "client.nar=false"),
-                  label="Shakespeare FedAvg, A = 10", config=SHAKESPEARE),
-        Condition("shk_fedavg_a10_nar", "fedavg", (*over, "client.nar=true"),
-                  label="Shakespeare FedAvg + NAR, A = 10", config=SHAKESPEARE),
-    )
+    return _shakespeare("fedavg_a10", "fedavg", "FedAvg", ("client.max_grad_norm=10.0",),
+                        ", A = 10")
 
 
 def _lambda(value: str) -> tuple[Condition, Condition]:
-    over = (*CIFAR_SCALE, f"client.weight_decay={value}")
-    return (
-        Condition(f"fedavg_wd{value}_vanilla", "fedavg", (*over, "client.nar=false"),
-                  label=f"FedAvg, λ = {value}"),
-        Condition(f"fedavg_wd{value}_nar", "fedavg", (*over, "client.nar=true"),
-                  label=f"FedAvg + NAR, λ = {value}"),
-    )
+    return _with_and_without(f"fedavg_wd{value}", "fedavg", "FedAvg",
+                             (*CIFAR_SCALE, f"client.weight_decay={value}"), f", λ = {value}")
 
 
 @register("fednar")
