@@ -33,13 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from fedforge.engine.pooling import POOL_FUNCS, max_pool2d_tiled
+from fedforge.engine.pooling import POOL_FUNCS, as_pair, max_pool2d_tiled
 
 STRATEGIES = ("grouped", "loop", "bmm")
-
-
-def _pair(v) -> tuple[int, int]:
-    return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
 
 
 class ConvPlans:
@@ -88,8 +84,8 @@ class _Spec:
     """Stride, padding, dilation and groups of one convolution (hashable key part)."""
 
     def __init__(self, stride, padding, dilation, groups) -> None:
-        self.stride, self.padding = _pair(stride), _pair(padding)
-        self.dilation, self.groups = _pair(dilation), int(groups)
+        self.stride, self.padding = as_pair(stride), as_pair(padding)
+        self.dilation, self.groups = as_pair(dilation), int(groups)
 
     def key(self) -> str:
         return f"s{self.stride}p{self.padding}d{self.dilation}g{self.groups}"

@@ -25,7 +25,8 @@ from torch.overrides import TorchFunctionMode
 POOL_FUNCS = {F.max_pool2d, torch.max_pool2d}
 
 
-def _pair(v) -> tuple[int, int]:
+def as_pair(v) -> tuple[int, int]:
+    """A 2-D size argument of torch's conv/pool functions (an int or two) as two ints."""
     return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
 
 
@@ -85,9 +86,9 @@ def max_pool2d_tiled(x: torch.Tensor, kernel_size, stride=None, padding=0, dilat
                      ceil_mode: bool = False, return_indices: bool = False) -> torch.Tensor:
     """``F.max_pool2d``, computed as maxima of strided views when the windows tile the input
     (kernel == stride, no padding or dilation, no indices); otherwise ``F.max_pool2d``."""
-    k = _pair(kernel_size)
-    s = _pair(stride) if stride not in (None, [], ()) else k
-    if (k != s or _pair(padding) != (0, 0) or _pair(dilation) != (1, 1) or ceil_mode
+    k = as_pair(kernel_size)
+    s = as_pair(stride) if stride not in (None, [], ()) else k
+    if (k != s or as_pair(padding) != (0, 0) or as_pair(dilation) != (1, 1) or ceil_mode
             or return_indices or x.dim() not in (3, 4) or not x.is_floating_point()):
         return F.max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode=ceil_mode,
                             return_indices=return_indices)
