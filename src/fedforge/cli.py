@@ -346,7 +346,8 @@ def bench(
              "single-threaded worker process per CPU),flower; suffixes "
              ":bf16 (bf16 autocast), :procs2 (the same round, half the cohort in each of "
              "two single-threaded worker processes that hold the data from their start: two "
-             "processes vs one with two intra-op threads) and, for vmap, "
+             "processes vs one with two intra-op threads), for loop and procs :nhwc "
+             "(channels-last images and convolution weights) and, for vmap, "
              ":compile (torch.compile), e.g. vmap:bf16:compile. w3 (default "
              "fedforge,plain,flower): the config as a fedforge run, as a plain PyTorch FedAvg "
              "loop and on Flower's simulation engine, each stopped at the target")] = None,
@@ -365,7 +366,9 @@ def bench(
         "benchmarks/RESULTS.md"),
     plot: Annotated[Path | None, typer.Option(help="w1/w2: write a scaling PNG here")] = None,
     model: Annotated[str | None, typer.Option(
-        help="w1/w2: another registered model on the workload's inputs (e.g. mlp, logreg)")
+        help="w1/w2: another registered model on the workload's inputs (e.g. mlp, logreg); "
+             "a sequence model (char_lstm, transformer_lm, ...) gets random sequences of 80 "
+             "tokens with the same schedule")
     ] = None,
     profile: Annotated[bool, typer.Option(
         "--profile", help="torch profiler trace of each row in OUT/profile/ and its top "
@@ -382,13 +385,12 @@ def bench(
 
         work = W1 if workload == "w1" else W2
         if model is not None:
-            from dataclasses import replace
-
+            from fedforge.bench.throughput import for_model
             from fedforge.models import MODELS
 
             if model not in MODELS:
                 _fail(f"--model: unknown model {model!r}; expected one of {sorted(MODELS)}")
-            work = replace(work, model=model)
+            work = for_model(work, model)
         try:
             rows = run_w1([int(c) for c in cohorts.split(",")],
                           (engines or "plain,loop,vmap,auto").split(","), dev,

@@ -6,9 +6,11 @@ from typer.testing import CliRunner
 
 from fedforge.bench import append_results
 from fedforge.bench.throughput import (
+    W1,
     W1_HEADER,
     Workload,
     flops_per_update,
+    for_model,
     make_data,
     peak_gflops,
     run_w1,
@@ -56,9 +58,23 @@ def test_two_processes_row():
     assert rows[0][0] == "plain:procs2" and rows[0][2] > 0
 
 
+def test_sequence_models_get_token_inputs_on_the_same_schedule():
+    """A model that embeds tokens runs on random sequences (no padding token drawn); an
+    image model keeps the workload's images."""
+    assert for_model(W1, "convnet") == Workload("W1", "convnet", (1, 28, 28), 10, 32)
+    text = for_model(TINY, "char_lstm")
+    assert (text.vocab, text.input_shape, text.steps, text.batch) == (80, (80,), 2, 4)
+    x, y, idx = make_data(2, torch.device("cpu"), text)
+    assert x.dtype == torch.int64 and x.shape == (16, 80) and 1 <= x.min() and x.max() < 80
+    rows = run_w1([2], ["plain", "loop"], torch.device("cpu"),
+                  work=for_model(TINY, "text_classifier"))
+    assert [r[0] for r in rows] == ["plain", "loop"] and all(r[2] > 0 for r in rows)
+
+
 @pytest.mark.parametrize(("engines", "match"), [
     (["jax"], "unknown engine"), (["vmap:fp8"], "unknown suffix"),
-    (["plain:compile"], "vmap options"), (["flower:procs2"], "procs2")])
+    (["plain:compile"], "vmap options"), (["flower:procs2"], "procs2"),
+    (["vmap:nhwc"], "loop/procs option")])
 def test_bad_engine_names_are_clear_errors(engines, match):
     with pytest.raises(ValueError, match=match):
         run_w1([1], engines, torch.device("cpu"), work=TINY)

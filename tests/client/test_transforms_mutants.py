@@ -305,3 +305,25 @@ def test_chain_passes_the_round_context_to_init():
 def test_bad_hyper_parameters_name_their_field(make, field):
     with pytest.raises(ValueError, match=f"^{field}: expected a number or a schedule"):
         make(True)
+
+
+@pytest.mark.parametrize("lr", [0.1, EXP], ids=["constant", "schedule"])
+@pytest.mark.parametrize("make", [sgd, lambda lr: sgd(lr, momentum=0.9, weight_decay=0.1),
+                                  adam, lambda lr: chain(identity(), scale(2.0))],
+                         ids=["sgd", "sgd_momentum_wd", "adam", "no_fused_step"])
+def test_local_step_is_params_plus_updates(lr, make):
+    """The fused step (the learning rate folded into the addition) is ``params + updates``
+    of the same transform, with the same new state, over three steps."""
+    from fedforge.client.transforms import local_step
+
+    opt = make(lr)
+    c = ctx(round_=2.0)
+    params = {"w": X0.clone()}
+    state = opt.init(params, c)
+    for grads in ({"w": A}, {"w": B}, {"w": A - B}):
+        updates, want_state = opt.update(grads, state, params, c)
+        new_params, state = local_step(opt, grads, state, params, c)
+        torch.testing.assert_close(new_params["w"], params["w"] + updates["w"], rtol=1e-15,
+                                   atol=1e-15)
+        torch.testing.assert_close(state, want_state, rtol=0, atol=0)
+        params = new_params

@@ -2,13 +2,14 @@
 default bit for bit, and a resumed run reuses the recorded choice without recalibrating."""
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from fedforge.algorithms import build_algorithm
-from fedforge.engine import AutoEngine, LoopEngine, VmapEngine, build_engine
+from fedforge.engine import AutoEngine, LoopEngine, ProcessEngine, VmapEngine, build_engine
 from fedforge.engine import auto as auto_mod
 from fedforge.engine.base import CohortInputs
 from fedforge.experiment.config import load_config
@@ -151,6 +152,30 @@ def test_auto_times_worker_processes_and_a_resume_rebuilds_them(monkeypatch):
         assert len(resumed.engine.processes) == 2
     with pytest.raises(ValueError, match="unknown recorded procs inner"):
         AutoEngine().load_state_dict({"choice": {"engine": "procs", "inner": "jax"}})
+    with pytest.raises(ValueError, match="unknown recorded procs conv"):
+        AutoEngine().load_state_dict({"choice": {"engine": "procs", "inner": "vmap",
+                                                 "conv": "channels_last"}})
+
+
+@pytest.mark.parametrize(("loop_ms", "loop_cl_ms", "conv"),
+                         [(5.0, 4.0, "channels_last"), (4.0, 5.0, "native")])
+def test_worker_processes_take_the_loop_layout_that_won_here(monkeypatch, loop_ms, loop_cl_ms,
+                                                             conv):
+    """The workers run the loop in channels-last layout exactly when that loop beat the
+    plain one in this process (timings forced; the processes' own timing is faked)."""
+    model, (x, y, idx, w), algo = _setup()
+    built = []
+    monkeypatch.setattr(auto_mod, "PROCESS_START_S", 0.0)
+    monkeypatch.setattr(AutoEngine, "build", lambda self, cand: built.append(cand) or
+                        ProcessEngine(workers=1))  # never spawns
+    monkeypatch.setattr(auto_mod, "_ms_per_update", lambda *a: 1.0)
+    engine = AutoEngine(budget_updates=10**6)
+    engine.timings = {"loop": loop_ms, "loop channels_last": loop_cl_ms}
+    params = dict(model.named_parameters())
+    inputs = CohortInputs(params, {}, {}, {}, idx, w, torch.full((idx.shape[0],), 0.25))
+    best = ({"engine": "loop", "chunk": 1, "conv": "native"}, LoopEngine())
+    engine._time_processes(algo, None, x, y, inputs, best, 9.0, 2, time.perf_counter())
+    assert [c["conv"] for c in built if c["engine"] == "procs"] == [conv]
 
 
 @pytest.mark.slow  # spawns worker processes

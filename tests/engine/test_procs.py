@@ -72,6 +72,25 @@ def test_every_algorithm_equals_the_loop_in_one_process(engine, algo_name):
     assert all(d["pairs"] == sorted(engine._loaded) for d in described)
 
 
+@pytest.mark.slow  # spawns two workers
+def test_channels_last_workers_equal_the_loop_in_one_process():
+    """The workers' loop in NHWC layout (a 2-D conv net): same round as the plain loop, and
+    the layout is reported with the inner engine."""
+    from tests.engine.test_batched_conv import LENET_LIKE
+
+    name, shape, kwargs = LENET_LIKE
+    torch.manual_seed(0)
+    model = build_model(name, shape, NUM_CLASSES, **kwargs)
+    x, y, sample_idx, weights = _data("image", shape)
+    algorithm = build_algorithm("fedavg", local_lr=0.05)
+    ref = _run(algorithm, LoopEngine(), model, x, y, sample_idx, weights)
+    with ProcessEngine(workers=2, channels_last=True) as eng:
+        got = _run(algorithm, eng, model, x, y, sample_idx, weights)
+        assert eng.fallback is None and len(eng.processes) == 2
+        assert eng.report()["engine_procs_inner"] == "loop channels_last"
+    assert_same_run(ref, got, rtol=1e-4)
+
+
 def _inputs(x, sample_idx, weights, params, num=CLIENTS) -> CohortInputs:
     return CohortInputs(params, {"round": torch.tensor(1.0)}, {}, {}, sample_idx[:num],
                         weights[:num], torch.full((num,), 1.0 / num))
@@ -208,10 +227,12 @@ def test_options_state_and_registry():
     assert ProcessEngine().workers == default_workers() >= 1
     eng = ProcessEngine(workers=3, inner="vmap", chunk_size=2)
     assert eng.chunk_size(None, None) == 2 and eng.functional_grad  # the inner engine's
-    assert eng.state_dict() == {"workers": 3, "inner": "vmap"}
+    assert eng.state_dict() == {"workers": 3, "inner": "vmap", "channels_last": False}
     eng.load_state_dict({"workers": 2, "inner": "loop"})
     assert (eng.workers, eng.inner_name, eng.functional_grad) == (2, "loop", False)
-    for bad in ({"workers": 0}, {"inner": "auto"}):
+    eng.load_state_dict({"workers": 2, "inner": "loop", "channels_last": True})
+    assert eng.channels_last and eng.inner.channels_last  # the workers' loop, rebuilt
+    for bad in ({"workers": 0}, {"inner": "auto"}, {"inner": "vmap", "channels_last": True}):
         with pytest.raises(ValueError):
             ProcessEngine(**bad)
     with pytest.raises(ValueError, match="engine.workers"):

@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -55,7 +55,7 @@ from fedforge.models import build_model
 
 LR = 0.01
 ENGINES = ("plain", "loop", "vmap", "auto", "procs", "flower")
-FLAGS = ("compile", "cudagraphs", "procs2", "fp32", "bf16")
+FLAGS = ("compile", "cudagraphs", "procs2", "fp32", "bf16", "nhwc")
 W1_HEADER = ["engine", "cohort", "client updates/s", "GFLOP/s", "% of peak", "peak GPU GiB",
              "vs plain"]
 
@@ -70,17 +70,39 @@ class Workload:
     steps: int
     batch: int
     num_classes: int = 10
+    vocab: int | None = None  # token inputs in [1, vocab) instead of images (sequence models)
+
+    def inputs(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """``n`` random inputs: images, or token sequences (0 is padding, never drawn)."""
+        if self.vocab is None:
+            return torch.randn(n, *self.input_shape, generator=generator)
+        return torch.randint(1, self.vocab, (n, *self.input_shape), generator=generator)
 
 
 W1 = Workload("W1", "cnn", (1, 28, 28), steps=10, batch=32)  # 320 samples, 1 epoch
 W2 = Workload("W2", "resnet18_gn", (3, 32, 32), steps=20, batch=50)
+# W1's schedule on Shakespeare-shaped sequences: 80 characters, next-character classes
+W1_TEXT = Workload("W1 text", "char_lstm", (80,), steps=10, batch=32, num_classes=80, vocab=80)
+
+
+def for_model(work: Workload, model: str) -> Workload:
+    """The image workload ``work`` with another registered model; a model that embeds tokens
+    (an ``nn.Embedding``) gets :data:`W1_TEXT`'s token inputs with ``work``'s schedule."""
+    try:
+        probe = build_model(model, W1_TEXT.input_shape, W1_TEXT.num_classes)
+    except ValueError:  # an image model refuses a 1-D input shape
+        probe = None
+    if probe is None or not any(isinstance(m, torch.nn.Embedding) for m in probe.modules()):
+        return replace(work, model=model)
+    return replace(W1_TEXT, name=f"{work.name} text", model=model, steps=work.steps,
+                   batch=work.batch)
 
 
 def make_data(num_clients: int, device: torch.device, work: Workload = W1):
     """Random images; each client's epoch = its ``steps * batch`` samples in a random order."""
     g = torch.Generator().manual_seed(0)
     per_client = work.steps * work.batch
-    x = torch.randn(num_clients * per_client, *work.input_shape, generator=g).to(device)
+    x = work.inputs(num_clients * per_client, g).to(device)
     y = torch.randint(0, work.num_classes, (num_clients * per_client,), generator=g).to(device)
     perm = torch.argsort(torch.rand(num_clients, per_client, generator=g), dim=1)
     idx = (torch.arange(num_clients).view(-1, 1) * per_client + perm)
@@ -166,7 +188,7 @@ def flops_per_update(model, work: Workload) -> float:
     from torch.utils.flop_counter import FlopCounterMode
 
     device = next(model.parameters()).device
-    x = torch.randn(work.batch, *work.input_shape, device=device)
+    x = work.inputs(work.batch).to(device)
     y = torch.zeros(work.batch, dtype=torch.long, device=device)
     with FlopCounterMode(display=False) as counter:
         F.cross_entropy(model(x), y).backward()
@@ -214,6 +236,8 @@ def check_engine_name(name: str, device: torch.device) -> tuple[str, bool | str,
         raise ValueError(f"--engines: ':procs2' is for CPU plain/loop/vmap/auto, got {name!r}")
     if engine == "flower" and flags:
         raise ValueError(f"--engines: flower takes no suffix, got {name!r}")
+    if "nhwc" in flags and (engine not in ("loop", "procs") or "procs2" in flags):
+        raise ValueError(f"--engines: ':nhwc' (channels-last) is a loop/procs option, got {name!r}")
     return engine, compile_, precision, "procs2" in flags
 
 
@@ -239,7 +263,7 @@ def runner(name: str, chunk, data, device: torch.device, work: Workload = W1,
     elif engine == "plain":
         return lambda: plain_loop(*data, precision)
     else:  # one engine/algorithm/loss: a compiled graph or an auto calibration is made once
-        eng = make_engine(engine, chunk, compile_, idx.shape[0])
+        eng = make_engine(engine, chunk, compile_, idx.shape[0], "nhwc" in name.split(":"))
         if resources is not None:  # procs (or auto's choice of it): its workers end with the row
             resources.enter_context(eng)
         LAST_ENGINE[:] = [eng]
@@ -248,14 +272,15 @@ def runner(name: str, chunk, data, device: torch.device, work: Workload = W1,
     return lambda: fedforge_round(eng, *data, precision, algo=algo, loss_fn=loss_fn)
 
 
-def make_engine(engine: str, chunk, compile_=False, cohort: int = 1):
+def make_engine(engine: str, chunk, compile_=False, cohort: int = 1,
+                channels_last: bool = False):
     """The fedforge engine a benchmark row names; ``auto`` is given a 1000-round budget."""
     if engine == "loop":
-        return LoopEngine()
+        return LoopEngine(channels_last=channels_last)
     if engine == "auto":
         return AutoEngine(chunk_size=chunk, budget_updates=1000 * cohort)
     if engine == "procs":  # one single-threaded worker per CPU, each running the loop
-        return ProcessEngine()
+        return ProcessEngine(channels_last=channels_last)
     return VmapEngine(chunk_size=chunk, compile=compile_)
 
 

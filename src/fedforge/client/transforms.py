@@ -10,7 +10,7 @@ broadcast, the client's persistent state), so a correction such as SCAFFOLD's ``
 FedProx's anchor is read from it instead of being copied into per-step state. States are dicts
 of tensors, which makes them vmappable and checkpointable. The last transform of a local
 optimizer turns directions into *additive* updates (``scale(-lr)``), so a local step is always
-``params + updates``.
+``params + updates`` (:func:`local_step`, which fuses that last scaling into the addition).
 """
 
 from __future__ import annotations
@@ -51,6 +51,19 @@ class Transform(NamedTuple):
     name: str
     init: Callable[[Params, RoundContext], State]
     update: Callable[[Params, State, Params, RoundContext], tuple[Params, State]]
+    # optional: ``params + updates`` computed in one pass (see :func:`local_step`)
+    step: Callable[[Params, State, Params, RoundContext], tuple[Params, State]] | None = None
+
+
+def local_step(t: Transform, grads: Params, state: State, params: Params,
+               ctx: RoundContext) -> tuple[Params, State]:
+    """One local step, ``(params + updates, new state)``. A transform with a ``step`` fuses
+    the last scaling into the addition: for a large layer the separate ``-lr * g`` pass was a
+    tenth of a CPU step (``benchmarks/RESULTS.md``)."""
+    if t.step is not None:
+        return t.step(grads, state, params, ctx)
+    updates, new_state = t.update(grads, state, params, ctx)
+    return tree_map2(torch.add, params, updates), new_state
 
 
 def _stateless(name: str, fn: Callable[[Params, Params, RoundContext], Params]) -> Transform:
@@ -79,7 +92,17 @@ def chain(*transforms: Transform) -> Transform:
             grads, new_state[t.name] = t.update(grads, state[t.name], params, ctx)
         return grads, new_state
 
-    return Transform("chain", init, update)
+    *first, last = transforms
+
+    def step(grads, state, params, ctx):  # the last transform fuses its update and the add
+        new_state = {}
+        for t in first:
+            grads, new_state[t.name] = t.update(grads, state[t.name], params, ctx)
+        new_params, new_state[last.name] = local_step(last, grads, state[last.name], params,
+                                                      ctx)
+        return new_params, new_state
+
+    return Transform("chain", init, update, step if last.step is not None else None)
 
 
 def identity() -> Transform:
@@ -105,7 +128,14 @@ def scale_by_learning_rate(lr: ScheduleLike) -> Transform:
         f = at_round(lr, ctx)
         return tree_map(lambda x: -f * x, g)
 
-    return _stateless("lr", fn)
+    def step(g, state, p, ctx):  # p - lr_t * g in one kernel
+        f = at_round(lr, ctx)
+        # a 0-d float64 tensor (cast to the params' dtype by the kernel, as a Python number
+        # would be): unlike ``alpha=``, it takes any float (a diverging run's 1e40 -> inf)
+        neg = -f if isinstance(f, torch.Tensor) else torch.tensor(-f, dtype=torch.float64)
+        return tree_map2(lambda pi, gi: torch.addcmul(pi, gi, neg), p, g), state
+
+    return _stateless("lr", fn)._replace(step=step)
 
 
 def add_decayed_weights(weight_decay: ScheduleLike) -> Transform:

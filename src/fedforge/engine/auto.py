@@ -135,8 +135,12 @@ class AutoEngine(ChunkedEngine):
             inner = choice.get("inner")
             if inner not in ("loop", "vmap"):
                 raise ValueError(f"engine auto: unknown recorded procs inner engine {inner!r}")
+            conv = choice.get("conv", "native")
+            if conv not in ("native", "channels_last") or (inner == "vmap" and conv != "native"):
+                raise ValueError(f"engine auto: unknown recorded procs conv {conv!r}")
             return ProcessEngine(keep_deltas=self.keep_deltas, workers=choice.get("workers"),
-                                 inner=inner, chunk_size=choice.get("chunk", "auto"))
+                                 inner=inner, chunk_size=choice.get("chunk", "auto"),
+                                 channels_last=conv == "channels_last")
         if choice.get("engine") == "loop":
             conv = choice.get("conv", "native")
             if conv not in ("native", "channels_last"):
@@ -233,17 +237,21 @@ class AutoEngine(ChunkedEngine):
                         best: tuple, best_ms: float, workers: int, t_start: float) -> tuple:
         """The loop (and a vmap winner at its chunk) split over ``workers`` single-threaded
         processes, each running a few clients (the loop) or one chunk (vmap), against the
-        in-process winner -> the fastest (choice, engine) and its time."""
-        inners = [("loop", 1)]
+        in-process winner -> the fastest (choice, engine) and its time. The workers' loop
+        takes the layout that won in this process (channels-last or not)."""
+        loop_cl, loop = (self.timings.get(_label({"engine": "loop", "conv": c}))
+                         for c in ("channels_last", "native"))
+        inners = [("loop", 1, "channels_last" if loop_cl and loop and loop_cl < loop
+                   else "native")]
         if best[0]["engine"] == "vmap" and best[0]["conv"] == "native":  # conv plans stay here
-            inners.append(("vmap", best[0]["chunk"]))
+            inners.append(("vmap", best[0]["chunk"], "native"))
         allowed = self._share_s(best_ms)
-        for inner, chunk in inners:
+        for inner, chunk, conv in inners:
             per_worker = PROCESS_LOOP_CLIENTS if inner == "loop" else chunk
             clients = min(workers * per_worker, inputs.sample_idx.shape[0])
             if clients < 2 or time.perf_counter() - t_start + PROCESS_START_S > allowed:
                 break
-            cand = {"engine": "procs", "inner": inner, "chunk": chunk, "conv": "native",
+            cand = {"engine": "procs", "inner": inner, "chunk": chunk, "conv": conv,
                     "workers": workers}
             engine = self.build(cand)  # its warm-up call starts the workers
             ms = _ms_per_update(engine, algorithm, loss_fn, x_all, y_all,

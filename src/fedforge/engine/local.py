@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedforge.algorithms.base import Algorithm, FinalizeInputs
-from fedforge.client.transforms import RoundContext, clip_statistics
+from fedforge.client.transforms import RoundContext, clip_statistics, local_step
 from fedforge.core.tree import (
     Params,
     tree_map2,
@@ -135,8 +135,7 @@ def make_local_update(
         for k in range(xs.shape[0]):
             grads, loss = (grad_and_loss(params, xs[k], ys[k], ws[k]) if step_grad is None
                            else step_grad(params, xs[k], ys[k], ws[k], k))
-            updates, new_state = opt.update(grads, state, params, ctx)
-            new_params = tree_map2(torch.add, params, updates)
+            new_params, new_state = local_step(opt, grads, state, params, ctx)
             if masked:
                 active = ws[k].sum() > 0
                 params = tree_where(active, new_params, params)

@@ -19,8 +19,11 @@ from fedforge.engine.base import ChunkedEngine, CohortInputs
 
 
 def _to_channels_last(tree):
-    """Every 4-D tensor of a tree in channels-last memory format; other leaves as they are."""
-    return tree_map(lambda t: t.contiguous(memory_format=torch.channels_last)
+    """Every 4-D tensor of a tree in channels-last memory format; other leaves as they are.
+    ``to`` rather than ``contiguous``: a one-channel weight ``[C_out, 1, kh, kw]`` is already
+    "contiguous" in both formats, and only ``to`` gives it the strides that make convolution
+    pick NHWC for its output."""
+    return tree_map(lambda t: t.to(memory_format=torch.channels_last)
                     if isinstance(t, torch.Tensor) and t.dim() == 4 else t, tree)
 
 
@@ -29,7 +32,12 @@ def _steps_channels_last(xs: torch.Tensor) -> torch.Tensor:
     ``xs[k]`` is a channels-last ``[batch, C, H, W]``; non-image inputs are left alone."""
     if xs.dim() != 5:
         return xs
-    return xs.movedim(-3, -1).contiguous().movedim(-1, -3)
+    s, b, c, h, w = xs.shape
+    # explicit strides: with one channel, ``contiguous`` would keep the NCHW ones (both
+    # formats are "contiguous" then), and convolution would pick NCHW for its output
+    out = torch.empty_strided(xs.shape, (b * h * w * c, h * w * c, 1, w * c, c),
+                              dtype=xs.dtype, device=xs.device)
+    return out.copy_(xs)
 
 
 class LoopEngine(ChunkedEngine):

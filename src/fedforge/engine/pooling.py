@@ -11,7 +11,8 @@ is computed from the views only when a gradient is asked for.
 is the first maximum of the window in scan order (row by row), as torch's, so ties send the
 gradient to the same element. (A window holding a NaN pools to NaN in both; its gradient may
 land on another of its elements, in a step that is already NaN.) Other configurations
-(overlapping or padded windows, ``ceil_mode``, indices asked for) go to ``F.max_pool2d``.
+(overlapping or padded windows, ``ceil_mode``, indices asked for, channels-last inputs) go to
+``F.max_pool2d``.
 :class:`TiledPoolMode` routes a model's max-pooling here; the classification loss enters it
 around the forward pass. It works under ``torch.func`` transforms (``grad``, ``vmap``).
 """
@@ -89,13 +90,21 @@ def max_pool2d_tiled(x: torch.Tensor, kernel_size, stride=None, padding=0, dilat
     k = as_pair(kernel_size)
     s = as_pair(stride) if stride not in (None, [], ()) else k
     if (k != s or as_pair(padding) != (0, 0) or as_pair(dilation) != (1, 1) or ceil_mode
-            or return_indices or x.dim() not in (3, 4) or not x.is_floating_point()):
+            or return_indices or x.dim() not in (3, 4) or not x.is_floating_point()
+            or _channels_last(x)):
         return F.max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode=ceil_mode,
                             return_indices=return_indices)
     *_, h, w = x.shape
     oh, ow = h // k[0], w // k[1]
     full = x[..., : oh * k[0], : ow * k[1]]  # rows and columns no window covers drop out
     return _TiledMaxPool.apply(full, *k)
+
+
+def _channels_last(x: torch.Tensor) -> bool:
+    """An NHWC batch: torch's pooling kernel for it is vectorised over channels and was
+    faster than strided maxima (1.8x in a bf16 CNN step, one thread)."""
+    return (x.dim() == 4 and x.shape[1] > 1 and not x.is_contiguous()
+            and x.is_contiguous(memory_format=torch.channels_last))
 
 
 class TiledPoolMode(TorchFunctionMode):

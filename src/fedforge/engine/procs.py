@@ -53,6 +53,7 @@ import torch
 import torch.multiprocessing  # noqa: F401  (registers tensors' transfer through shared memory)
 
 from fedforge.algorithms.base import Algorithm
+from fedforge.core.malloc import keep_freed_memory
 from fedforge.core.tree import PyTree, tree_map, upcast
 from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput, combine_shards
 from fedforge.engine.distributed import shard_bounds
@@ -115,7 +116,9 @@ def worker_threads() -> dict:
 def _serve(conn: Any, setup: Callable[..., Callable[[str, Any], Any]], args: tuple) -> None:
     """A worker's life: one thread each for intra- and inter-op work before anything runs,
     ``handler = setup(*args)``, then ``handler(task, payload)`` for each call until the
-    parent closes the pipe. Replies are ``(True, packed result)`` or ``(False, traceback)``."""
+    parent closes the pipe. Replies are ``(True, packed result)`` or ``(False, traceback)``.
+    Freed memory is kept for reuse, as in the ``fedforge`` command (:mod:`fedforge.core.malloc`)."""
+    keep_freed_memory()
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent terminates us
@@ -241,8 +244,8 @@ class _EngineWorker:
     """A worker's side of :class:`ProcessEngine`: the training set, the (algorithm, loss)
     pairs by token, and the inner engine that runs its shards."""
 
-    def __init__(self, inner: str, chunk_size: int | str) -> None:
-        self.engine = _build_inner(inner, chunk_size)
+    def __init__(self, inner: str, chunk_size: int | str, channels_last: bool = False) -> None:
+        self.engine = _build_inner(inner, chunk_size, channels_last=channels_last)
         self.data: tuple[torch.Tensor, torch.Tensor] | None = None
         self.pairs: dict[int, tuple[Algorithm, LossFn]] = {}
 
@@ -266,9 +269,12 @@ class _EngineWorker:
         raise ValueError(f"procs engine worker: unknown task {task!r}")
 
 
-def _build_inner(inner: str, chunk_size: int | str, keep_deltas: bool = False) -> ChunkedEngine:
+def _build_inner(inner: str, chunk_size: int | str, keep_deltas: bool = False, *,
+                 channels_last: bool = False) -> ChunkedEngine:
     if inner == "loop":
-        return LoopEngine(keep_deltas=keep_deltas)
+        return LoopEngine(keep_deltas=keep_deltas, channels_last=channels_last)
+    if channels_last:
+        raise ValueError("engine procs: channels_last is an option of the loop inner engine")
     if inner == "vmap":
         return VmapEngine(chunk_size=chunk_size, keep_deltas=keep_deltas)
     raise ValueError(f"engine procs: inner engine must be one of {INNER}, got {inner!r}")
@@ -283,18 +289,22 @@ class ProcessEngine(ChunkedEngine):
       inner: the engine each worker (and this process, for one-client cohorts and the
         asynchronous jobs mode) runs: ``"loop"`` or ``"vmap"``.
       chunk_size: the vmapped inner engine's chunk size.
+      channels_last: the loop inner engine runs images and convolution weights in NHWC
+        memory format (:class:`~fedforge.engine.loop.LoopEngine`); same values.
     """
 
     name = "procs"
 
     def __init__(self, keep_deltas: bool = False, *, workers: int | None = None,
-                 inner: str = "loop", chunk_size: int | str = "auto") -> None:
+                 inner: str = "loop", chunk_size: int | str = "auto",
+                 channels_last: bool = False) -> None:
         super().__init__(keep_deltas=keep_deltas)
         self.workers = default_workers() if workers is None else _checked_workers(
             workers, "engine procs: workers (or None)")
         self._chunk = chunk_size
         self.inner_name = inner
-        self.inner = _build_inner(inner, chunk_size, keep_deltas)
+        self.channels_last = channels_last
+        self.inner = _build_inner(inner, chunk_size, keep_deltas, channels_last=channels_last)
         self.fallback: str | None = None  # why cohorts run in this process (None: they don't)
         self._pool: WorkerPool | None = None
         self._data: tuple[torch.Tensor, torch.Tensor] | None = None  # what the pool holds
@@ -362,7 +372,8 @@ class ProcessEngine(ChunkedEngine):
         if self._pool is None or self._pool.closed:
             try:
                 self._pool = WorkerPool(self.workers, _EngineWorker, self.inner_name,
-                                        self._chunk, name="procs engine worker")
+                                        self._chunk, self.channels_last,
+                                        name="procs engine worker")
             except Exception as exc:
                 return self._fall_back(f"the worker processes did not start "
                                        f"({_one_line(exc)})")
@@ -417,8 +428,9 @@ class ProcessEngine(ChunkedEngine):
         if self._reported or not self._ran:
             return {}
         self._reported = True
+        inner = f"{self.inner_name} channels_last" if self.channels_last else self.inner_name
         rep: dict = {"engine_procs_workers": 1 if self.fallback else self.workers,
-                     "engine_procs_inner": self.inner_name}
+                     "engine_procs_inner": inner}
         if self.fallback:
             rep["engine_procs_fallback"] = self.fallback
         return rep
@@ -427,18 +439,21 @@ class ProcessEngine(ChunkedEngine):
         """Worker count and inner engine: the shards' sums are added in an order that depends
         on the count, so a resumed run uses the recorded one to stay bit-exact."""
         return {"workers": 1 if self.fallback else self.workers, "inner": self.inner_name,
-                **self.inner.state_dict()}
+                "channels_last": self.channels_last, **self.inner.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` (a resumed run: the recorded workers and inner engine)."""
         workers = _checked_workers(state.get("workers", self.workers),
                                    "checkpoint field 'engine.workers'")
         inner = state.get("inner", self.inner_name)
-        if workers != self.workers or inner != self.inner_name:
+        channels_last = bool(state.get("channels_last", self.channels_last))
+        same = (inner, channels_last) == (self.inner_name, self.channels_last)
+        if workers != self.workers or not same:
             self.close()  # workers of another count or engine: new ones start when needed
-        if inner != self.inner_name:
-            self.inner = _build_inner(inner, self._chunk, self.keep_deltas)
-            self.inner_name = inner
+        if not same:
+            self.inner = _build_inner(inner, self._chunk, self.keep_deltas,
+                                      channels_last=channels_last)
+            self.inner_name, self.channels_last = inner, channels_last
         self.workers = workers
         self.inner.load_state_dict(state)
         if "workers" in state:
