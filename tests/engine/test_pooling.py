@@ -81,3 +81,8 @@ def test_the_classification_loss_pools_through_the_mode(monkeypatch):
         ref = F.cross_entropy(model(x), y)
     torch.testing.assert_close(classification_loss(model)(params, x, y, w), ref)
     assert calls == [2]
+    # a model without max-pooling layers does not enter the mode (it costs every op a call)
+    dense = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 3))
+    monkeypatch.setattr(pooling.TiledPoolMode, "__enter__",
+                        lambda self: pytest.fail("entered the pooling mode"))
+    classification_loss(dense)(dict(dense.named_parameters()), x, y, w)

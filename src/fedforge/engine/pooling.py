@@ -14,7 +14,8 @@ land on another of its elements, in a step that is already NaN.) Other configura
 (overlapping or padded windows, ``ceil_mode``, indices asked for, channels-last inputs) go to
 ``F.max_pool2d``.
 :class:`TiledPoolMode` routes a model's max-pooling here; the classification loss enters it
-around the forward pass. It works under ``torch.func`` transforms (``grad``, ``vmap``).
+around the forward pass of a model with ``nn.MaxPool2d`` layers. It works under ``torch.func``
+transforms (``grad``, ``vmap``).
 """
 
 from __future__ import annotations
