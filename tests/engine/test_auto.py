@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedforge.algorithms import build_algorithm
+from fedforge.algorithms import ALGORITHMS, build_algorithm
 from fedforge.engine import AutoEngine, LoopEngine, ProcessEngine, VmapEngine, build_engine
 from fedforge.engine import auto as auto_mod
 from fedforge.engine.base import CohortInputs
@@ -16,7 +16,7 @@ from fedforge.experiment.config import load_config
 from fedforge.experiment.runner import run_experiment
 from fedforge.models import build_model
 from tests.engine.test_batched_conv import LENET_LIKE
-from tests.engine.test_parity import MODELS, _data, _run, assert_same_run
+from tests.engine.test_parity import MODELS, _data, _hparams, _run, assert_same_run
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.toml"
 
@@ -41,6 +41,19 @@ def test_calibrated_choice_agrees_with_loop_and_records_timings():
     assert min(engine.timings, key=engine.timings.get) == auto_mod._label(engine.choice)
     rep = engine.report()
     assert rep["engine_auto"] == auto_mod._label(engine.choice) and engine.report() == {}
+
+
+@pytest.mark.slow  # every registered algorithm, each calibrating
+@pytest.mark.parametrize("algo_name", sorted(ALGORITHMS))
+def test_every_algorithm_trains_under_auto_as_under_the_loop(algo_name):
+    """Whichever candidate the calibration keeps (on a 2-D conv net: loop, channels-last
+    loop, vmap with native or batched convolutions), the run is the loop's."""
+    model, (x, y, idx, w), _ = _setup()
+    algo = build_algorithm(algo_name, **_hparams(algo_name))
+    engine = AutoEngine(budget_updates=10**6)
+    got = _run(algo, engine, model, x, y, idx, w)
+    assert engine.choice["calibrated"] is True
+    assert_same_run(_run(algo, LoopEngine(), model, x, y, idx, w), got, rtol=1e-4)
 
 
 @pytest.mark.parametrize("model_name, default", [("lenet5", LoopEngine), ("mlp", VmapEngine)])
