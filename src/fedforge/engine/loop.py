@@ -32,7 +32,7 @@ def _steps_channels_last(xs: torch.Tensor) -> torch.Tensor:
     ``xs[k]`` is a channels-last ``[batch, C, H, W]``; non-image inputs are left alone."""
     if xs.dim() != 5:
         return xs
-    s, b, c, h, w = xs.shape
+    _, b, c, h, w = xs.shape
     # explicit strides: with one channel, ``contiguous`` would keep the NCHW ones (both
     # formats are "contiguous" then), and convolution would pick NCHW for its output
     out = torch.empty_strided(xs.shape, (b * h * w * c, h * w * c, 1, w * c, c),
