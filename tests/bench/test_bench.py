@@ -13,6 +13,7 @@ from fedforge.bench.throughput import (
     for_model,
     make_data,
     peak_gflops,
+    plain_warmup,
     run_w1,
 )
 from fedforge.bench.time_to_accuracy import first_reaching
@@ -51,6 +52,19 @@ def test_run_w1_rows_and_results_file(tmp_path):
     append_results(path, "T", torch.device("cpu"), W1_HEADER, rows)
     text = path.read_text()
     assert "| vmap:bf16 | 2 |" in text and "torch " + torch.__version__ in text
+
+
+def test_only_the_one_process_plain_row_warms_up_on_a_prefix(monkeypatch):
+    monkeypatch.setattr("fedforge.bench.throughput.PLAIN_WARMUP_CLIENTS", 2)
+    model = build_model("logreg", (1, 28, 28), 10)
+    data = (model, *make_data(5, torch.device("cpu"), TINY))
+    seen = []
+    monkeypatch.setattr("fedforge.bench.throughput.plain_loop",
+                        lambda m, x, y, idx, precision: seen.append(idx.shape[0]))
+    plain_warmup("plain", "auto", data, torch.device("cpu"), TINY)()
+    assert seen == [2]
+    for name in ("plain:procs2", "loop", "auto"):
+        assert plain_warmup(name, "auto", data, torch.device("cpu"), TINY) is None
 
 
 def test_two_processes_row():

@@ -10,7 +10,8 @@ An engine name may carry a precision: ``vmap:bf16``, ``plain:bf16``, and the vma
 ``:cudagraphs`` for its ``reduce-overhead`` mode on a GPU): its one engine/algorithm/loss are
 reused across calls, so the warm-up call compiles and the timed calls run the compiled graph;
 the warm-up time is printed. ``auto`` is the default engine of a run (``AutoEngine``: its
-calibration happens in the warm-up call).
+calibration happens in the warm-up call). A one-process ``plain`` row, with nothing to
+compile or calibrate, warms up on its first 10 clients.
 
 The suffix ``:procs2`` answers the threads question: on a 2-core CPU, are two single-threaded
 processes, each running half the cohort's clients, faster than one process with two intra-op
@@ -199,9 +200,11 @@ def flops_per_update(model, work: Workload) -> float:
 LAST_WARMUP_S: list[float] = [0.0]  # seconds of the latest ``timed`` warm-up call
 
 
-def timed(fn: Callable[[], None], device: torch.device, repeats: int) -> float:
+def timed(fn: Callable[[], None], device: torch.device, repeats: int,
+          warmup: Callable[[], None] | None = None) -> float:
+    """Seconds per call of ``fn`` after one untimed ``warmup`` call (default: ``fn``)."""
     t0 = time.perf_counter()
-    fn()  # warm-up (allocations, lazy init, vmap tracing, torch.compile)
+    (warmup or fn)()  # allocations, lazy init, vmap tracing, torch.compile, auto calibration
     if device.type == "cuda":
         torch.cuda.synchronize()
     LAST_WARMUP_S[0] = time.perf_counter() - t0
@@ -284,6 +287,19 @@ def make_engine(engine: str, chunk, compile_=False, cohort: int = 1,
     return VmapEngine(chunk_size=chunk, compile=compile_)
 
 
+PLAIN_WARMUP_CLIENTS = 10
+
+
+def plain_warmup(name: str, chunk, data, device: torch.device, work: Workload):
+    """A one-process plain row warms up on its first clients only: it has nothing to trace or
+    calibrate, and a full warm-up call of a heavy model at cohort 1000 costs up to 40 min."""
+    engine, _, _, procs2 = check_engine_name(name, device)
+    if engine != "plain" or procs2:
+        return None
+    model, x, y, idx = data
+    return runner(name, chunk, (model, x, y, idx[:PLAIN_WARMUP_CLIENTS]), device, work)
+
+
 LAST_ENGINE: list = []  # the engine of the latest fedforge row (auto: its choice is printed)
 
 
@@ -324,7 +340,8 @@ def run_w1(cohorts: list[int], engines: list[str], device: torch.device, chunk="
                         seconds = flower_round(*data, device=device, rounds=2 + repeats)
                     else:
                         seconds = timed(runner(name, chunk, data, device, work, resources),
-                                        device, repeats)
+                                        device, repeats, plain_warmup(name, chunk, data,
+                                                                      device, work))
                 last = LAST_ENGINE.pop() if LAST_ENGINE else None
                 if isinstance(last, AutoEngine):
                     print(f"  auto chose {last.choice}; ms per update {last.timings}; conv "
