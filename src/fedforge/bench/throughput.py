@@ -38,6 +38,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -219,9 +220,18 @@ def timed(fn: Callable[[], None], device: torch.device, repeats: int,
 _PEAKS: dict[str, dict[str, float]] = {}
 
 
-def check_engine_name(name: str, device: torch.device) -> tuple[str, bool | str, str, bool]:
-    """``engine[:flag...]`` -> (engine, compile mode, precision, two processes), or a
-    ``ValueError`` naming ``--engines``."""
+class RowSpec(NamedTuple):
+    """What a row name ``engine[:flag...]`` asks for."""
+
+    engine: str
+    compile: bool | str  # False, True (torch.compile) or "reduce-overhead" (CUDA graphs)
+    precision: str  # "fp32" or "bf16"
+    procs2: bool  # split over two worker processes
+    channels_last: bool  # ":nhwc", the loop/procs channels-last layout
+
+
+def check_engine_name(name: str, device: torch.device) -> RowSpec:
+    """Parse a row name, or raise a ``ValueError`` naming ``--engines``."""
     engine, *flags = name.split(":")
     # ":compile" = torch.compile, ":cudagraphs" = its "reduce-overhead" mode (CUDA graphs)
     compile_ = "reduce-overhead" if "cudagraphs" in flags else "compile" in flags
@@ -241,14 +251,14 @@ def check_engine_name(name: str, device: torch.device) -> tuple[str, bool | str,
         raise ValueError(f"--engines: flower takes no suffix, got {name!r}")
     if "nhwc" in flags and (engine not in ("loop", "procs") or "procs2" in flags):
         raise ValueError(f"--engines: ':nhwc' (channels-last) is a loop/procs option, got {name!r}")
-    return engine, compile_, precision, "procs2" in flags
+    return RowSpec(engine, compile_, precision, "procs2" in flags, "nhwc" in flags)
 
 
 def runner(name: str, chunk, data, device: torch.device, work: Workload = W1,
            resources: contextlib.ExitStack | None = None) -> Callable[[], None]:
     """The call a row times, on ``data = (model, x, y, idx)``. A ``:procs2`` row's workers
     start here and are closed by ``resources`` (required for it)."""
-    engine, compile_, precision, procs2 = check_engine_name(name, device)
+    engine, compile_, precision, procs2, channels_last = check_engine_name(name, device)
     model, x, y, idx = data
     if engine == "flower":
         raise ValueError("flower is timed by run_w1 itself")
@@ -266,7 +276,7 @@ def runner(name: str, chunk, data, device: torch.device, work: Workload = W1,
     elif engine == "plain":
         return lambda: plain_loop(*data, precision)
     else:  # one engine/algorithm/loss: a compiled graph or an auto calibration is made once
-        eng = make_engine(engine, chunk, compile_, idx.shape[0], "nhwc" in name.split(":"))
+        eng = make_engine(engine, chunk, compile_, idx.shape[0], channels_last)
         if resources is not None:  # procs (or auto's choice of it): its workers end with the row
             resources.enter_context(eng)
         LAST_ENGINE[:] = [eng]
@@ -293,8 +303,8 @@ PLAIN_WARMUP_CLIENTS = 10
 def plain_warmup(name: str, chunk, data, device: torch.device, work: Workload):
     """A one-process plain row warms up on its first clients only: it has nothing to trace or
     calibrate, and a full warm-up call of a heavy model at cohort 1000 costs up to 40 min."""
-    engine, _, _, procs2 = check_engine_name(name, device)
-    if engine != "plain" or procs2:
+    spec = check_engine_name(name, device)
+    if spec.engine != "plain" or spec.procs2:
         return None
     model, x, y, idx = data
     return runner(name, chunk, (model, x, y, idx[:PLAIN_WARMUP_CLIENTS]), device, work)

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput
-from fedforge.engine.loop import LoopEngine
+from fedforge.engine.loop import LoopEngine, loop_label
 from fedforge.engine.procs import ProcessEngine, default_workers
 from fedforge.engine.vmap import VmapEngine
 
@@ -60,7 +60,7 @@ def _label(choice: dict) -> str:
         inner = _label({**choice, "engine": choice["inner"]})
         return f"procs {choice['workers']} x {inner}"
     if choice["engine"] == "loop":
-        return "loop channels_last" if choice.get("conv") == "channels_last" else "loop"
+        return loop_label(choice.get("conv") == "channels_last")
     return f"vmap chunk {choice['chunk']} conv {choice['conv']}"
 
 

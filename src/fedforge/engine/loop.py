@@ -40,6 +40,11 @@ def _steps_channels_last(xs: torch.Tensor) -> torch.Tensor:
     return out.copy_(xs)
 
 
+def loop_label(channels_last: bool) -> str:
+    """How reports and ``auto``'s timings name the loop in either layout."""
+    return "loop channels_last" if channels_last else "loop"
+
+
 class LoopEngine(ChunkedEngine):
     name = "loop"
     functional_grad = False  # one client outside any transform: plain autograd is cheaper

@@ -58,7 +58,7 @@ from fedforge.core.tree import PyTree, tree_map, upcast
 from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput, combine_shards
 from fedforge.engine.distributed import shard_bounds
 from fedforge.engine.local import LossFn
-from fedforge.engine.loop import LoopEngine
+from fedforge.engine.loop import LoopEngine, loop_label
 from fedforge.engine.vmap import VmapEngine
 
 logger = logging.getLogger(__name__)
@@ -428,7 +428,7 @@ class ProcessEngine(ChunkedEngine):
         if self._reported or not self._ran:
             return {}
         self._reported = True
-        inner = f"{self.inner_name} channels_last" if self.channels_last else self.inner_name
+        inner = loop_label(True) if self.channels_last else self.inner_name  # loop only
         rep: dict = {"engine_procs_workers": 1 if self.fallback else self.workers,
                      "engine_procs_inner": inner}
         if self.fallback:
