@@ -191,6 +191,27 @@ def test_worker_processes_take_the_loop_layout_that_won_here(monkeypatch, loop_m
     assert [c["conv"] for c in built if c["engine"] == "procs"] == [conv]
 
 
+@pytest.mark.parametrize(("loop_ms", "per_worker"), [(500.0, 4), (5.0, 20), (0.5, 200)])
+def test_a_fast_models_workers_are_timed_on_enough_clients(monkeypatch, loop_ms, per_worker):
+    """Each worker trains at least 0.1 s per timed call (4 clients at least), so the per-call
+    cost does not decide a fast model's timing; capped by the cohort."""
+    model, (x, y, idx, w), algo = _setup()
+    idx, w = idx.repeat(100, 1, 1), w.repeat(100, 1, 1)  # a cohort of 400 clients
+    monkeypatch.setattr(auto_mod, "PROCESS_START_S", 0.0)
+    monkeypatch.setattr(AutoEngine, "build", lambda self, cand: ProcessEngine(workers=1))
+    timed = []
+    monkeypatch.setattr(auto_mod, "_ms_per_update",
+                        lambda eng, a, l, x, y, inputs: timed.append(inputs.sample_idx.shape[0])
+                        or 1.0)
+    engine = AutoEngine(budget_updates=10**9)
+    engine.timings = {"loop": loop_ms}
+    inputs = CohortInputs(dict(model.named_parameters()), {}, {}, {}, idx, w,
+                          torch.full((idx.shape[0],), 0.25))
+    best = ({"engine": "loop", "chunk": 1, "conv": "native"}, LoopEngine())
+    engine._time_processes(algo, None, x, y, inputs, best, loop_ms, 2, time.perf_counter())
+    assert timed == [min(2 * per_worker, 400)]
+
+
 @pytest.mark.slow  # spawns worker processes
 def test_uncalibrated_cpu_conv_net_runs_the_loop_in_worker_processes(monkeypatch):
     """From the fedforge command, with two threads and >= 1000 client updates, a run too short

@@ -33,6 +33,7 @@ resumed run reuses them and stays bit-exact.
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 from pathlib import Path
@@ -53,6 +54,18 @@ PROCESS_MIN_UPDATES = 1000
 # clients per worker when timing the loop in processes: with one, the per-call cost (sending
 # the model, collecting the shard) made them look slower than they run (LeNet-5, 2026-11-26)
 PROCESS_LOOP_CLIENTS = 4
+# ... and at least this many seconds of each worker's training per timed call: for a fast
+# model the per-call cost is otherwise a large share of the timing and none of the run's
+# (text classifier, 5 ms per update: 5.1 or 6.0 ms per update in processes from 4 clients
+# each, so the loop in processes lost one calibration it wins in the run, 2026-11-26)
+PROCESS_MIN_CALL_S = 0.1
+
+
+def loop_clients_per_worker(ms_per_update: float) -> int:
+    """Clients per worker when timing the loop in processes (see the two constants above)."""
+    if not ms_per_update > 0:  # nothing timed yet
+        return PROCESS_LOOP_CLIENTS
+    return max(PROCESS_LOOP_CLIENTS, math.ceil(1000.0 * PROCESS_MIN_CALL_S / ms_per_update))
 
 
 def _label(choice: dict) -> str:
@@ -246,8 +259,9 @@ class AutoEngine(ChunkedEngine):
         if best[0]["engine"] == "vmap" and best[0]["conv"] == "native":  # conv plans stay here
             inners.append(("vmap", best[0]["chunk"], "native"))
         allowed = self._share_s(best_ms)
+        loop_ms = (loop_cl if inners[0][2] == "channels_last" else loop) or best_ms
         for inner, chunk, conv in inners:
-            per_worker = PROCESS_LOOP_CLIENTS if inner == "loop" else chunk
+            per_worker = loop_clients_per_worker(loop_ms) if inner == "loop" else chunk
             clients = min(workers * per_worker, inputs.sample_idx.shape[0])
             if clients < 2 or time.perf_counter() - t_start + PROCESS_START_S > allowed:
                 break
@@ -268,11 +282,11 @@ class AutoEngine(ChunkedEngine):
     @staticmethod
     def _process_reserve_s(workers: int, best_ms: float) -> float:
         """What timing the loop in worker processes needs of the share (0 without them):
-        their start-up and two calls of a few clients each, so the in-process candidates
+        their start-up and two timed calls of their clients, so the in-process candidates
         cannot spend it first (processes won every CPU measurement of a conv net)."""
         if workers < 2:
             return 0.0
-        return PROCESS_START_S + 2 * PROCESS_LOOP_CLIENTS * best_ms / 1000.0
+        return PROCESS_START_S + 2 * loop_clients_per_worker(best_ms) * best_ms / 1000.0
 
     def _share_s(self, best_ms: float) -> float:
         """Seconds calibration may take: its share of the run projected at ``best_ms``."""
