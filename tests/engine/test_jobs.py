@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from fedforge.core.tree import tree_stack
+from fedforge.data.batching import client_batches
 from fedforge.engine import LoopEngine, VmapEngine
 from fedforge.engine.base import OOM_ERRORS
-from fedforge.engine.jobs import JobInputs, job_function, run_jobs
+from fedforge.engine.jobs import JobInputs, job_function, job_generator, run_jobs
 from fedforge.sim.clock import Job
 from fedforge.sim.delays import ShiftedExponential
 from fedforge.sim.fedast import AsyncDriver, AsyncOptions
@@ -108,3 +109,22 @@ def test_jobs_mode_chunks_and_halves_on_out_of_memory():
     assert run_jobs(engine, fn, ex.x_all, ex.y_all, inputs)[2] == 4  # stays at 2 per call
     assert run_jobs(VmapEngine(), fn, ex.x_all, ex.y_all, inputs, limit=3)[2] == 3  # max_batch
     assert run_jobs(LoopEngine(), fn, ex.x_all, ex.y_all, inputs)[2] == 8  # one job per call
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_one_draw_for_many_jobs_equals_each_job_drawn_alone(drop_last):
+    """Each job's batches come from its own seeded generator, whether it is drawn alone or
+    with others (the executor draws a batch of jobs in one call)."""
+    sizes = torch.tensor([0, 3, 7, 32, 50])
+    ex = quadratic_task(0, CENTERS[0]).executor
+    ex.sizes, ex.tau, ex.batch_size, ex.drop_last = sizes, 5, 8, drop_last
+    ex.index_table = torch.arange(5 * 50).view(5, 50)
+    jobs = [Job(i, 0, i % 7, 0, 0.0, 0.0, 0.0) for i in range(12)]
+    idx, mask = ex.batch_inputs(jobs)
+    for k, j in enumerate(jobs):
+        one_idx, one_mask = ex.batch_inputs([j])
+        assert torch.equal(idx[k], one_idx[0]) and torch.equal(mask[k], one_mask[0])
+        d = j.client % 5
+        pos, m = client_batches(sizes[d:d + 1], 5, None, 8, job_generator(ex.seed, 0, j.job_id),
+                                drop_last)  # the draw as a single generator makes it
+        assert torch.equal(idx[k], ex.index_table[d][pos[0]]) and torch.equal(mask[k], m[0])

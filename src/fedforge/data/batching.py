@@ -6,6 +6,8 @@ so schedules are drawn with a few sorts over all clients instead of one DataLoad
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
@@ -14,21 +16,33 @@ def _ceil_div(a: torch.Tensor | int, b: torch.Tensor | int) -> torch.Tensor:
 
 
 def permutation_pool(
-    sizes: torch.Tensor, passes: torch.Tensor, generator: torch.Generator
+    sizes: torch.Tensor, passes: torch.Tensor,
+    generator: torch.Generator | Sequence[torch.Generator],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``passes[i]`` fresh random permutations of ``range(sizes[i])`` per client, concatenated.
 
     Returns ``(pool, start)``: client i's p-th permutation is
     ``pool[start[i] + p * sizes[i] : start[i] + (p + 1) * sizes[i]]``. One float64 sort of
     ``segment + U[0, 0.5)`` keys shuffles every segment at once; keys never cross a segment
-    boundary, so each segment is always an exact permutation.
+    boundary, so each segment is always an exact permutation. ``generator`` may be one per
+    client (asynchronous jobs): client i's keys are then its own generator's first draws, as
+    if it were drawn alone.
     """
     device = sizes.device
     seg_len = torch.repeat_interleave(sizes, passes)
     total = int(seg_len.sum())
     seg_id = torch.repeat_interleave(torch.arange(len(seg_len), device=device), seg_len)
     seg_start = torch.cumsum(seg_len, 0) - seg_len
-    keys = torch.rand(total, generator=generator, device=generator.device, dtype=torch.float64)
+    if isinstance(generator, torch.Generator):
+        keys = torch.rand(total, generator=generator, device=generator.device,
+                          dtype=torch.float64)
+    else:
+        if len(generator) != len(sizes):
+            raise ValueError(f"permutation_pool: {len(generator)} generators for "
+                             f"{len(sizes)} clients")
+        counts = (sizes * passes).tolist()
+        keys = torch.cat([torch.rand(n, generator=g, device=g.device, dtype=torch.float64)
+                          .to(device) for n, g in zip(counts, generator, strict=True)])
     order = torch.argsort(keys.to(device).mul_(0.5).add_(seg_id))
     pool = order - seg_start[seg_id]
     per_client = sizes * passes
@@ -40,7 +54,7 @@ def client_batches(
     steps: int | None,
     epochs: int | None,
     batch_size: int,
-    generator: torch.Generator,
+    generator: torch.Generator | Sequence[torch.Generator],
     drop_last: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Local minibatch positions for a cohort: ``pos`` int64 and ``mask`` (default dtype), both

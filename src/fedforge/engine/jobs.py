@@ -180,18 +180,15 @@ class TaskExecutor:
         return out
 
     def batch_inputs(self, jobs: list[Job]):
-        """-> (sample indices ``[J, tau, B]``, mask ``[J, tau, B]``), one seeded draw per job."""
-        idx, masks = [], []
-        nd = self.index_table.shape[0]
-        for j in jobs:
-            data_client = torch.tensor([j.client % nd])
-            pos, mask = client_batches(self.sizes[data_client], self.tau, None, self.batch_size,
-                                       job_generator(self.seed, self.task, j.job_id),
-                                       self.drop_last)
-            rows = data_client.to(self.index_table.device).view(-1, 1, 1)
-            idx.append(self.index_table[rows, pos.to(self.index_table.device)])  # [1, tau, B]
-            masks.append(mask)
-        return torch.cat(idx), torch.cat(masks).to(self.x_all.device)
+        """-> (sample indices ``[J, tau, B]``, mask ``[J, tau, B]``), one seeded draw per job,
+        made in one call (each job's own generator gives its keys)."""
+        data_clients = torch.tensor([j.client % self.index_table.shape[0] for j in jobs])
+        pos, mask = client_batches(self.sizes[data_clients], self.tau, None, self.batch_size,
+                                   [job_generator(self.seed, self.task, j.job_id) for j in jobs],
+                                   self.drop_last)
+        rows = data_clients.to(self.index_table.device).view(-1, 1, 1)
+        return (self.index_table[rows, pos.to(self.index_table.device)],
+                mask.to(self.x_all.device))
 
     def _fn(self, masked: bool) -> Callable:
         if masked not in self._fns:
