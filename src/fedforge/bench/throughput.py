@@ -319,8 +319,8 @@ def run_w1(cohorts: list[int], engines: list[str], device: torch.device, chunk="
     timed calls there (``fedforge bench --profile``)."""
     from fedforge.bench.profiling import profiled
 
-    for name in engines:  # bad names and a missing Flower fail before anything is measured
-        check_engine_name(name, device)
+    # bad names and a missing Flower fail before anything is measured
+    specs = {name: check_engine_name(name, device) for name in engines}
     if "flower" in engines:
         from fedforge.bench.flower_w1 import check_flower  # optional dependency
 
@@ -360,11 +360,11 @@ def run_w1(cohorts: list[int], engines: list[str], device: torch.device, chunk="
                     print(f"  :procs2 workers: {last.describe()}", flush=True)
             peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
             rate = cohort / seconds
-            if name.split(":")[0] == "plain" and plain_rate is None:
+            if specs[name].engine == "plain" and plain_rate is None:
                 plain_rate = rate
             ratio = None if plain_rate is None else f"{rate / plain_rate:.2f}x"
             achieved = rate * gflop
-            share = 100.0 * achieved / peaks["bf16" if "bf16" in name else "fp32"]
+            share = 100.0 * achieved / peaks[specs[name].precision]
             rows.append([name, cohort, rate, achieved, share, peak, ratio])
             mem = f", peak {peak:.2f} GiB" if peak is not None else ""
             warm = "" if name == "flower" else f", warm-up call {LAST_WARMUP_S[0]:.1f} s"

@@ -33,6 +33,7 @@ def permutation_pool(
     total = int(seg_len.sum())
     seg_id = torch.repeat_interleave(torch.arange(len(seg_len), device=device), seg_len)
     seg_start = torch.cumsum(seg_len, 0) - seg_len
+    per_client = sizes * passes
     if isinstance(generator, torch.Generator):
         keys = torch.rand(total, generator=generator, device=generator.device,
                           dtype=torch.float64)
@@ -40,12 +41,10 @@ def permutation_pool(
         if len(generator) != len(sizes):
             raise ValueError(f"permutation_pool: {len(generator)} generators for "
                              f"{len(sizes)} clients")
-        counts = (sizes * passes).tolist()
         keys = torch.cat([torch.rand(n, generator=g, device=g.device, dtype=torch.float64)
-                          .to(device) for n, g in zip(counts, generator, strict=True)])
+                          for n, g in zip(per_client.tolist(), generator, strict=True)])
     order = torch.argsort(keys.to(device).mul_(0.5).add_(seg_id))
     pool = order - seg_start[seg_id]
-    per_client = sizes * passes
     return pool, torch.cumsum(per_client, 0) - per_client
 
 
