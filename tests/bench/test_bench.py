@@ -9,6 +9,7 @@ from fedforge.bench.throughput import (
     W1,
     W1_HEADER,
     Workload,
+    check_engine_name,
     flops_per_update,
     for_model,
     make_data,
@@ -61,10 +62,11 @@ def test_only_the_one_process_plain_row_warms_up_on_a_prefix(monkeypatch):
     seen = []
     monkeypatch.setattr("fedforge.bench.throughput.plain_loop",
                         lambda m, x, y, idx, precision: seen.append(idx.shape[0]))
-    plain_warmup("plain", "auto", data, torch.device("cpu"), TINY)()
+    cpu = torch.device("cpu")
+    plain_warmup(check_engine_name("plain", cpu), "auto", data, TINY)()
     assert seen == [2]
     for name in ("plain:procs2", "loop", "auto"):
-        assert plain_warmup(name, "auto", data, torch.device("cpu"), TINY) is None
+        assert plain_warmup(check_engine_name(name, cpu), "auto", data, TINY) is None
 
 
 def test_two_processes_row():

@@ -212,6 +212,30 @@ def test_a_fast_models_workers_are_timed_on_enough_clients(monkeypatch, loop_ms,
     assert timed == [min(2 * per_worker, 400)]
 
 
+def test_workers_are_sized_by_the_loops_time_not_the_in_process_winners(monkeypatch):
+    """A vmap winner at 10 ms would ask 10 clients of each worker (0.2 s reserved); the workers
+    run the loop, whose faster layout takes 250 ms, so they are timed on 4 each and the
+    calibration keeps 2 s for that."""
+    model, (x, y, idx, w), algo = _setup()
+    idx, w = idx.repeat(100, 1, 1), w.repeat(100, 1, 1)
+    monkeypatch.setattr(auto_mod, "PROCESS_START_S", 0.0)
+    monkeypatch.setattr(AutoEngine, "build", lambda self, cand: ProcessEngine(workers=1))
+    timed = []
+    monkeypatch.setattr(auto_mod, "_ms_per_update",
+                        lambda eng, a, l, x, y, inputs: timed.append(inputs.sample_idx.shape[0])
+                        or 1.0)
+    engine = AutoEngine(budget_updates=10**9)
+    engine.timings = {"loop": 500.0, "loop channels_last": 250.0,
+                      "vmap chunk 8 conv native": 10.0}
+    inputs = CohortInputs(dict(model.named_parameters()), {}, {}, {}, idx, w,
+                          torch.full((idx.shape[0],), 0.25))
+    best = ({"engine": "vmap", "chunk": 8, "conv": "native"}, LoopEngine())
+    engine._time_processes(algo, None, x, y, inputs, best, 10.0, 2, time.perf_counter())
+    assert timed[0] == 2 * 4
+    assert engine._loop_ms() == 250.0
+    assert engine._process_reserve_s(2, engine._loop_ms()) == pytest.approx(2 * 4 * 0.25)
+
+
 @pytest.mark.slow  # spawns worker processes
 def test_uncalibrated_cpu_conv_net_runs_the_loop_in_worker_processes(monkeypatch):
     """From the fedforge command, with two threads and >= 1000 client updates, a run too short

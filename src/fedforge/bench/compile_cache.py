@@ -36,7 +36,7 @@ def one_process(model: str, cohort: int) -> dict[str, float]:
     cache hits torch counted (zero in a process that found the cache empty)."""
     from torch._dynamo.utils import counters
 
-    from fedforge.bench.throughput import W1, make_data, runner
+    from fedforge.bench.throughput import W1, check_engine_name, make_data, runner
     from fedforge.models import build_model
 
     work = replace(W1, model=model)
@@ -44,7 +44,7 @@ def one_process(model: str, cohort: int) -> dict[str, float]:
     torch.manual_seed(0)
     data = (build_model(work.model, work.input_shape, work.num_classes),
             *make_data(cohort, cpu, work))
-    round_ = runner("vmap:compile", "auto", data, cpu, work)
+    round_ = runner(check_engine_name("vmap:compile", cpu), "auto", data, work)
     t0 = time.perf_counter()
     round_()  # compiles, or loads the compiled graphs from the cache
     first = time.perf_counter() - t0

@@ -223,6 +223,7 @@ _PEAKS: dict[str, dict[str, float]] = {}
 class RowSpec(NamedTuple):
     """What a row name ``engine[:flag...]`` asks for."""
 
+    name: str  # as given, e.g. "vmap:bf16"
     engine: str
     compile: bool | str  # False, True (torch.compile) or "reduce-overhead" (CUDA graphs)
     precision: str  # "fp32" or "bf16"
@@ -251,14 +252,15 @@ def check_engine_name(name: str, device: torch.device) -> RowSpec:
         raise ValueError(f"--engines: flower takes no suffix, got {name!r}")
     if "nhwc" in flags and (engine not in ("loop", "procs") or "procs2" in flags):
         raise ValueError(f"--engines: ':nhwc' (channels-last) is a loop/procs option, got {name!r}")
-    return RowSpec(engine, compile_, precision, "procs2" in flags, "nhwc" in flags)
+    return RowSpec(name, engine, compile_, precision, "procs2" in flags, "nhwc" in flags)
 
 
-def runner(name: str, chunk, data, device: torch.device, work: Workload = W1,
+def runner(spec: RowSpec, chunk, data, work: Workload = W1,
            resources: contextlib.ExitStack | None = None) -> Callable[[], None]:
-    """The call a row times, on ``data = (model, x, y, idx)``. A ``:procs2`` row's workers
-    start here and are closed by ``resources`` (required for it)."""
-    engine, compile_, precision, procs2, channels_last = check_engine_name(name, device)
+    """The call a row (parsed by :func:`check_engine_name`) times, on ``data = (model, x, y,
+    idx)``. A ``:procs2`` row's workers start here and are closed by ``resources`` (required
+    for it)."""
+    name, engine, compile_, precision, procs2, channels_last = spec
     model, x, y, idx = data
     if engine == "flower":
         raise ValueError("flower is timed by run_w1 itself")
@@ -300,14 +302,13 @@ def make_engine(engine: str, chunk, compile_=False, cohort: int = 1,
 PLAIN_WARMUP_CLIENTS = 10
 
 
-def plain_warmup(name: str, chunk, data, device: torch.device, work: Workload):
+def plain_warmup(spec: RowSpec, chunk, data, work: Workload):
     """A one-process plain row warms up on its first clients only: it has nothing to trace or
     calibrate, and a full warm-up call of a heavy model at cohort 1000 costs up to 40 min."""
-    spec = check_engine_name(name, device)
     if spec.engine != "plain" or spec.procs2:
         return None
     model, x, y, idx = data
-    return runner(name, chunk, (model, x, y, idx[:PLAIN_WARMUP_CLIENTS]), device, work)
+    return runner(spec, chunk, (model, x, y, idx[:PLAIN_WARMUP_CLIENTS]), work)
 
 
 LAST_ENGINE: list = []  # the engine of the latest fedforge row (auto: its choice is printed)
@@ -349,9 +350,9 @@ def run_w1(cohorts: list[int], engines: list[str], device: torch.device, chunk="
 
                         seconds = flower_round(*data, device=device, rounds=2 + repeats)
                     else:
-                        seconds = timed(runner(name, chunk, data, device, work, resources),
-                                        device, repeats, plain_warmup(name, chunk, data,
-                                                                      device, work))
+                        spec = specs[name]
+                        seconds = timed(runner(spec, chunk, data, work, resources), device,
+                                        repeats, plain_warmup(spec, chunk, data, work))
                 last = LAST_ENGINE.pop() if LAST_ENGINE else None
                 if isinstance(last, AutoEngine):
                     print(f"  auto chose {last.choice}; ms per update {last.timings}; conv "

@@ -222,7 +222,8 @@ class AutoEngine(ChunkedEngine):
         reserve_for = workers if _has_conv(inputs.global_params) else 0
         last_s = 0.0  # how long the previous candidate took
         for cand in cands:
-            left = (self._share_s(best_ms) - self._process_reserve_s(reserve_for, best_ms)
+            left = (self._share_s(best_ms)
+                    - self._process_reserve_s(reserve_for, self._loop_ms() or best_ms)
                     - (time.perf_counter() - t_start))
             if best is not None and last_s > left:
                 break  # the next candidate would overrun the share: keep the best so far
@@ -259,7 +260,7 @@ class AutoEngine(ChunkedEngine):
         if best[0]["engine"] == "vmap" and best[0]["conv"] == "native":  # conv plans stay here
             inners.append(("vmap", best[0]["chunk"], "native"))
         allowed = self._share_s(best_ms)
-        loop_ms = (loop_cl if inners[0][2] == "channels_last" else loop) or best_ms
+        loop_ms = self._loop_ms() or best_ms
         for inner, chunk, conv in inners:
             per_worker = loop_clients_per_worker(loop_ms) if inner == "loop" else chunk
             clients = min(workers * per_worker, inputs.sample_idx.shape[0])
@@ -279,14 +280,23 @@ class AutoEngine(ChunkedEngine):
                 engine.close()
         return best, best_ms
 
+    def _loop_ms(self) -> float | None:
+        """The in-process loop's ms per update in its faster timed layout (None before it
+        is timed): what the workers' loop is sized by."""
+        timed = [self.timings[k] for k in (_label({"engine": "loop", "conv": c})
+                                           for c in ("native", "channels_last"))
+                 if k in self.timings]
+        return min(timed) if timed else None
+
     @staticmethod
-    def _process_reserve_s(workers: int, best_ms: float) -> float:
+    def _process_reserve_s(workers: int, loop_ms: float) -> float:
         """What timing the loop in worker processes needs of the share (0 without them):
-        their start-up and two timed calls of their clients, so the in-process candidates
-        cannot spend it first (processes won every CPU measurement of a conv net)."""
+        their start-up and two timed calls of their clients at ``loop_ms`` each, so the
+        in-process candidates cannot spend it first (processes won every CPU measurement of
+        a conv net)."""
         if workers < 2:
             return 0.0
-        return PROCESS_START_S + 2 * loop_clients_per_worker(best_ms) * best_ms / 1000.0
+        return PROCESS_START_S + 2 * loop_clients_per_worker(loop_ms) * loop_ms / 1000.0
 
     def _share_s(self, best_ms: float) -> float:
         """Seconds calibration may take: its share of the run projected at ``best_ms``."""
