@@ -191,31 +191,10 @@ def test_worker_processes_take_the_loop_layout_that_won_here(monkeypatch, loop_m
     assert [c["conv"] for c in built if c["engine"] == "procs"] == [conv]
 
 
-@pytest.mark.parametrize(("loop_ms", "per_worker"), [(500.0, 4), (5.0, 20), (0.5, 200)])
-def test_a_fast_models_workers_are_timed_on_enough_clients(monkeypatch, loop_ms, per_worker):
-    """Each worker trains at least 0.1 s per timed call (4 clients at least), so the per-call
-    cost does not decide a fast model's timing; capped by the cohort."""
-    model, (x, y, idx, w), algo = _setup()
-    idx, w = idx.repeat(100, 1, 1), w.repeat(100, 1, 1)  # a cohort of 400 clients
-    monkeypatch.setattr(auto_mod, "PROCESS_START_S", 0.0)
-    monkeypatch.setattr(AutoEngine, "build", lambda self, cand: ProcessEngine(workers=1))
-    timed = []
-    monkeypatch.setattr(auto_mod, "_ms_per_update",
-                        lambda eng, a, l, x, y, inputs: timed.append(inputs.sample_idx.shape[0])
-                        or 1.0)
-    engine = AutoEngine(budget_updates=10**9)
-    engine.timings = {"loop": loop_ms}
-    inputs = CohortInputs(dict(model.named_parameters()), {}, {}, {}, idx, w,
-                          torch.full((idx.shape[0],), 0.25))
-    best = ({"engine": "loop", "chunk": 1, "conv": "native"}, LoopEngine())
-    engine._time_processes(algo, None, x, y, inputs, best, loop_ms, 2, time.perf_counter())
-    assert timed == [min(2 * per_worker, 400)]
-
-
-def test_workers_are_sized_by_the_loops_time_not_the_in_process_winners(monkeypatch):
-    """A vmap winner at 10 ms would ask 10 clients of each worker (0.2 s reserved); the workers
-    run the loop, whose faster layout takes 250 ms, so they are timed on 4 each and the
-    calibration keeps 2 s for that."""
+def _clients_timed_per_process_call(monkeypatch, timings: dict, best: dict,
+                                    best_ms: float) -> tuple[list[int], AutoEngine]:
+    """Run ``_time_processes`` on a cohort of 400 clients with ``timings`` already taken and
+    timing stubbed -> (clients in each timed call of the workers, the engine)."""
     model, (x, y, idx, w), algo = _setup()
     idx, w = idx.repeat(100, 1, 1), w.repeat(100, 1, 1)
     monkeypatch.setattr(auto_mod, "PROCESS_START_S", 0.0)
@@ -225,12 +204,32 @@ def test_workers_are_sized_by_the_loops_time_not_the_in_process_winners(monkeypa
                         lambda eng, a, l, x, y, inputs: timed.append(inputs.sample_idx.shape[0])
                         or 1.0)
     engine = AutoEngine(budget_updates=10**9)
-    engine.timings = {"loop": 500.0, "loop channels_last": 250.0,
-                      "vmap chunk 8 conv native": 10.0}
+    engine.timings = dict(timings)
     inputs = CohortInputs(dict(model.named_parameters()), {}, {}, {}, idx, w,
                           torch.full((idx.shape[0],), 0.25))
-    best = ({"engine": "vmap", "chunk": 8, "conv": "native"}, LoopEngine())
-    engine._time_processes(algo, None, x, y, inputs, best, 10.0, 2, time.perf_counter())
+    engine._time_processes(algo, None, x, y, inputs, (best, LoopEngine()), best_ms, 2,
+                           time.perf_counter())
+    return timed, engine
+
+
+@pytest.mark.parametrize(("loop_ms", "per_worker"), [(500.0, 4), (5.0, 20), (0.5, 200)])
+def test_a_fast_models_workers_are_timed_on_enough_clients(monkeypatch, loop_ms, per_worker):
+    """Each worker trains at least 0.1 s per timed call (4 clients at least), so the per-call
+    cost does not decide a fast model's timing; capped by the cohort."""
+    timed, _ = _clients_timed_per_process_call(
+        monkeypatch, {"loop": loop_ms}, {"engine": "loop", "chunk": 1, "conv": "native"},
+        loop_ms)
+    assert timed == [min(2 * per_worker, 400)]
+
+
+def test_workers_are_sized_by_the_loops_time_not_the_in_process_winners(monkeypatch):
+    """A vmap winner at 10 ms would ask 10 clients of each worker (0.2 s reserved); the workers
+    run the loop, whose faster layout takes 250 ms, so they are timed on 4 each and the
+    calibration keeps 2 s for that."""
+    timed, engine = _clients_timed_per_process_call(
+        monkeypatch, {"loop": 500.0, "loop channels_last": 250.0,
+                      "vmap chunk 8 conv native": 10.0},
+        {"engine": "vmap", "chunk": 8, "conv": "native"}, 10.0)
     assert timed[0] == 2 * 4
     assert engine._loop_ms() == 250.0
     assert engine._process_reserve_s(2, engine._loop_ms()) == pytest.approx(2 * 4 * 0.25)
