@@ -231,8 +231,8 @@ def test_workers_are_sized_by_the_loops_time_not_the_in_process_winners(monkeypa
                       "vmap chunk 8 conv native": 10.0},
         {"engine": "vmap", "chunk": 8, "conv": "native"}, 10.0)
     assert timed[0] == 2 * 4
-    assert engine._loop_ms() == 250.0
-    assert engine._process_reserve_s(2, engine._loop_ms()) == pytest.approx(2 * 4 * 0.25)
+    assert engine._fastest_loop(10.0) == ("channels_last", 250.0)
+    assert engine._process_reserve_s(2, 250.0) == pytest.approx(2 * 4 * 0.25)
 
 
 @pytest.mark.slow  # spawns worker processes

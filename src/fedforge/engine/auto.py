@@ -223,7 +223,7 @@ class AutoEngine(ChunkedEngine):
         last_s = 0.0  # how long the previous candidate took
         for cand in cands:
             left = (self._share_s(best_ms)
-                    - self._process_reserve_s(reserve_for, self._loop_ms() or best_ms)
+                    - self._process_reserve_s(reserve_for, self._fastest_loop(best_ms)[1])
                     - (time.perf_counter() - t_start))
             if best is not None and last_s > left:
                 break  # the next candidate would overrun the share: keep the best so far
@@ -253,14 +253,11 @@ class AutoEngine(ChunkedEngine):
         processes, each running a few clients (the loop) or one chunk (vmap), against the
         in-process winner -> the fastest (choice, engine) and its time. The workers' loop
         takes the layout that won in this process (channels-last or not)."""
-        loop_cl, loop = (self.timings.get(_label({"engine": "loop", "conv": c}))
-                         for c in ("channels_last", "native"))
-        inners = [("loop", 1, "channels_last" if loop_cl and loop and loop_cl < loop
-                   else "native")]
+        loop_conv, loop_ms = self._fastest_loop(best_ms)
+        inners = [("loop", 1, loop_conv)]
         if best[0]["engine"] == "vmap" and best[0]["conv"] == "native":  # conv plans stay here
             inners.append(("vmap", best[0]["chunk"], "native"))
         allowed = self._share_s(best_ms)
-        loop_ms = self._loop_ms() or best_ms
         for inner, chunk, conv in inners:
             per_worker = loop_clients_per_worker(loop_ms) if inner == "loop" else chunk
             clients = min(workers * per_worker, inputs.sample_idx.shape[0])
@@ -280,13 +277,13 @@ class AutoEngine(ChunkedEngine):
                 engine.close()
         return best, best_ms
 
-    def _loop_ms(self) -> float | None:
-        """The in-process loop's ms per update in its faster timed layout (None before it
-        is timed): what the workers' loop is sized by."""
-        timed = [self.timings[k] for k in (_label({"engine": "loop", "conv": c})
-                                           for c in ("native", "channels_last"))
-                 if k in self.timings]
-        return min(timed) if timed else None
+    def _fastest_loop(self, untimed_ms: float) -> tuple[str, float]:
+        """The in-process loop's faster timed layout and its ms per update (native on a tie;
+        native at ``untimed_ms`` before the loop is timed): what the workers' loop runs and
+        is sized by."""
+        timed = [(c, self.timings[k]) for c in ("native", "channels_last")
+                 if (k := _label({"engine": "loop", "conv": c})) in self.timings]
+        return min(timed, key=lambda t: t[1]) if timed else ("native", untimed_ms)
 
     @staticmethod
     def _process_reserve_s(workers: int, loop_ms: float) -> float:
