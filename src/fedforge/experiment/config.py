@@ -218,7 +218,7 @@ class TaskConfig(_Section):
     client: TaskClientConfig = Field(default_factory=TaskClientConfig)
     step_time: float = Field(default=1.0, gt=0)  # e_m, per-step time factor of the delay
     target: float | None = Field(default=None, gt=0, le=1)  # stop at this test accuracy
-    eval_every: int = Field(default=4, ge=1)  # server rounds of this task between evals
+    eval_every: int = Field(default=4, ge=1)  # server rounds between evaluations of the task
     requests: int | None = Field(default=None, ge=1)  # R_m^(0) (fedast_static)
     sync_clients: int | None = Field(default=None, ge=0)  # Sync-ST per-task client count
 
