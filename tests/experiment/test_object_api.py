@@ -51,7 +51,7 @@ def test_run_history_model_save_load_and_resume(tmp_path):
     again = Experiment.load(tmp_path / "a")
     assert again.rounds_done == 2 and again.history == recs
     assert _equal(dict(again.model().state_dict()), tensors["params"])
-    assert again.cfg.rounds == 2  # the folder records how far run(2) went
+    assert again.cfg.rounds == 3  # the folder keeps the planned rounds, not run(2)'s
     assert [r["round"] for r in again.run(1)] == [3]
     assert again.run() == []  # run() goes to cfg.rounds: nothing left
 
@@ -61,6 +61,15 @@ def test_run_history_model_save_load_and_resume(tmp_path):
     assert _equal(dict(again.model().state_dict()), final["params"])
     assert again.history[-1]["test_accuracy"] == full[-1]["test_accuracy"]
     assert read_metrics(tmp_path / "a" / "metrics.jsonl") == again.history
+
+
+def test_run_n_then_run_continues_to_the_configs_rounds(tmp_path):
+    """``run(n)`` does not rewrite the config: a later ``run()`` still ends at cfg.rounds."""
+    exp = Experiment.from_config(load_config(QUICK, SHORT), tmp_path / "a")
+    assert [r["round"] for r in exp.run(2)] == [1, 2]
+    assert exp.cfg.rounds == 3
+    assert [r["round"] for r in exp.run()] == [3]
+    assert exp.run() == []
 
 
 def test_object_api_errors_name_what_is_missing(tmp_path):

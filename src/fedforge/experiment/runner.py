@@ -177,16 +177,17 @@ class Experiment:
     def run(self, rounds: int | None = None, *, progress: bool = False) -> list[dict]:
         """Train ``rounds`` more rounds (default: up to ``cfg.rounds``) from the last
         checkpoint -> the records this call logged. The last round is always evaluated and
-        checkpointed; the rounds drawn are those of one uninterrupted run."""
+        checkpointed; the rounds drawn are those of one uninterrupted run. ``cfg`` is left
+        as it is, so ``run(2)`` then ``run()`` ends at ``cfg.rounds``."""
         if rounds is not None and rounds < 1:
             raise ValueError(f"rounds: expected at least 1, got {rounds}")
         done = self.rounds_done
         total = self.cfg.rounds if rounds is None else done + rounds
         if total <= done:
             return []
-        self.cfg = self.cfg.model_copy(update={"rounds": total})
         before = len(self.history)
-        run_experiment(self.cfg, self._folder(), resume=True, progress=progress)
+        run_experiment(self.cfg.model_copy(update={"rounds": total}), self._folder(),
+                       resume=True, progress=progress)
         return self.history[before:]
 
     @property
