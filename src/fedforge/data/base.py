@@ -11,12 +11,17 @@ import gzip
 import io
 import lzma
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from math import prod
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
+
+from fedforge.core.memory import check_allocation
 
 
 class DatasetError(ValueError):
@@ -81,14 +86,47 @@ def require_file(path: Path, what: str) -> Path:
 # ----------------------------------------------------------------------------- reading files
 
 
-def read_gzip(path: Path, what: str) -> bytes:
-    """Whole decompressed content of a .gz file; truncation/corruption -> DatasetError."""
+MAX_TEXT_BYTES = 1 << 30
+"""Decompressed size refused for a gzipped text file (the real ones are a few MiB); binary
+arrays are bounded by the size their own header declares instead."""
+_CHUNK = 1 << 20
+
+
+@contextmanager
+def open_compressed(path: Path, what: str, opener: Callable[..., BinaryIO] = gzip.open
+                    ) -> Iterator[BinaryIO]:
+    """``path`` opened for streamed decompression; truncation or corruption -> DatasetError.
+
+    Callers read only as much as they expect, so a decompression bomb costs no more memory
+    than a valid file."""
     require_file(path, what)
+    kind = "xz" if opener is lzma.open else "gzip"
     try:
-        with gzip.open(path, "rb") as f:
-            return f.read()
-    except (OSError, EOFError, zlib.error) as e:
-        raise DatasetError(f"{path}: truncated or corrupt gzip file, expected {what} ({e})") from e
+        with opener(path, "rb") as f:
+            yield f
+    except (OSError, EOFError, zlib.error, lzma.LZMAError) as e:
+        raise DatasetError(f"{path}: truncated or corrupt {kind} file, expected {what} ({e})"
+                           ) from e
+
+
+def check_stream_end(f: BinaryIO, size: int, path: Path, what: str) -> None:
+    """A stream must end where its header says (``size`` bytes): one byte more is refused."""
+    if f.read(1):
+        raise DatasetError(f"{path}: decompresses to more than the {size} bytes its header "
+                           f"declares, expected {what}")
+
+
+def read_gzip(path: Path, what: str, limit: int = MAX_TEXT_BYTES) -> bytes:
+    """Decompressed content of a .gz file, read in chunks and refused past ``limit`` bytes."""
+    parts, total = [], 0
+    with open_compressed(path, what) as f:
+        while chunk := f.read(_CHUNK):
+            total += len(chunk)
+            if total > limit:
+                raise DatasetError(f"{path}: decompresses to more than {limit} bytes, "
+                                   f"expected {what}")
+            parts.append(chunk)
+    return b"".join(parts)
 
 
 def read_gzip_text(path: Path, what: str) -> str:
@@ -99,14 +137,31 @@ def read_gzip_text(path: Path, what: str) -> str:
         raise DatasetError(f"{path}: not UTF-8 text, expected {what} ({e})") from e
 
 
+_NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0,
+                (2, 0): np.lib.format.read_array_header_2_0}
+
+
 def read_npy_xz(path: Path, what: str) -> np.ndarray:
-    """An xz-compressed .npy array, loaded without pickle."""
-    require_file(path, what)
-    try:
-        raw = lzma.decompress(path.read_bytes())
-    except (OSError, EOFError, lzma.LZMAError) as e:
-        raise DatasetError(f"{path}: truncated or corrupt xz file, expected {what} ({e})") from e
-    return load_npy_bytes(io.BytesIO(raw), path, what)
+    """An xz-compressed .npy array, never unpickled, decompressed only up to the size its
+    header declares (checked against free memory first)."""
+    with open_compressed(path, what, lzma.open) as f:
+        try:
+            read_header = _NPY_HEADERS.get(np.lib.format.read_magic(f))
+            if read_header is None:
+                raise ValueError("unsupported .npy format version")
+            shape, fortran, dtype = read_header(f)
+        except ValueError as e:
+            raise DatasetError(f"{path}: unreadable .npy data, expected {what} ({e})") from e
+        if dtype.hasobject:
+            raise DatasetError(f"{path}: .npy of Python objects (needs pickle), expected {what}")
+        size = prod(shape) * dtype.itemsize
+        check_allocation(size, f"{path}: .npy values of shape {shape} (from its header)")
+        data = f.read(size)
+        if len(data) < size:
+            raise DatasetError(f"{path}: truncated .npy data, expected {size} bytes of "
+                               f"{what}, got {len(data)}")
+        check_stream_end(f, size, path, what)
+    return np.frombuffer(data, dtype).reshape(shape, order="F" if fortran else "C")
 
 
 def load_npy_bytes(source: Path | io.BytesIO, path: Path, what: str) -> np.ndarray:

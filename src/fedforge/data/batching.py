@@ -10,6 +10,12 @@ from collections.abc import Sequence
 
 import torch
 
+from fedforge.core.memory import check_allocation
+
+BYTES_PER_SLOT = 5 * 8 + 1 + 8
+"""Peak bytes per ``[client, step, batch]`` slot: int64 offsets, flat indices, positions,
+shuffle keys and their sort order, a bool validity mask and the float mask."""
+
 
 def _ceil_div(a: torch.Tensor | int, b: torch.Tensor | int) -> torch.Tensor:
     return torch.div(a + b - 1, b, rounding_mode="floor")  # type: ignore[operator]
@@ -46,6 +52,13 @@ def permutation_pool(
     order = torch.argsort(keys.to(device).mul_(0.5).add_(seg_id))
     pool = order - seg_start[seg_id]
     return pool, torch.cumsum(per_client, 0) - per_client
+
+
+def _check_slots(clients: int, steps: int, batch_size: int, device: torch.device) -> None:
+    """Refuse a schedule that cannot fit before any of it is allocated."""
+    check_allocation(clients * steps * batch_size * BYTES_PER_SLOT,
+                     f"client.batch_size: batches of {batch_size} for {clients} clients x "
+                     f"{steps} steps", device)
 
 
 def client_batches(
@@ -88,6 +101,7 @@ def client_batches(
     if steps is not None and drop_last:
         if steps < 0:
             raise ValueError(f"steps must be >= 0, got {steps}")
+        _check_slots(c, steps, b, device)
         k = (n // b).clamp(min=1)  # full batches per epoch
         s = torch.arange(steps, device=device).view(1, steps, 1)
         pass_ = s // k
@@ -97,6 +111,7 @@ def client_batches(
     elif steps is not None:
         if steps < 0:
             raise ValueError(f"steps must be >= 0, got {steps}")
+        _check_slots(c, steps, b, device)
         draw = torch.arange(steps * b, device=device).view(1, steps, b)
         pass_, offset = draw // n1, draw % n1
         valid = (n > 0).expand(c, steps, b)
@@ -107,6 +122,7 @@ def client_batches(
         per_epoch = _ceil_div(sizes, b)
         total_steps = epochs * per_epoch
         max_steps = int(total_steps.max()) if c else 0
+        _check_slots(c, max_steps, b, device)
         s = torch.arange(max_steps, device=device).view(1, max_steps, 1)
         k = per_epoch.clamp(min=1).view(c, 1, 1)
         pass_ = s // k

@@ -13,17 +13,19 @@ from pathlib import Path
 
 import numpy as np
 
+from fedforge.core.memory import check_allocation
 from fedforge.data.base import (
     DatasetError,
     DatasetSplits,
     check_array,
     check_labels,
     check_same_length,
+    check_stream_end,
     find_dataset_dir,
     images_to_tensor,
     labels_to_tensor,
     load_npy_bytes,
-    read_gzip,
+    open_compressed,
     read_npy_xz,
     require_file,
 )
@@ -42,33 +44,47 @@ _IDX_UBYTE = 0x08
 
 
 def read_idx(path: Path, expected: tuple[int | None, ...]) -> np.ndarray:
-    """Parse a gzipped unsigned-byte IDX file, checking magic number, dims and length."""
+    """Parse a gzipped unsigned-byte IDX file, checking magic number, dims and length.
+
+    The header is read first and the payload only up to the size it declares, so a file that
+    decompresses to more (a gzip bomb) costs no more memory than a valid one."""
     ndim = len(expected)
     want = "x".join("N" if s is None else str(s) for s in expected)
-    data = read_gzip(path, f"an IDX ubyte array of shape {want}")
+    what = f"an IDX ubyte array of shape {want}"
     header = 4 + 4 * ndim
-    if len(data) < header:
+    with open_compressed(path, what) as f:
+        head = f.read(header)
+        shape = _idx_shape(path, head, expected, want)
+        size = header + prod(shape)
+        dims = "x".join(map(str, shape))
+        check_allocation(size, f"{path}: IDX values of shape {dims} (from its header)")
+        data = f.read(size - header)
+        if header + len(data) != size:
+            raise DatasetError(f"{path}: truncated IDX file, expected {size} bytes ({header}-byte "
+                               f"header + {dims} values), got {header + len(data)}")
+        check_stream_end(f, size, path, what)
+    return np.frombuffer(data, dtype=np.uint8).reshape(shape)
+
+
+def _idx_shape(path: Path, head: bytes, expected: tuple[int | None, ...], want: str
+               ) -> tuple[int, ...]:
+    """The shape an IDX header declares, after checking its magic number against ``expected``."""
+    ndim, header = len(expected), 4 + 4 * len(expected)
+    if len(head) < header:
         raise DatasetError(
-            f"{path}: truncated IDX file, expected a {header}-byte header, got {len(data)} bytes"
+            f"{path}: truncated IDX file, expected a {header}-byte header, got {len(head)} bytes"
         )
-    magic = int.from_bytes(data[:4], "big")
+    magic = int.from_bytes(head[:4], "big")
     if magic != (_IDX_UBYTE << 8) + ndim:
         raise DatasetError(
             f"{path}: bad IDX magic number {magic} (0x{magic:08x}), expected "
             f"{(_IDX_UBYTE << 8) + ndim} (0x{(_IDX_UBYTE << 8) + ndim:08x}: unsigned bytes, "
             f"{ndim} dims)"
         )
-    shape = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
+    shape = tuple(int.from_bytes(head[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
     if any(e is not None and e != s for e, s in zip(expected, shape, strict=True)):
         raise DatasetError(f"{path}: IDX header says shape {shape}, expected {want}")
-    size = header + prod(shape)
-    if len(data) != size:
-        kind = "truncated" if len(data) < size else "oversized"
-        raise DatasetError(
-            f"{path}: {kind} IDX file, expected {size} bytes ({header}-byte header + "
-            f"{'x'.join(map(str, shape))} values), got {len(data)}"
-        )
-    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(shape)
+    return shape
 
 
 def _load_idx_split(folder: Path, split: str, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
@@ -191,7 +207,9 @@ def load_femnist(root: str | Path, normalize: bool = True, invert: bool = True) 
     path = require_file(folder / FEMNIST_FILE, "an .npz with x/y/writer train/test arrays")
     keys = ("x_train", "y_train", "writer_train", "x_test", "y_test", "writer_test", "writers")
     try:
-        with np.load(path, allow_pickle=False) as z:
+        with np.load(path, allow_pickle=False) as z:  # zipfile stops at the declared sizes
+            check_allocation(sum(i.file_size for i in z.zip.infolist()),
+                             f"{path}: the arrays its .npz index declares")
             missing = [k for k in keys if k not in z.files]
             if missing:
                 raise DatasetError(f"{path}: missing arrays {missing}, expected keys {list(keys)}")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedforge.core.memory import check_allocation
 from fedforge.data.base import DatasetSplits
 
 
@@ -38,6 +39,17 @@ def client_sizes_lognormal(
     if max_samples is not None:
         sizes = np.minimum(sizes, max_samples)
     return sizes
+
+
+def synthetic_nbytes(num_clients: int, dim: int, num_classes: int,
+                     max_samples_per_client: int | None = None) -> int:
+    """A lower bound on the bytes :func:`make_synthetic` holds at once: each client's float64
+    model (drawn twice), its mean and at least 50 samples (float64 draws, float32 copies,
+    labels and group ids), so a size that cannot fit is refused before the first draw."""
+    per_model = 8 * (2 * num_classes * dim + num_classes + dim + 4)
+    samples = min(50, max_samples_per_client or 50)
+    per_sample = 8 * dim + 4 * dim + 3 * 8
+    return num_clients * (per_model + samples * per_sample)
 
 
 def make_synthetic(
@@ -63,6 +75,8 @@ def make_synthetic(
         raise ValueError(f"max_samples_per_client must be >= 2, got {max_samples_per_client}")
     if alpha < 0 or beta < 0:
         raise ValueError(f"alpha and beta must be >= 0, got {alpha}, {beta}")
+    check_allocation(synthetic_nbytes(num_clients, dim, num_classes, max_samples_per_client),
+                     f"data.options.num_clients: {num_clients} synthetic clients of dim {dim}")
     rng = np.random.default_rng(seed)
     k, c = num_clients, num_classes
     if iid:

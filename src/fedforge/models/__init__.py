@@ -11,6 +11,8 @@ from typing import Any
 
 from torch import nn
 
+from fedforge.core.memory import check_allocation, module_nbytes
+
 from .convnet import ConvNet
 from .recurrent import LSTM, CharLSTM
 from .resnet import ResNet18GN
@@ -40,7 +42,12 @@ def build_model(
         cls, _ = MODELS[name]
     except KeyError:
         raise ValueError(f"unknown model {name!r}; allowed: {', '.join(sorted(MODELS))}") from None
-    return cls(tuple(int(s) for s in input_shape), int(num_classes), **kwargs)
+    shape = tuple(int(s) for s in input_shape)
+    size = module_nbytes(lambda: cls(shape, int(num_classes), **kwargs))
+    if size is not None:  # refuse a model that cannot fit before allocating it
+        check_allocation(size[1], f"model.options: {name!r} with {kwargs or 'defaults'} has "
+                                  f"{size[0]} parameters, which")
+    return cls(shape, int(num_classes), **kwargs)
 
 
 def num_parameters(model: nn.Module, trainable_only: bool = False) -> int:
