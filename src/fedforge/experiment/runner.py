@@ -371,6 +371,12 @@ def _run_experiment(
     out.mkdir(parents=True, exist_ok=True)
     exp = Experiment.from_config(cfg, algorithm=algorithm)
     if (privacy := getattr(exp.algorithm, "privacy", None)) is not None:  # stop at target ε
+        if resume and (run_dir / "checkpoints" / "latest.json").is_file():  # privacy ledger
+            from fedforge.privacy.algorithm import resume as resume_privacy  # noqa: PLC0415
+
+            exp.algorithm = resume_privacy(
+                exp.algorithm, *latest_checkpoint_meta(run_dir / "checkpoints"), cfg.rounds)
+            privacy = exp.algorithm.privacy
         cfg = cfg.model_copy(update={"rounds": privacy.last_round(cfg.rounds)})
     if is_main_rank():
         save_partition_stats(exp.data, out)  # client sizes, label counts: partition.json
@@ -499,6 +505,8 @@ def _run_experiment(
                          "sim_clock": stragglers.state_dict() if stragglers is not None else None,
                          "lr_scale": lr_scale, "rollbacks": rollbacks,
                          "engine": exp.engine.state_dict(),  # auto: choice, conv plans
+                         # σ, q and steps of every round so far (fedforge.privacy.ledger)
+                         **({} if privacy is None else {"privacy": privacy.ledger_meta(t)}),
                          "rng": "derived per round from (seed, round)"},
                         keep=cfg.checkpoint.keep,
                     )

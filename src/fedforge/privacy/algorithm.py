@@ -11,8 +11,9 @@ optimizer, updates an adaptive clip, and counts rounds for the accountant.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import cached_property
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -20,14 +21,25 @@ import torch
 from fedforge.algorithms.base import Algorithm
 from fedforge.core.tree import Params
 from fedforge.privacy.accountant import (
+    SIGMA_MAX,
     RunEvents,
     calibrate_sigma,
     delta_multiplier,
     epsilon,
     rounds_within,
+    spent_epsilon,
 )
-from fedforge.privacy.checks import check_algorithm
+from fedforge.privacy.checks import check_algorithm, warn_weak
 from fedforge.privacy.config import PrivacyConfig
+from fedforge.privacy.ledger import (
+    Ledger,
+    Span,
+    append,
+    from_meta,
+    ledger_rounds,
+    to_meta,
+    truncate,
+)
 from fedforge.privacy.mechanisms import add_noise, clip_tree, dp_sgd_grad
 from fedforge.server.chain import Aggregate, ServerChain, ServerTransform
 
@@ -44,6 +56,7 @@ class Mechanism:
     num_clients: int  # N
     events: RunEvents
     seed: int = 0
+    spent: Ledger = ()  # the rounds already run (a resumed checkpoint's ledger), each its own σ
 
     @property
     def mode(self) -> str:
@@ -65,17 +78,58 @@ class Mechanism:
             return delta_multiplier(self.sigma, self.count_noise)
         return self.sigma
 
+    def ledger(self, rounds: int) -> Ledger:
+        """What rounds ``1..rounds`` spend: the checkpoint's spans, then this run's σ."""
+        done = ledger_rounds(self.spent)
+        ours = Span(done + 1, rounds, self.mode, self.sigma, self.events.rate,
+                    self.events.steps_per_round)
+        return append(truncate(self.spent, rounds), ours)
+
+    def ledger_meta(self, rounds: int) -> dict:
+        """The checkpoint meta's ``privacy`` table after ``rounds`` rounds."""
+        return to_meta(self.ledger(rounds))
+
     def epsilon(self, rounds: int) -> float:
-        return epsilon(self.events, self.sigma, rounds, self.cfg.delta, self.cfg.accountant)
+        """ε(δ) after ``rounds`` rounds: the composition of the mechanism of every round."""
+        return spent_epsilon(self.ledger(rounds), self.cfg.delta, self.cfg.accountant)
 
     def last_round(self, rounds: int) -> int:
         """With both σ and ``target_epsilon``: the last round whose ε stays within the target
-        (the run stops there); otherwise ``rounds``."""
+        (the run stops there); otherwise ``rounds``. Refused when not one more round fits,
+        rather than a run of no rounds."""
         cfg = self.cfg
         if cfg.target_epsilon is None or cfg.noise_multiplier is None:
             return rounds
-        return rounds_within(self.events, self.sigma, rounds, cfg.delta, cfg.target_epsilon,
-                             cfg.accountant)
+        done = ledger_rounds(self.spent)
+        last = rounds_within(self.events, self.sigma, rounds, cfg.delta, cfg.target_epsilon,
+                             cfg.accountant, self.spent)
+        if last <= done < rounds:
+            raise ValueError(f"privacy.target_epsilon: ε = {self.epsilon(done):.4f} is already "
+                             f"spent in rounds 1-{done}, and round {done + 1} at "
+                             f"noise_multiplier {self.sigma} would spend "
+                             f"{self.epsilon(done + 1):.4f} > {cfg.target_epsilon}")
+        return last
+
+    def continued(self, spent: Ledger, rounds: int, source: str) -> Mechanism:
+        """This mechanism resumed after the checkpoint ledger ``spent`` (read from
+        ``source``), for a run of ``rounds`` rounds in all. With ``target_epsilon`` alone, σ
+        stays the last span's while the remaining rounds fit within the target, and is
+        re-calibrated for them (ledger included) otherwise; refused when nothing fits."""
+        cfg, done = self.cfg, ledger_rounds(spent)
+        mech = replace(self, spent=spent)
+        if cfg.noise_multiplier is not None or not spent:
+            return mech  # a fixed σ: last_round stops the run within the target
+        left, target = rounds - done, cfg.target_epsilon
+        kept = replace(mech, sigma=spent[-1].sigma)  # an unbroken run's σ, while it fits
+        if left <= 0 or kept.epsilon(rounds) <= target:
+            return kept
+        if epsilon(self.events, SIGMA_MAX, left, cfg.delta, cfg.accountant, spent) > target:
+            raise ValueError(f"{source}: ε = {mech.epsilon(done):.4f} is already spent in "
+                             f"rounds 1-{done}; {left} more rounds would exceed "
+                             f"privacy.target_epsilon = {target} even at noise_multiplier "
+                             f"{SIGMA_MAX:g}")
+        sigma = calibrate_sigma(self.events, left, cfg.delta, target, cfg.accountant, spent)
+        return replace(mech, sigma=sigma)
 
     # --- sampling and weights -------------------------------------------------------
     def sample_cohort(self, generator: torch.Generator) -> torch.Tensor:
@@ -203,7 +257,19 @@ def resolve(cfg: PrivacyConfig, rounds: int, clients_per_round: int, num_clients
         sigma = calibrate_sigma(events, rounds, cfg.delta, cfg.target_epsilon, cfg.accountant)
     mech = Mechanism(cfg, float(sigma), rate, num_clients, events, seed)
     mech.delta_sigma  # noqa: B018 (refuses a count_noise too small for σ now, not mid-run)
+    warn_weak(cfg, num_clients)
     return mech
+
+
+def resume(algorithm: PrivateAlgorithm, source: Path | str, meta: dict,
+           rounds: int) -> PrivateAlgorithm:
+    """``algorithm`` continuing the ledger of the checkpoint ``meta`` (read from ``source``)
+    in a run of ``rounds`` rounds in all: earlier rounds are charged at the σ they ran
+    with, and σ for the rest is chosen so that the whole run stays within the target."""
+    spent = from_meta(meta, source)
+    mech = algorithm.privacy.continued(spent, rounds, str(source))
+    mech.delta_sigma  # noqa: B018 (a re-calibrated σ may need a larger count_noise)
+    return replace(algorithm, privacy=mech)
 
 
 def privatize(algorithm: Algorithm, mechanism: Mechanism, template: Params) -> PrivateAlgorithm:

@@ -6,12 +6,20 @@ No ``dp-accounting`` import here, so a config is checked without the ``privacy``
 from __future__ import annotations
 
 import importlib.util
+import warnings
 
 import torch
 
 from fedforge.algorithms.base import NEEDS, Algorithm
 from fedforge.core.tree import Params
 from fedforge.privacy.config import PrivacyConfig
+
+WEAK_SIGMA = 0.3  # below this a noise multiplier gives a guarantee that means little
+
+
+class PrivacyWarning(UserWarning):
+    """A private run whose guarantee is formally valid but means little."""
+
 
 # what each mode cannot protect: values the server would use without noise
 REFUSED = {
@@ -29,6 +37,21 @@ def check_algorithm(algorithm: Algorithm, template: Params, cfg: PrivacyConfig) 
         raise ValueError(f"privacy.mode: {cfg.mode!r} is ill-defined for algorithm "
                          f"{algorithm.name!r}: it needs {what}, which the server would use "
                          f"without noise")
+
+
+def warn_weak(cfg: PrivacyConfig, num_clients: int) -> None:
+    """Warn, in one line naming the field, where the settings make ε(δ) meaningless: δ of
+    1/N or more allows releasing one of the N clients' data outright, and σ far below 0.3
+    makes ε explode within a few rounds."""
+    if cfg.delta >= 1.0 / num_clients:
+        warnings.warn(f"privacy.delta: {cfg.delta} is at least 1/num_clients = 1/{num_clients}"
+                      f", so the guarantee means little (a mechanism may reveal a whole "
+                      f"client with probability δ); use δ well below 1/{num_clients}",
+                      PrivacyWarning, stacklevel=3)
+    if cfg.noise_multiplier is not None and cfg.noise_multiplier < WEAK_SIGMA:
+        warnings.warn(f"privacy.noise_multiplier: {cfg.noise_multiplier} is below "
+                      f"{WEAK_SIGMA}, so the guarantee means little (ε grows past any useful "
+                      f"value within a few rounds)", PrivacyWarning, stacklevel=3)
 
 
 def check_run(run) -> None:

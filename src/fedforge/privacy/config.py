@@ -42,6 +42,10 @@ class PrivacyConfig(BaseModel):
             return self
         if self.noise_multiplier is None and self.target_epsilon is None:
             raise ValueError("set noise_multiplier or target_epsilon (or mode = \"off\")")
+        if self.noise_multiplier == 0 and self.target_epsilon is not None:
+            raise ValueError(f"noise_multiplier = 0 adds no noise, so not one round stays "
+                             f"within target_epsilon = {self.target_epsilon}; raise "
+                             f"noise_multiplier or leave it out to choose it for the target")
         if self.adaptive and self.mode != "central":
             raise ValueError("adaptive = true: adaptive clipping is for mode 'central' only")
         return self

@@ -1,0 +1,123 @@
+"""The privacy ledger: the mechanism actually applied in every round, kept in the checkpoint.
+
+ε is the composition of what was spent, not of what the current config would spend: a
+resume that changes σ (a new ``rounds`` total re-calibrates it) must still charge the
+earlier rounds at the σ they ran with. Each entry is a span of consecutive rounds with one
+mechanism (mode, σ, q, Gaussian steps per round); the spans cover rounds 1..k of the
+checkpoint of round k exactly. No ``dp-accounting`` import here: the accountant composes
+the entries (:func:`fedforge.privacy.accountant.ledger_event`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+MODES = ("central", "local", "sample")
+KEY = "privacy"  # the checkpoint meta's table: {"ledger": [span, ...]}
+
+
+@dataclass(frozen=True)
+class Span:
+    """Rounds ``first..last`` run with one mechanism (one ledger entry)."""
+
+    first: int
+    last: int
+    mode: str  # central | local | sample
+    sigma: float  # the noise multiplier applied (and charged); 0: no noise, ε infinite
+    rate: float  # q: Poisson client sampling rate (central); 1 otherwise
+    steps: int  # Gaussian mechanisms per round per protected unit
+
+    @property
+    def rounds(self) -> int:
+        return self.last - self.first + 1
+
+    def same_mechanism(self, other: Span) -> bool:
+        return (self.mode, self.sigma, self.rate, self.steps) == (
+            other.mode, other.sigma, other.rate, other.steps)
+
+
+Ledger = tuple[Span, ...]
+
+
+def ledger_rounds(ledger: Ledger) -> int:
+    """Rounds the ledger covers (its spans are contiguous from round 1)."""
+    return ledger[-1].last if ledger else 0
+
+
+def append(ledger: Ledger, span: Span) -> Ledger:
+    """``ledger`` with ``span`` after it, merged into the last span when the mechanism is the
+    same (so an uninterrupted run and a resumed one keep the same ledger)."""
+    if span.rounds <= 0:
+        return ledger
+    if ledger and ledger[-1].same_mechanism(span) and ledger[-1].last + 1 == span.first:
+        last = ledger[-1]
+        return (*ledger[:-1], Span(last.first, span.last, last.mode, last.sigma, last.rate,
+                                   last.steps))
+    return (*ledger, span)
+
+
+def truncate(ledger: Ledger, rounds: int) -> Ledger:
+    """The spans of rounds ``1..rounds`` only."""
+    out: list[Span] = []
+    for s in ledger:
+        if s.first > rounds:
+            break
+        last = min(s.last, rounds)
+        out.append(Span(s.first, last, s.mode, s.sigma, s.rate, s.steps))
+    return tuple(out)
+
+
+def to_meta(ledger: Ledger) -> dict:
+    """The checkpoint meta's ``privacy`` table."""
+    return {"ledger": [asdict(s) for s in ledger]}
+
+
+def from_meta(meta: dict, path: Path | str) -> Ledger:
+    """The ledger of the checkpoint ``meta`` read from ``path``, refused in one line naming
+    the file when it is missing or malformed, or does not cover rounds 1..round exactly."""
+    table = meta.get(KEY)
+    raw = table.get("ledger") if isinstance(table, dict) else None
+    if not isinstance(raw, list):
+        raise ValueError(f"{path}: checkpoint field 'privacy.ledger' is missing or not a list; "
+                         f"the privacy spent by its rounds is unknown")
+    ledger: Ledger = ()
+    for i, item in enumerate(raw):
+        span = _span(item, f"{path}: checkpoint field 'privacy.ledger[{i}]'")
+        if span.first != ledger_rounds(ledger) + 1:
+            raise ValueError(f"{path}: checkpoint field 'privacy.ledger[{i}]' starts at round "
+                             f"{span.first}, not {ledger_rounds(ledger) + 1}")
+        ledger = (*ledger, span)
+    if ledger_rounds(ledger) != meta.get("round"):
+        raise ValueError(f"{path}: checkpoint field 'privacy.ledger' covers rounds 1-"
+                         f"{ledger_rounds(ledger)}, not the checkpoint's rounds 1-"
+                         f"{meta.get('round')}")
+    return ledger
+
+
+def _span(item: object, where: str) -> Span:
+    """One ledger entry, checked field by field."""
+    fields = ("first", "last", "mode", "sigma", "rate", "steps")
+    if not isinstance(item, dict) or set(item) != set(fields):
+        raise ValueError(f"{where}: expected a table with exactly {list(fields)}, got {item!r}")
+    first, last, steps = item["first"], item["last"], item["steps"]
+    sigma, rate = item["sigma"], item["rate"]
+    if not all(_is_int(v) and v >= 1 for v in (first, last, steps)) or last < first:
+        raise ValueError(f"{where}: 'first', 'last' and 'steps' must be integers >= 1 with "
+                         f"first <= last, got {item!r}")
+    if item["mode"] not in MODES:
+        raise ValueError(f"{where}: 'mode' must be one of {list(MODES)}, got {item['mode']!r}")
+    if not (_is_number(sigma) and sigma >= 0) or not (_is_number(rate) and 0 < rate <= 1):
+        raise ValueError(f"{where}: 'sigma' must be a finite number >= 0 and 'rate' in (0, 1], "
+                         f"got {sigma!r} and {rate!r}")
+    return Span(first, last, item["mode"], float(sigma), float(rate), steps)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
