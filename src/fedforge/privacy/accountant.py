@@ -22,13 +22,20 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import dp_accounting
-from dp_accounting import mechanism_calibration
-from dp_accounting.pld import pld_privacy_accountant
-from dp_accounting.rdp import rdp_privacy_accountant
+try:
+    import dp_accounting
+    from dp_accounting import mechanism_calibration
+    from dp_accounting.pld import pld_privacy_accountant
+    from dp_accounting.rdp import rdp_privacy_accountant
+except ImportError as e:  # pragma: no cover - optional extra
+    raise ImportError("privacy: needs the dp-accounting package; "
+                      "pip install 'fedforge[privacy]'") from e
+
+from fedforge.privacy.ledger import Ledger, ledger_rounds
 
 ACCOUNTANTS = ("rdp", "pld")
 SIGMA_MIN = 0.1  # below this the PLD discretisation explodes; such σ give no useful privacy
+SIGMA_MAX = 1000.0  # a resume needing more noise than this is refused (the model is noise)
 
 
 def make_accountant(kind: str) -> dp_accounting.PrivacyAccountant:
@@ -77,25 +84,48 @@ class RunEvents:
         return dp_accounting.SelfComposedDpEvent(self.round_event(sigma), rounds)
 
 
-def epsilon(events: RunEvents, sigma: float, rounds: int, delta: float, kind: str) -> float:
-    """ε(δ) after ``rounds`` rounds with noise multiplier σ (inf without noise)."""
-    if rounds <= 0:
+def ledger_event(ledger: Ledger) -> dp_accounting.DpEvent:
+    """The composition of every span of ``ledger``, each with its own σ, q and steps."""
+    return dp_accounting.ComposedDpEvent([
+        RunEvents(s.mode, s.rate, s.steps).event(s.sigma, s.rounds) for s in ledger])
+
+
+def spent_epsilon(ledger: Ledger, delta: float, kind: str) -> float:
+    """ε(δ) of the rounds in ``ledger`` (inf where a span had no noise)."""
+    if not ledger:
         return 0.0
-    if sigma <= 0:
+    if any(s.sigma <= 0 for s in ledger):
         return math.inf
     acc = make_accountant(kind)
+    acc.compose(ledger_event(ledger))
+    return float(acc.get_epsilon(delta))
+
+
+def epsilon(events: RunEvents, sigma: float, rounds: int, delta: float, kind: str,
+            spent: Ledger = ()) -> float:
+    """ε(δ) after the rounds of ``spent`` and then ``rounds`` rounds with noise multiplier σ
+    (inf without noise)."""
+    if rounds <= 0:
+        return spent_epsilon(spent, delta, kind)
+    if sigma <= 0 or any(s.sigma <= 0 for s in spent):
+        return math.inf
+    acc = make_accountant(kind)
+    if spent:
+        acc.compose(ledger_event(spent))
     acc.compose(events.event(sigma, rounds))
     return float(acc.get_epsilon(delta))
 
 
 def calibrate_sigma(events: RunEvents, rounds: int, delta: float, target: float,
-                    kind: str) -> float:
-    """The smallest σ (to 1e-3) whose ε(δ) after ``rounds`` rounds is at most ``target``
-    (``dp-accounting``'s Brent search, from σ = 0.1 up)."""
-    if epsilon(events, SIGMA_MIN, rounds, delta, kind) <= target:
+                    kind: str, spent: Ledger = ()) -> float:
+    """The smallest σ (to 1e-3) whose ε(δ) after the rounds of ``spent`` and ``rounds`` more
+    is at most ``target`` (``dp-accounting``'s Brent search, from σ = 0.1 up)."""
+    if epsilon(events, SIGMA_MIN, rounds, delta, kind, spent) <= target:
         raise ValueError(f"privacy.target_epsilon: {target} is reached with noise_multiplier "
                          f"below {SIGMA_MIN}; set privacy.noise_multiplier instead")
-    make_event: Callable = lambda s: events.event(s, rounds)  # noqa: E731
+    prior = [ledger_event(spent)] if spent else []
+    make_event: Callable = lambda s: dp_accounting.ComposedDpEvent(  # noqa: E731
+        [*prior, events.event(s, rounds)])
     sigma = mechanism_calibration.calibrate_dp_mechanism(
         lambda: make_accountant(kind), make_event, target, delta,
         bracket_interval=mechanism_calibration.LowerEndpointAndGuess(SIGMA_MIN, 1.0),
@@ -104,15 +134,17 @@ def calibrate_sigma(events: RunEvents, rounds: int, delta: float, target: float,
 
 
 def rounds_within(events: RunEvents, sigma: float, rounds: int, delta: float, target: float,
-                  kind: str) -> int:
-    """The last round ``t <= rounds`` with ε(δ) after t rounds at most ``target`` (ε grows
-    with t, so a bisection)."""
-    if epsilon(events, sigma, rounds, delta, kind) <= target:
+                  kind: str, spent: Ledger = ()) -> int:
+    """The last round ``t <= rounds`` with ε(δ) after t rounds at most ``target``: the rounds
+    of ``spent`` first, then σ (ε grows with t, so a bisection). The ledger's own rounds
+    are never undone: at least ``ledger_rounds(spent)``."""
+    done = ledger_rounds(spent)
+    if epsilon(events, sigma, rounds - done, delta, kind, spent) <= target:
         return rounds
-    lo, hi = 0, rounds  # eps(lo) <= target < eps(hi)
+    lo, hi = done, rounds  # eps(lo) <= target < eps(hi), or lo is the ledger's end
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if epsilon(events, sigma, mid, delta, kind) <= target:
+        if epsilon(events, sigma, mid - done, delta, kind, spent) <= target:
             lo = mid
         else:
             hi = mid
