@@ -4,7 +4,7 @@ A reproduction (:class:`~fedforge.reproduce.spec.Reproduction`) names a claim, a
 conditions × seeds, a target and the paired comparisons to report. :func:`reproduce` runs the
 missing runs (resuming unfinished ones), copies each run's ``metrics.jsonl`` to
 ``docs/data/<name>/``, and regenerates ``docs/reproductions/<name>.md`` and its figures from
-those files. See ``REPRODUCING.md`` for the protocol.
+those files. See docs/reproducing.md for the protocol.
 """
 
 from __future__ import annotations

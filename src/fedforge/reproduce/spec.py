@@ -65,7 +65,7 @@ class Sweep:
 
 @dataclass(frozen=True)
 class Reproduction:
-    """A falsifiable claim and the grid that tests it (see ``REPRODUCING.md``)."""
+    """A falsifiable claim and the grid that tests it (see docs/reproducing.md)."""
 
     name: str
     claim: str  # the claim, with its citation (table or figure)

@@ -1,9 +1,10 @@
 """Mean ± 95 % t-intervals, paired differences across seeds, and the protocol's verdict.
 
-The verdict follows ``REPRODUCING.md`` §4: *reproduced* when the CI of the paired
-difference excludes 0 in the paper's direction, *contradicted* when it excludes 0 in the
-other direction, *inconclusive* otherwise, with the smallest effect the design could have
-detected (two-sided 5 % test, 80 % power, at the observed spread).
+The verdict follows the reproduction protocol (docs/reproducing.md, section 4):
+*reproduced* when the CI of the paired difference excludes 0 in the paper's direction,
+*contradicted* when it excludes 0 in the other direction, *inconclusive* otherwise, with the
+smallest effect the design could have detected (two-sided 5 % test, 80 % power, at the
+observed spread).
 """
 
 from __future__ import annotations
