@@ -48,7 +48,7 @@ def flower_round(model, x, y, idx, *, device: torch.device, rounds: int = 3) -> 
         from flwr.serverapp.strategy import FedAvg
         from flwr.simulation import run_simulation
     except ImportError as e:  # pragma: no cover - optional extra
-        raise RuntimeError(f"the Flower baseline needs {INSTALL}") from e
+        raise RuntimeError('the Flower baseline needs pip install "fedforge[bench]"') from e
 
     cohort = idx.shape[0]
     arch = model

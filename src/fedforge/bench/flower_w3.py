@@ -25,7 +25,6 @@ import time
 
 import torch
 
-from fedforge.bench.flower_w1 import INSTALL
 from fedforge.bench.plain_fl import (
     TargetWatch,
     W3Result,
@@ -90,7 +89,7 @@ def run_flower(cfg: RunConfig, target: float, *, node_timeout: float = 120.0) ->
         from flwr.serverapp.strategy import FedAvg
         from flwr.simulation import run_simulation
     except ImportError as e:  # pragma: no cover - optional extra
-        raise RuntimeError(f"the Flower baseline needs {INSTALL}") from e
+        raise RuntimeError('the Flower baseline needs pip install "fedforge[bench]"') from e
 
     started = time.perf_counter()
     lr = baseline_lr(cfg)
