@@ -62,7 +62,7 @@ def _missing_folder(cfg: RunConfig, root: Path | None) -> str | None:
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=_id)
 def test_example_config_validates(path):
-    cfg = load_config(path)
+    cfg = load_config(path, allow_plugins=True)  # the plugins a user gives with --plugin
     assert cfg.data.root is None and all(t.data.root is None for t in cfg.tasks), (
         "examples name no data root: it comes from --data-root, $FEDFORGE_DATA or the default")
     assert cfg.tasks or cfg.rounds >= 1
@@ -73,7 +73,7 @@ def test_example_config_validates(path):
 def test_example_runs(path, tmp_path):
     multitask = "tasks" in load_raw(path)
     overrides = MULTI if multitask else SINGLE
-    cfg = load_config(path, overrides)
+    cfg = load_config(path, overrides, allow_plugins=True)
     root = _data_root(path)
     missing = _missing_folder(cfg, root)
     if missing:
@@ -82,6 +82,7 @@ def test_example_runs(path, tmp_path):
     args = ["run", str(path), *overrides, "--out", str(tmp_path / "run"), "-q"]
     if root is not None:
         args += ["--data-root", str(root)]
+    args += [arg for name in cfg.plugins for arg in ("--plugin", name)]  # as a user runs it
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     if multitask:

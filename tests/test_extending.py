@@ -207,12 +207,13 @@ def test_a_bad_plugin_is_one_line_naming_it(tmp_path, monkeypatch):
     config.write_text('plugins = ["no_such_module"]\n')
     with pytest.raises(ConfigError, match=r"^plugins: plugin 'no_such_module' failed to "
                                           r"import: ModuleNotFoundError"):
-        load_config(config)
+        load_config(config, allow_plugins=True)
 
 
-def test_plugins_key_is_imported_before_the_config_is_checked(tmp_path, monkeypatch):
+def test_allowed_plugins_key_is_imported_before_the_config_is_checked(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)  # plugin paths are relative to the folder you run from
-    cfg = load_config(PLUGINS / "blobs_dirichlet.toml", ["data.root=examples/plugins/data"])
+    cfg = load_config(PLUGINS / "blobs_dirichlet.toml", ["data.root=examples/plugins/data"],
+                      allow_plugins=True)
     assert cfg.plugins == ["examples/plugins/csv_dataset_plugin.py"]
     assert cfg.data.dataset == "blobs_csv"
 

@@ -5,6 +5,7 @@ row: the integer label first, then the features (a header line names the columns
 shipped copy is in ``examples/plugins/data``:
 
     fedforge run examples/plugins/blobs_dirichlet.toml \\
+        --plugin examples/plugins/csv_dataset_plugin.py \\
         --data-root examples/plugins/data --out runs/blobs
 """
 

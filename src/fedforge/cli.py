@@ -16,6 +16,9 @@ Overrides = Annotated[list[str] | None, typer.Argument(help="dotted key=value ov
 Plugins = Annotated[list[str] | None, typer.Option(
     "--plugin", help="user module (name or .py path) whose register_* calls run first; "
                      "repeatable")]
+AllowConfigPlugins = Annotated[bool, typer.Option(
+    "--allow-config-plugins", help="import the modules the config's plugins list names (a "
+                                   "plugin is code; without this a config cannot run any)")]
 DataRootOption = Annotated[Path | None, typer.Option(
     "--data-root", help="folder holding the dataset folders (wins over data.root and "
                         "$FEDFORGE_DATA)")]
@@ -53,6 +56,20 @@ def _setup(plugins: list[str] | None, data_root: Path | None = None) -> None:
         use_data_root(data_root)
 
 
+def _config_plugins(config: Path, allow: bool) -> None:
+    """--allow-config-plugins: import the config's ``plugins`` (and its [compare.*] tables'),
+    as --plugin would; without the flag a config that names plugins not given is refused."""
+    if not allow:
+        return
+    from fedforge.experiment.config import ConfigError, listed_plugins, load_raw
+    from fedforge.plugins import PluginError, load_plugins
+
+    try:
+        load_plugins(listed_plugins(load_raw(config)), "plugins")
+    except (ConfigError, PluginError) as exc:
+        _fail(str(exc))
+
+
 def _variant(config: Path, variant: str, overrides: list[str]):
     """``fedforge run --variant X``: the config ``fedforge compare -a X`` would run."""
     from fedforge.experiment.compare import comparison_configs
@@ -88,6 +105,7 @@ def run(
         "--overwrite", help="replace the run already in --out (its own files only)")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
     plugin: Plugins = None,
+    allow_config_plugins: AllowConfigPlugins = False,
     data_root: DataRootOption = None,
     variant: Annotated[str | None, typer.Option(
         "--variant", help="apply the config's [compare.VARIANT] table and algorithm, as "
@@ -102,6 +120,7 @@ def run(
     An --out that holds an earlier run needs --resume (continue it; only rounds, eval,
     checkpoint and engine settings may change) or --overwrite."""
     _setup(plugin, data_root)
+    _config_plugins(config, allow_config_plugins)
     from fedforge.data import DatasetError
     from fedforge.experiment.metrics import evaluated
     from fedforge.experiment.runner import run_experiment
@@ -149,11 +168,13 @@ def pretrain(
     optimizer: Annotated[str, typer.Option("--optimizer", help="adam | sgd")] = "adam",
     max_steps: Annotated[int | None, typer.Option("--max-steps")] = None,
     plugin: Plugins = None,
+    allow_config_plugins: AllowConfigPlugins = False,
     data_root: DataRootOption = None,
 ) -> None:
     """Train the config's model centrally (default: on the public half of its training set);
     writes OUT/model.safetensors for model.init_from and OUT/pretrain.json."""
     _setup(plugin, data_root)
+    _config_plugins(config, allow_config_plugins)
     from fedforge.data import DatasetError
     from fedforge.pretrain import pretrain as run_pretrain
 
@@ -196,6 +217,7 @@ def compare(
         "--overwrite", help="re-run the runs already in --out instead of continuing them")
     ] = False,
     plugin: Plugins = None,
+    allow_config_plugins: AllowConfigPlugins = False,
     data_root: DataRootOption = None,
 ) -> None:
     r"""Run several algorithms on identical data, partition and seeds; table and figures.
@@ -208,6 +230,7 @@ def compare(
     from fedforge.experiment.compare import comparison_configs, run_comparison
 
     _setup(plugin, data_root)
+    _config_plugins(config, allow_config_plugins)
     names = [a.strip() for a in algorithms.split(",") if a.strip()]
     if not names:
         _fail("--algorithms: expected a comma-separated list, e.g. fedavg,scaffold")

@@ -1,5 +1,9 @@
 """The public extension API: add algorithms, datasets, models and partitioners, and load the
-user modules that do so (``--plugin`` on the command line, ``plugins = [...]`` in a config).
+user modules that do so (``--plugin`` on the command line).
+
+A plugin is code: importing it runs it. A config's ``plugins = [...]`` only names the modules
+a run needs; loading a config never imports them (:func:`is_loaded` tells whether they were
+given), except where the user asks for it (``--allow-config-plugins``).
 
 Each ``register_*`` is a thin wrapper over the one registry of its concept
 (``fedforge.algorithms.ALGORITHMS``, the dataset registry in ``fedforge.data.loaders``,
@@ -19,7 +23,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["PluginError", "load_plugins", "register_algorithm", "register_dataset",
+__all__ = ["PluginError", "is_loaded", "load_plugins", "register_algorithm", "register_dataset",
            "register_model", "register_partitioner"]
 
 
@@ -129,15 +133,36 @@ def load_plugins(modules: Iterable[str], where: str = "--plugin") -> list[Module
     return loaded
 
 
+def is_loaded(name: str) -> bool:
+    """Whether the plugin ``name`` (as :func:`load_plugins` takes it) is imported already, so
+    that a config naming it needs no import (a check only: nothing is imported or run)."""
+    if not isinstance(name, str) or not name:
+        return False
+    if _is_path(name):
+        return _loaded_file(Path(name).expanduser()) is not None
+    return name in sys.modules
+
+
+def _is_path(name: str) -> bool:
+    return name.endswith(".py") or "/" in name or "\\" in name
+
+
+def _loaded_file(path: Path) -> ModuleType | None:
+    """The module already imported from the ``.py`` file ``path``, if any."""
+    module = sys.modules.get(path.stem)
+    if module is not None and getattr(module, "__file__", None) == str(path.resolve()):
+        return module
+    return None
+
+
 def _import(name: str) -> ModuleType:
-    if name.endswith(".py") or "/" in name or "\\" in name:
+    if _is_path(name):
         path = Path(name).expanduser()
         if not path.is_file():
             raise FileNotFoundError(f"no file {path}")
         mod_name = path.stem
-        if mod_name in sys.modules and getattr(sys.modules[mod_name], "__file__", None) == str(
-                path.resolve()):
-            return sys.modules[mod_name]
+        if (module := _loaded_file(path)) is not None:
+            return module
         spec = importlib.util.spec_from_file_location(mod_name, path.resolve())
         module = importlib.util.module_from_spec(spec)
         sys.modules[mod_name] = module

@@ -287,8 +287,9 @@ class RunConfig(_Section):
     divergence: Literal["stop", "skip_client", "rollback"] = "stop"
     rollback_lr_factor: float = Field(default=0.5, gt=0.0, lt=1.0)
     max_rollbacks: int = Field(default=3, ge=0)
-    # user modules imported before the rest is checked (their register_* calls add algorithms,
-    # datasets, models, partitioners; docs/extending.md): module names or .py paths
+    # user modules the run needs (their register_* calls add algorithms, datasets, models,
+    # partitioners; docs/extending.md): module names or .py paths. Never imported from the
+    # config: give each with --plugin, or pass --allow-config-plugins
     plugins: list[str] = Field(default_factory=list)
     # --- multi-task runs (FedAST and its baselines, fedforge.sim) -----------------------------
     tasks: list[TaskConfig] = Field(default_factory=list)
@@ -499,12 +500,15 @@ def validate_schema(schema: type[BaseModel], raw: Any, prefix: str = "") -> Any:
         raise ConfigError(format_error(exc, raw, prefix)) from None
 
 
-def validate(raw: dict | RunConfig) -> RunConfig:
+def validate(raw: dict | RunConfig, *, allow_plugins: bool = False) -> RunConfig:
     """Validate a raw dict (schema, the sections its kind of run reads, then the registries:
-    dataset, model, algorithm, and whether the run's driver serves the algorithm)."""
+    dataset, model, algorithm, and whether the run's driver serves the algorithm).
+
+    A config cannot run code: its ``plugins`` must be imported already (``--plugin``,
+    :func:`fedforge.load_plugins`); ``allow_plugins=True`` imports them instead."""
     if isinstance(raw, RunConfig):
         raw = raw.model_dump(by_alias=True)
-    _import_plugins(raw)
+    _check_plugins(raw, allow_plugins)
     cfg = validate_schema(RunConfig, raw)
     _check_kind(cfg)
     if cfg.multitask:
@@ -514,21 +518,44 @@ def validate(raw: dict | RunConfig) -> RunConfig:
     return cfg
 
 
-def _import_plugins(raw: Any) -> None:
-    """Import the config's ``plugins`` first: they register names the checks below look up."""
+def _check_plugins(raw: Any, allow: bool) -> None:
+    """The config's ``plugins`` come first (they register names the checks below look up),
+    but a config file may not import code: each must be imported already unless ``allow``."""
     plugins = raw.get("plugins") if isinstance(raw, dict) else None
-    if isinstance(plugins, list) and all(isinstance(p, str) for p in plugins):
-        from fedforge.plugins import PluginError, load_plugins  # noqa: PLC0415
+    if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
+        return  # the schema check names the field
+    from fedforge.plugins import PluginError, is_loaded, load_plugins  # noqa: PLC0415
 
-        try:
-            load_plugins(plugins, "plugins")
-        except PluginError as exc:
-            raise ConfigError(str(exc)) from None
+    missing = [p for p in plugins if not is_loaded(p)]
+    if missing and not allow:
+        given = " ".join(f"--plugin {p}" for p in missing)
+        raise ConfigError(f"plugins: a config cannot import code ({', '.join(missing)} not "
+                          f"imported); pass {given} or --allow-config-plugins (Python: "
+                          "fedforge.load_plugins first, or allow_plugins=True)")
+    try:
+        load_plugins(missing, "plugins")
+    except PluginError as exc:
+        raise ConfigError(str(exc)) from None
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+def listed_plugins(raw: Any) -> list[str]:
+    """The plugins a raw config names, its own then its ``[compare.*]`` tables', for a caller
+    that chose to import them (``--allow-config-plugins``)."""
+    compare = raw.get("compare") if isinstance(raw, dict) else None
+    tables = [raw, *(compare.values() if isinstance(compare, dict) else ())]
+    names: list[str] = []
+    for table in tables:
+        listed = table.get("plugins") if isinstance(table, dict) else None
+        if isinstance(listed, list):
+            names += [p for p in listed if isinstance(p, str) and p not in names]
+    return names
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None, *,
+                allow_plugins: bool = False) -> RunConfig:
     """Load and validate a run config. ``tasks.1.target=0.8`` (or ``tasks[1].target=0.8``)
-    sets one task's key, ``tasks.target=0.8`` every task's."""
+    sets one task's key, ``tasks.target=0.8`` every task's. Nothing is imported: the config's
+    ``plugins`` must be loaded already, unless ``allow_plugins`` (see :func:`validate`)."""
     raw = load_raw(path)
     plain = []
     for item in overrides or []:
@@ -545,7 +572,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
             if not 0 <= i < len(tasks):
                 raise ConfigError(f"tasks[{i}]: no such task (the config has {len(tasks)})")
             tasks[i] = apply_overrides(tasks[i], [rest], TaskConfig, f"tasks[{i}].")
-    return validate(apply_overrides(raw, plain))
+    return validate(apply_overrides(raw, plain), allow_plugins=allow_plugins)
 
 
 _TASK_KEY = re.compile(r"^tasks(?:\.(\d+)|\[(\d+)\])?\.(.+=.*)$", re.S)

@@ -187,8 +187,8 @@ NOTES: dict[str, str] = {
     "data.root": "folder holding the dataset folders; `--data-root` wins over it and it wins "
                  "over `$FEDFORGE_DATA` (default: `./data`, else `../shared/data` beside a "
                  "source checkout)",
-    "plugins": "your modules (names or `.py` paths) imported before the rest is checked, so "
-               "the algorithms, datasets, models and partitions they register can be named",
+    "plugins": "your modules (names or `.py` paths) the run needs; never imported from the "
+               "config: give each with `--plugin` (or pass `--allow-config-plugins`)",
     "method": "a multi-task run's driver (default `fedast`; `fedforge algorithms` lists them)",
     "data.num_clients": "clients to split into (natural splits: the first n; null: all)",
     "data.options": "options of the dataset's loader, e.g. `{max_samples_per_client = 500}`",
@@ -390,9 +390,13 @@ and in `fedforge config --defaults NAME`. `client.lr`, `client.weight_decay`,
 `client.max_grad_norm` and `client.nar` are shorthands passed to algorithms that take
 `local_lr`, `weight_decay`, `max_grad_norm` and `nar`.
 
-**Plugins and data.** `plugins = ["my_module"]` imports your modules before the config is
-checked, so the algorithms, datasets, models and partitions they register can be named in it
-(the same as `--plugin my_module`; see [Extending fedforge](extending.md)). Datasets are read
+**Plugins and data.** A plugin is code, so it comes from the command line: `--plugin
+my_module` imports your module before the config is checked, so the algorithms, datasets,
+models and partitions it registers can be named in it (see [Extending
+fedforge](extending.md)). `plugins = ["my_module"]` in a config only names the modules a run
+needs; a config never imports them. A config whose `plugins` were not given with `--plugin`
+stops with a one-line error, unless you pass `--allow-config-plugins` (`run`, `compare`,
+`pretrain`) to import the config's list as `--plugin` would. Datasets are read
 from `--data-root`, else `data.root`, else `$FEDFORGE_DATA`, else `./data` (or, in a source
 checkout without it, `../shared/data` beside the repository).
 

@@ -3,7 +3,10 @@ and ``fedforge.flower.app:client``).
 
 The fedforge config comes from the Flower run config: ``fedforge-config`` (path of a TOML/YAML
 run config readable on every machine) and ``fedforge-overrides`` (space-separated
-``section.key=value``). If ``fedforge-out`` is set, the server writes the final model there
+``section.key=value``). The config's ``plugins`` are not imported from it: list them in
+``fedforge-plugins`` (space-separated module names or ``.py`` paths, imported as ``--plugin``
+imports them), which whoever starts the run sets, as on the command line. If
+``fedforge-out`` is set, the server writes the final model there
 (safetensors) and one JSON line per round (accepted / rejected clients) beside it. The
 server's guards are set by ``fedforge-round-timeout``, ``fedforge-query-timeout``,
 ``fedforge-min-replies``, ``fedforge-max-norm-ratio``, ``fedforge-max-upload-ratio``,
@@ -23,6 +26,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedforge.experiment.config import RunConfig, load_config
 from fedforge.flower.client import answer_evaluate, answer_query, answer_train
 from fedforge.flower.server import ServerOptions, run_server
+from fedforge.plugins import load_plugins
 
 # Flower run config key -> (ServerOptions field, type); 0 means "off" for the optional ones
 OPTION_KEYS = {
@@ -42,6 +46,8 @@ def config_from_run(run_config: dict) -> RunConfig:
     if "fedforge-config" not in run_config:
         raise ValueError("run config: 'fedforge-config' (path of a fedforge config) is required")
     overrides = str(run_config.get("fedforge-overrides", "")).split()
+    load_plugins(str(run_config.get("fedforge-plugins", "")).split(),
+                 "run config: fedforge-plugins")
     return load_config(str(run_config["fedforge-config"]), overrides)
 
 
