@@ -1,4 +1,4 @@
-"""Communication-compressed algorithms built on the uplink codec hook (issue 6).
+"""Communication-compressed algorithms built on the uplink codec hook.
 
 * ``safl`` — SAFL (Chen, Li & Banerjee, "Sketched Adaptive Federated Deep Learning"),
   Alg. 1 + 2: K local SGD steps, uplink ``sk_t(x - x_i)`` with a fresh shared sketch per

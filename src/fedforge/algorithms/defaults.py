@@ -78,15 +78,15 @@ def _adam_server(lr: Default, b2: Default | None = None, tau_name: str = "tau",
 _FEDOPT_LR = ours(1e-2, "Reddi et al. tune η per task; 1e-2 is FAdamGC Table 5's FedAdam "
                         "value on 20NewsGroups")
 _FADAMGC_ADAM = {
-    "b1": paper(0.9, f"{FADAMGC}, experiments (spec §3.2): β1 = 0.9 for all Adam optimizers"),
+    "b1": paper(0.9, f"{FADAMGC}, experiments: β1 = 0.9 for all Adam optimizers"),
     "b2": paper(0.99, f"{FADAMGC}, App. G Table 3: the default β2 = 0.99 (against β2 = 0)"),
-    "eps": paper(1e-8, f"{FADAMGC}, experiments (spec §3.2): ε = 1e-8 for all Adam optimizers"),
+    "eps": paper(1e-8, f"{FADAMGC}, experiments: ε = 1e-8 for all Adam optimizers"),
 }
 _FADAMGC_LRS = {
     "local_lr": paper(1e-3, f"{FADAMGC}, App. H Table 4: η_l = 1e-3 on CIFAR-10/100"),
     "server_lr": paper(1.0, f"{FADAMGC}, App. H Table 4: η_g = 1 on CIFAR-10/100"),
 }
-_TRACKING = paper(0.5, f"{FADAMGC}, experiments (spec §3.1): S̃ = S/2 on the image tasks")
+_TRACKING = paper(0.5, f"{FADAMGC}, experiments: S̃ = S/2 on the image tasks")
 _TRACKING_INIT = ours("zeros", "Alg. 1 gives no initial y, y_i; zeros keep y = mean_i y_i with "
                       "no warm-up; 'full_gradient' is the theory's y_i = ∇f_i(x¹) (Thm 5.2 proof)")
 _MOMENTUM_BASELINE = {
@@ -132,8 +132,8 @@ _COMPRESSED_CLIENT = {
     "weight_decay": code(0.0, f"{SAFL_CODE}: clients train with wd 0 (notebook run paths)"),
 }
 _SAFL_ADAM = {
-    "server_lr": paper(1e-2, f"{SAFL}, App. (experiments; spec §8): Adam lr 0.01"),
-    "b1": paper(0.9, f"{SAFL}, App. (experiments; spec §8): momentum 0.9"),
+    "server_lr": paper(1e-2, f"{SAFL}, App. (experiments): Adam lr 0.01"),
+    "b1": paper(0.9, f"{SAFL}, App. (experiments): momentum 0.9"),
     "b2": ours(0.99, "the SAFL paper states no β2; the FedOpt convention (Reddi et al. 2021)"),
     "eps": ours(1e-3, "the FedAdam τ; with 1e-8 the first steps are ≈ sign(u) and flip with "
                       "float reduction order (docs/safl.md)"),
@@ -184,7 +184,7 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Default]] = {
                                  "20NewsGroups"),
         "b1": _FADAMGC_ADAM["b1"],
         "b2": _FADAMGC_ADAM["b2"],
-        "eps": paper(1e-8, f"{FADAMGC}, experiments (spec §3.2): ε = 1e-8, the v̂ floor of "
+        "eps": paper(1e-8, f"{FADAMGC}, experiments: ε = 1e-8, the v̂ floor of "
                            "Wang et al. 2022, Alg. 2"),
     },
     "fedexp": {
@@ -222,7 +222,7 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Default]] = {
         **_UPLINK_DIAGNOSTICS,
         **_SAFL_ADAM,
         "rounds": ours(None, "no cosine decay without a horizon; set it to the run's rounds"),
-        "min_lr": paper(1e-5, f"{SAFL}, App. (experiments; spec §8): cosine schedule to 1e-5"),
+        "min_lr": paper(1e-5, f"{SAFL}, App. (experiments): cosine schedule to 1e-5"),
         "optimizer": paper("amsgrad", f"{SAFL}, Alg. 2: AMSGrad without bias correction"),
         "sketch": code("srht", f"{SAFL_CODE}: SRHT of the flattened delta"),
         "sketch_size": ours(None, "given as the compression ratio d/b instead"),
@@ -233,8 +233,8 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Default]] = {
     "fetchsgd": {
         **_COMPRESSED_CLIENT,
         **_UPLINK_DIAGNOSTICS,
-        "server_lr": paper(1.0, f"{SAFL}, App. (experiments; spec §8): SGD and SGDm use lr 1.0"),
-        "momentum": paper(0.9, f"{SAFL}, App. (experiments; spec §8): SGDm momentum 0.9"),
+        "server_lr": paper(1.0, f"{SAFL}, App. (experiments): SGD and SGDm use lr 1.0"),
+        "momentum": paper(0.9, f"{SAFL}, App. (experiments): SGDm momentum 0.9"),
         "sketch_size": ours(None, "given as the compression ratio d/b instead"),
         "compression": _COMPRESSION,
         "sketch_rows": code(5, f"{SAFL_CODE}: csvec count sketch with r = 5 rows"),
@@ -265,7 +265,7 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Default]] = {
         **_COMPRESSED_CLIENT,
         **_UPLINK_DIAGNOSTICS,
         **_SAFL_ADAM,
-        "server_lr": paper(1.0, f"{SAFL}, App. (experiments; spec §8): SGD methods use lr 1.0"),
+        "server_lr": paper(1.0, f"{SAFL}, App. (experiments): SGD methods use lr 1.0"),
         "optimizer": paper("sgd", "Gorbunov et al. 2021, Alg. 1: x <- x - γ g"),
         "k": ours(None, "given as the compression ratio d/k instead"),
         "compression": _COMPRESSION,

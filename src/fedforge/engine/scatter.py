@@ -1,4 +1,4 @@
-"""Asynchronous multi-task runs over ``torch.distributed`` ranks (issue 10).
+"""Asynchronous multi-task runs over ``torch.distributed`` ranks.
 
 The simulator (clock, servers, allocation) lives on rank 0 alone. When it needs results, a
 :class:`ScatteredExecutor` splits the batch of dispatched jobs into contiguous shards and

@@ -1,4 +1,4 @@
-"""System simulation: client speeds and availability, delay laws, the event clock (issue 5),
+"""System simulation: client speeds and availability, delay laws, the event clock,
 and the asynchronous and multi-task schedulers beside it (fedast.py, multitask_sync.py)."""
 
 from fedforge.sim.clock import EventClock, Job, kth_arrival_round
