@@ -78,15 +78,15 @@ def _adam_server(lr: Default, b2: Default | None = None, tau_name: str = "tau",
 _FEDOPT_LR = ours(1e-2, "Reddi et al. tune η per task; 1e-2 is FAdamGC Table 5's FedAdam "
                         "value on 20NewsGroups")
 _FADAMGC_ADAM = {
-    "b1": paper(0.9, f"{FADAMGC}, experiments: β1 = 0.9 for all Adam optimizers"),
+    "b1": paper(0.9, f"{FADAMGC}, Sec. 6 (experiments): β1 = 0.9 for all Adam optimizers"),
     "b2": paper(0.99, f"{FADAMGC}, App. G Table 3: the default β2 = 0.99 (against β2 = 0)"),
-    "eps": paper(1e-8, f"{FADAMGC}, experiments: ε = 1e-8 for all Adam optimizers"),
+    "eps": paper(1e-8, f"{FADAMGC}, Sec. 6 (experiments): ε = 1e-8 for all Adam optimizers"),
 }
 _FADAMGC_LRS = {
     "local_lr": paper(1e-3, f"{FADAMGC}, App. H Table 4: η_l = 1e-3 on CIFAR-10/100"),
     "server_lr": paper(1.0, f"{FADAMGC}, App. H Table 4: η_g = 1 on CIFAR-10/100"),
 }
-_TRACKING = paper(0.5, f"{FADAMGC}, experiments: S̃ = S/2 on the image tasks")
+_TRACKING = paper(0.5, f"{FADAMGC}, Sec. 6 (experiments): S̃ = S/2 on the image tasks")
 _TRACKING_INIT = ours("zeros", "Alg. 1 gives no initial y, y_i; zeros keep y = mean_i y_i with "
                       "no warm-up; 'full_gradient' is the theory's y_i = ∇f_i(x¹) (Thm 5.2 proof)")
 _MOMENTUM_BASELINE = {
@@ -184,7 +184,7 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Default]] = {
                                  "20NewsGroups"),
         "b1": _FADAMGC_ADAM["b1"],
         "b2": _FADAMGC_ADAM["b2"],
-        "eps": paper(1e-8, f"{FADAMGC}, experiments: ε = 1e-8, the v̂ floor of "
+        "eps": paper(1e-8, f"{FADAMGC}, Sec. 6 (experiments): ε = 1e-8, the v̂ floor of "
                            "Wang et al. 2022, Alg. 2"),
     },
     "fedexp": {
