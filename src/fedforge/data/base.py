@@ -21,7 +21,7 @@ from typing import BinaryIO
 import numpy as np
 import torch
 
-from fedforge.core.memory import check_allocation
+from fedforge.core.memory import AllocationError, check_allocation
 
 
 class DatasetError(ValueError):
@@ -116,6 +116,15 @@ def check_stream_end(f: BinaryIO, size: int, path: Path, what: str) -> None:
                            f"declares, expected {what}")
 
 
+def check_declared_size(nbytes: int, what: str) -> None:
+    """A size a file's header declares must fit in free memory; a DatasetError (the file is
+    corrupt or hostile) rather than an allocation error."""
+    try:
+        check_allocation(nbytes, what)
+    except AllocationError as e:
+        raise DatasetError(str(e)) from None
+
+
 def read_gzip(path: Path, what: str, limit: int = MAX_TEXT_BYTES) -> bytes:
     """Decompressed content of a .gz file, read in chunks and refused past ``limit`` bytes."""
     parts, total = [], 0
@@ -155,7 +164,7 @@ def read_npy_xz(path: Path, what: str) -> np.ndarray:
         if dtype.hasobject:
             raise DatasetError(f"{path}: .npy of Python objects (needs pickle), expected {what}")
         size = prod(shape) * dtype.itemsize
-        check_allocation(size, f"{path}: .npy values of shape {shape} (from its header)")
+        check_declared_size(size, f"{path}: .npy values of shape {shape} (from its header)")
         data = f.read(size)
         if len(data) < size:
             raise DatasetError(f"{path}: truncated .npy data, expected {size} bytes of "

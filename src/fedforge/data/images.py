@@ -13,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
-from fedforge.core.memory import check_allocation
 from fedforge.data.base import (
     DatasetError,
     DatasetSplits,
     check_array,
+    check_declared_size,
     check_labels,
     check_same_length,
     check_stream_end,
@@ -57,7 +57,7 @@ def read_idx(path: Path, expected: tuple[int | None, ...]) -> np.ndarray:
         shape = _idx_shape(path, head, expected, want)
         size = header + prod(shape)
         dims = "x".join(map(str, shape))
-        check_allocation(size, f"{path}: IDX values of shape {dims} (from its header)")
+        check_declared_size(size, f"{path}: IDX values of shape {dims} (from its header)")
         data = f.read(size - header)
         if header + len(data) != size:
             raise DatasetError(f"{path}: truncated IDX file, expected {size} bytes ({header}-byte "
@@ -208,7 +208,7 @@ def load_femnist(root: str | Path, normalize: bool = True, invert: bool = True) 
     keys = ("x_train", "y_train", "writer_train", "x_test", "y_test", "writer_test", "writers")
     try:
         with np.load(path, allow_pickle=False) as z:  # zipfile stops at the declared sizes
-            check_allocation(sum(i.file_size for i in z.zip.infolist()),
+            check_declared_size(sum(i.file_size for i in z.zip.infolist()),
                              f"{path}: the arrays its .npz index declares")
             missing = [k for k in keys if k not in z.files]
             if missing:

@@ -16,7 +16,7 @@ from fedforge.core.memory import check_allocation, module_nbytes
 from .convnet import ConvNet
 from .recurrent import LSTM, CharLSTM
 from .resnet import ResNet18GN
-from .simple import CNN, MLP, LeNet5, LogReg
+from .simple import CNN, MLP, LeNet5, LogReg, SimpleCNN
 from .text import TextClassifier
 from .transformer import TransformerLM, TransformerTiny
 
@@ -25,6 +25,7 @@ MODELS: dict[str, tuple[type[nn.Module], str]] = {
     "mlp": (MLP, "flatten + ReLU MLP, default hidden (200, 200) = FedAvg 2NN"),
     "cnn": (CNN, "FedAvg/LEAF 2-conv CNN (32, 64 channels, fc 512)"),
     "lenet5": (LeNet5, "LeNet-5 (6/16 channels, 120/84 units) for 28x28 or 32x32"),
+    "simple_cnn": (SimpleCNN, "pfl-research simple_cnn: 2 conv 5x5 + max-pool, fc 128, dropout"),
     "resnet18_gn": (ResNet18GN, "ResNet-18, CIFAR stem, GroupNorm (groups=2)"),
     "convnet": (ConvNet, "dataset-distillation ConvNet: depth x conv-instancenorm-relu-avgpool"),
     "char_lstm": (CharLSTM, "Shakespeare char LSTM: embed 8, 2x LSTM(256), next-char logits"),
@@ -45,8 +46,8 @@ def build_model(
     shape = tuple(int(s) for s in input_shape)
     size = module_nbytes(lambda: cls(shape, int(num_classes), **kwargs))
     if size is not None:  # refuse a model that cannot fit before allocating it
-        check_allocation(size[1], f"model.options: {name!r} with {kwargs or 'defaults'} has "
-                                  f"{size[0]} parameters, which")
+        check_allocation(size[1], f"model.options: {name!r} with {kwargs or 'defaults'}: "
+                                  f"{size[0]} parameters")
     return cls(shape, int(num_classes), **kwargs)
 
 
@@ -65,6 +66,7 @@ __all__ = [
     "LeNet5",
     "LogReg",
     "ResNet18GN",
+    "SimpleCNN",
     "TextClassifier",
     "TransformerLM",
     "TransformerTiny",
