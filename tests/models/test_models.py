@@ -13,6 +13,7 @@ from torch import nn
 from torch.func import functional_call, grad, stack_module_state, vmap
 from torch.nn import functional as F
 
+from fedforge.engine.randomness import KeyedRandomness
 from fedforge.models import LSTM, MODELS, build_model, num_parameters
 
 # name -> (input_shape, num_classes, small kwargs for fast vmap checks, is_token_input, vocab)
@@ -21,6 +22,7 @@ CASES: dict[str, tuple[tuple[int, ...], int, dict[str, Any], bool, int]] = {
     "mlp": ((1, 28, 28), 10, {"hidden": (16, 8)}, False, 0),
     "cnn": ((3, 32, 32), 10, {"channels": (4, 8), "fc": 16}, False, 0),
     "lenet5": ((1, 28, 28), 10, {}, False, 0),
+    "simple_cnn": ((3, 16, 16), 10, {"channels": (4, 8), "fc": 16}, False, 0),
     "resnet18_gn": ((3, 16, 16), 10, {"width": 8, "groups": 2}, False, 0),
     "convnet": ((3, 32, 32), 10, {"width": 8, "depth": 3}, False, 0),
     "char_lstm": ((12,), 30, {"vocab_size": 30, "hidden": 16}, True, 30),
@@ -34,6 +36,7 @@ DEFAULT_INPUTS: dict[str, tuple[tuple[int, ...], int]] = {
     "mlp": ((1, 28, 28), 10),
     "cnn": ((1, 28, 28), 62),
     "lenet5": ((3, 32, 32), 10),
+    "simple_cnn": ((3, 32, 32), 10),
     "resnet18_gn": ((3, 32, 32), 10),
     "convnet": ((3, 32, 32), 10),
     "char_lstm": ((80,), 80),
@@ -148,7 +151,8 @@ def test_vmap_matches_loop(name: str, device: str) -> None:
     xs, ys = xs.to(device), ys.to(device)
 
     def forward(p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        return functional_call(model, p, (x,))
+        with KeyedRandomness(torch.tensor(5), 0, "test"):  # dropout: one keyed mask for all
+            return functional_call(model, p, (x,))
 
     def loss(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(forward(p, x), y)
@@ -175,6 +179,7 @@ def test_known_parameter_counts() -> None:
     assert num_parameters(build_model("resnet18_gn", (3, 32, 32), 10)) == 11_173_962
     assert num_parameters(build_model("char_lstm", (80,), 80)) == 819_920
     assert num_parameters(build_model("logreg", (1, 28, 28), 10)) == 7_850
+    assert num_parameters(build_model("simple_cnn", (3, 32, 32), 10)) == 259_914  # 2 conv, fc 128
 
 
 def test_image_models_accept_both_sizes() -> None:

@@ -17,6 +17,7 @@ import torch
 from fedforge.algorithms.base import Algorithm
 from fedforge.core.tree import Params, PyTree, tree_index, tree_map, tree_map2
 from fedforge.engine.local import LocalResult, LossFn, make_local_update
+from fedforge.engine.randomness import check_random_layers
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -89,6 +90,7 @@ class ChunkedEngine:
 
     name = "base"
     functional_grad = True  # gradients through torch.func: what a vmapped chunk needs
+    label: str | None = None  # the name in one-line refusals, if not ``name`` (procs workers)
 
     def __init__(self, keep_deltas: bool = False) -> None:
         self.keep_deltas = keep_deltas
@@ -120,7 +122,8 @@ class ChunkedEngine:
         key = (id(algorithm), id(loss_fn), masked)
         if key not in self._fns:
             self._fns[key] = self.wrap(make_local_update(
-                algorithm, loss_fn, masked=masked, functional=self.functional_grad))
+                algorithm, loss_fn, masked=masked, functional=self.functional_grad,
+                engine=self.label or self.name))
         return self._fns[key]
 
     def wrap(self, fn: Callable) -> Callable:
@@ -139,6 +142,7 @@ class ChunkedEngine:
         inputs: CohortInputs,
     ) -> CohortOutput:
         """Run the cohort in chunks (see :meth:`run_chunked` for out-of-memory errors)."""
+        check_random_layers(loss_fn, self.label or self.name)
         return self.run_chunked(
             inputs.sample_idx.shape[0], self.chunk_size(inputs, x_all),
             lambda chunk: self._run_chunks(algorithm, loss_fn, x_all, y_all, inputs, chunk))

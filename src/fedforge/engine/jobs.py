@@ -25,7 +25,8 @@ from fedforge.core.tree import Params, tree_index, tree_stack
 from fedforge.data.batching import client_batches
 from fedforge.engine.base import ChunkedEngine, CohortInputs, _cat
 from fedforge.engine.local import LossFn, make_local_update
-from fedforge.engine.vmap import VmapEngine
+from fedforge.engine.randomness import CLIENT_KEY, check_random_layers, is_keyed, job_keys
+from fedforge.engine.vmap import VmapEngine, refusing_random
 from fedforge.sim.clock import Job
 
 
@@ -36,12 +37,15 @@ class JobInputs(NamedTuple):
     broadcast: dict  # [J, ...] what was broadcast with it (round, parts' values)
     sample_idx: torch.Tensor  # [J, tau, B] indices into the training set
     weights: torch.Tensor  # [J, tau, B] 1 = real sample, 0 = padding
+    info: dict = {}  # [J] round inputs: the jobs' dropout keys (CLIENT_KEY)
 
 
-def job_function(algorithm: Algorithm, loss_fn: LossFn, masked: bool) -> Callable:
+def job_function(algorithm: Algorithm, loss_fn: LossFn, masked: bool,
+                 engine: str = "vmap") -> Callable:
     """The local update vmapped over jobs: every argument, the model too, has a job axis."""
-    fn = make_local_update(algorithm, loss_fn, masked=masked)
-    return torch.func.vmap(fn, in_dims=(0, 0, 0, 0, 0, 0, 0))
+    check_random_layers(loss_fn, engine)
+    fn = make_local_update(algorithm, loss_fn, masked=masked, engine=engine)
+    return refusing_random(torch.func.vmap(fn, in_dims=(0, 0, 0, 0, 0, 0, 0)), engine)
 
 
 def run_jobs(engine: ChunkedEngine, fn: Callable, x_all: torch.Tensor, y_all: torch.Tensor,
@@ -64,7 +68,8 @@ def run_jobs(engine: ChunkedEngine, fn: Callable, x_all: torch.Tensor, y_all: to
             sl = slice(start, start + chunk)
             idx = inputs.sample_idx[sl]  # [c, tau, B]
             outs.append(fn(tree_index(inputs.params, sl), tree_index(inputs.broadcast, sl),
-                           {}, {}, x_all[idx], y_all[idx], inputs.weights[sl]))
+                           {}, tree_index(inputs.info, sl), x_all[idx], y_all[idx],
+                           inputs.weights[sl]))
         return outs
 
     outs = engine.run_chunked(num_jobs, chunk, attempt)
@@ -192,7 +197,8 @@ class TaskExecutor:
 
     def _fn(self, masked: bool) -> Callable:
         if masked not in self._fns:
-            self._fns[masked] = job_function(self.algorithm, self.loss_fn, masked)
+            self._fns[masked] = job_function(self.algorithm, self.loss_fn, masked,
+                                             self.engine.name)
         return self._fns[masked]
 
     def _compute(self, jobs: list[Job]) -> None:
@@ -205,9 +211,11 @@ class TaskExecutor:
         params = tree_stack([versions[j.version][0] for j in jobs])  # [J, ...]
         bcast = tree_stack([versions[j.version][1] for j in jobs])  # [J, ...] per leaf
         masked = bool((mask.sum(-1) == 0).any())  # one function for the whole batch
+        info = {CLIENT_KEY: job_keys(self.seed, self.task, [j.job_id for j in jobs]).to(
+            mask.device)} if is_keyed(self.loss_fn) else {}  # dropout: (seed, task, job)
         t0 = time.perf_counter()
         deltas, losses, calls = run_jobs(self.engine, self._fn(masked), self.x_all, self.y_all,
-                                         JobInputs(params, bcast, sample_idx, mask),
+                                         JobInputs(params, bcast, sample_idx, mask, info),
                                          self.max_batch)
         self.compute_s += time.perf_counter() - t0
         self.batches_run += calls

@@ -27,6 +27,7 @@ from fedforge.core.tree import (
     upcast,
 )
 from fedforge.engine.pooling import TiledPoolMode
+from fedforge.engine.randomness import CLIENT_KEY, KeyedRandomness, is_keyed, no_key
 
 LossFn = Callable[[Params, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -122,7 +123,8 @@ def autograd_grad_and_value(loss_fn: LossFn) -> Callable:
 
 
 def make_local_update(
-    algorithm: Algorithm, loss_fn: LossFn, *, masked: bool, functional: bool = True
+    algorithm: Algorithm, loss_fn: LossFn, *, masked: bool, functional: bool = True,
+    engine: str = "loop",
 ) -> Callable:
     """Build the pure local-round function of ``algorithm``.
 
@@ -131,12 +133,21 @@ def make_local_update(
         parameters and optimizer state unchanged. ``False`` skips the selects (faster).
       functional: gradients through ``torch.func`` (needed under ``vmap``); ``False`` uses
         plain autograd, for an engine that runs one client at a time.
+      engine: the engine's name, for the one-line refusal of a random layer it cannot key.
+
+    A model with dropout layers draws its masks from the client's key in the round inputs
+    (``info[CLIENT_KEY]``, see :mod:`fedforge.engine.randomness`), the step and the layer,
+    so every engine draws the same masks; without a key every client gets key 0.
     """
     grad_and_loss = (torch.func.grad_and_value(loss_fn) if functional
                      else autograd_grad_and_value(loss_fn))
     opt = algorithm.local_optimizer
     keep_grad_sum = algorithm.needs_grad_sum
     privacy = getattr(algorithm, "privacy", None)  # fedforge.privacy: DP-SGD, clipped deltas
+    keyed = is_keyed(loss_fn)  # dropout layers: masks from (client key, step, layer)
+
+    def randomness(key: torch.Tensor | None, step: int):
+        return KeyedRandomness(key, step, engine) if keyed else nullcontext()
 
     def local_update(global_params, broadcast, client_state, info, xs, ys, ws) -> LocalResult:
         # xs: [steps, batch, ...], ys: [steps, batch], ws: [steps, batch]
@@ -148,9 +159,13 @@ def make_local_update(
         steps = torch.zeros((), dtype=dtype, device=ws.device)
         grad_sum = tree_zeros_like(global_params) if keep_grad_sum else None
         step_grad = None if privacy is None else privacy.step_grad(grad_and_loss, loss_fn, info)
+        key = info.get(CLIENT_KEY) if keyed else None
+        if keyed and key is None:
+            key = no_key(ws.device)
         for k in range(xs.shape[0]):
-            grads, loss = (grad_and_loss(params, xs[k], ys[k], ws[k]) if step_grad is None
-                           else step_grad(params, xs[k], ys[k], ws[k], k))
+            with randomness(key, k):
+                grads, loss = (grad_and_loss(params, xs[k], ys[k], ws[k]) if step_grad is None
+                               else step_grad(params, xs[k], ys[k], ws[k], k))
             new_params, new_state = local_step(opt, grads, state, params, ctx)
             if masked:
                 active = ws[k].sum() > 0

@@ -59,6 +59,7 @@ from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput, comb
 from fedforge.engine.distributed import shard_bounds
 from fedforge.engine.local import LossFn
 from fedforge.engine.loop import LoopEngine, loop_label
+from fedforge.engine.randomness import RandomLayerError, check_random_layers
 from fedforge.engine.vmap import VmapEngine
 
 logger = logging.getLogger(__name__)
@@ -116,7 +117,8 @@ def worker_threads() -> dict:
 def _serve(conn: Any, setup: Callable[..., Callable[[str, Any], Any]], args: tuple) -> None:
     """A worker's life: one thread each for intra- and inter-op work before anything runs,
     ``handler = setup(*args)``, then ``handler(task, payload)`` for each call until the
-    parent closes the pipe. Replies are ``(True, packed result)`` or ``(False, traceback)``.
+    parent closes the pipe. Replies are ``(True, packed result)`` or ``(False, traceback)``;
+    a :class:`RandomLayerError` travels as itself, so the parent raises its one line.
     Freed memory is kept for reuse, as in the ``fedforge`` command (:mod:`fedforge.core.malloc`)."""
     keep_freed_memory()
     torch.set_num_threads(1)
@@ -138,6 +140,8 @@ def _serve(conn: Any, setup: Callable[..., Callable[[str, Any], Any]], args: tup
             return
         try:
             conn.send((True, pack(handler(task, unpack(payload)))))
+        except RandomLayerError as exc:  # a refusal, not a crash: its one line is enough
+            conn.send((False, exc))
         except Exception:
             conn.send((False, traceback.format_exc()))
 
@@ -231,12 +235,14 @@ class WorkerPool:
                 if ok:
                     results.append(unpack(result))
                 elif failure is None:  # keep reading: every reply must be taken off the pipe
-                    failure = f"{self.name} {proc.pid} failed {doing}:\n{result}"
+                    failure = (result if isinstance(result, BaseException)
+                               else RuntimeError(f"{self.name} {proc.pid} failed {doing}:\n"
+                                                 f"{result}"))
         except BaseException:
             self.close()  # interrupted mid-call: replies would be left in the pipes
             raise
         if failure is not None:
-            raise RuntimeError(failure)
+            raise failure
         return results
 
 
@@ -271,13 +277,17 @@ class _EngineWorker:
 
 def _build_inner(inner: str, chunk_size: int | str, keep_deltas: bool = False, *,
                  channels_last: bool = False) -> ChunkedEngine:
+    """The engine a worker (and the parent, in process) runs; its refusals name ``procs``."""
     if inner == "loop":
-        return LoopEngine(keep_deltas=keep_deltas, channels_last=channels_last)
-    if channels_last:
+        engine: ChunkedEngine = LoopEngine(keep_deltas=keep_deltas, channels_last=channels_last)
+    elif channels_last:
         raise ValueError("engine procs: channels_last is an option of the loop inner engine")
-    if inner == "vmap":
-        return VmapEngine(chunk_size=chunk_size, keep_deltas=keep_deltas)
-    raise ValueError(f"engine procs: inner engine must be one of {INNER}, got {inner!r}")
+    elif inner == "vmap":
+        engine = VmapEngine(chunk_size=chunk_size, keep_deltas=keep_deltas)
+    else:
+        raise ValueError(f"engine procs: inner engine must be one of {INNER}, got {inner!r}")
+    engine.label = ProcessEngine.name
+    return engine
 
 
 class ProcessEngine(ChunkedEngine):
@@ -336,7 +346,9 @@ class ProcessEngine(ChunkedEngine):
     # --- a cohort -----------------------------------------------------------------------
     def run_cohort(self, algorithm: Algorithm, loss_fn: LossFn, x_all: torch.Tensor,
                    y_all: torch.Tensor, inputs: CohortInputs) -> CohortOutput:
-        """Each worker runs its contiguous shard; the shards are combined in order."""
+        """Each worker runs its contiguous shard; the shards are combined in shard order
+        (the pool returns replies in worker order, whenever each worker finishes)."""
+        check_random_layers(loss_fn, self.name)
         self._ran = True
         self.inner.keep_deltas = self.keep_deltas
         num = inputs.sample_idx.shape[0]

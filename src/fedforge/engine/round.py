@@ -18,6 +18,7 @@ from fedforge.core.store import ClientStore
 from fedforge.core.tree import Params
 from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput
 from fedforge.engine.local import LossFn
+from fedforge.engine.randomness import CLIENT_KEY, client_keys, is_keyed
 from fedforge.robust.divergence import check_model, rerun_fn, screen_cohort
 from fedforge.server.chain import Aggregate, ServerState
 
@@ -47,6 +48,7 @@ def federated_round(
     divergence: str | None = None,
     robust: Callable | None = None,
     sample_counts: torch.Tensor | None = None,
+    seed: int = 0,
 ) -> RoundResult:
     """Run one round for the sampled ``client_ids``.
 
@@ -63,10 +65,13 @@ def federated_round(
       sample_counts: ``[C]`` the clients' training-sample counts n_i; needed by an algorithm
         with a part whose uploads are averaged with weights n_i / n (``upload_weights =
         "num_samples"``).
+      seed: the run's seed; with the round and the client id it keys the client's dropout
+        masks (:mod:`fedforge.engine.randomness`), unless ``info`` carries keys already.
     """
     num_sampled = int(client_ids.numel())
-    if agg_weights is None:
-        agg_weights = torch.full((num_sampled,), 1.0 / num_sampled, device=x_all.device)
+    if agg_weights is None:  # in the model's dtype: a float64 run averages in float64
+        agg_weights = torch.full((num_sampled,), 1.0 / max(num_sampled, 1),
+                                 dtype=next(iter(params.values())).dtype, device=x_all.device)
     if (privacy := getattr(algorithm, "privacy", None)) is not None:  # central DP: 1/(qN)
         agg_weights = privacy.aggregation_weights(agg_weights)
         if num_sampled == 0:  # an empty Poisson cohort: the server step still runs (noise)
@@ -77,6 +82,8 @@ def federated_round(
     broadcast = {**algorithm.broadcast(server_state),
                  "round": torch.tensor(float(round_), device=x_all.device)}
     client_states, info = store.gather(client_ids), info or {}
+    if is_keyed(loss_fn) and CLIENT_KEY not in info:  # dropout: masks of (seed, round, client)
+        info = {**info, CLIENT_KEY: client_keys(seed, round_, client_ids).to(x_all.device)}
     if algorithm.weights_uploads:  # the scale a num_samples part multiplies its uploads by
         info = {**info, UPLOAD_SCALE: upload_scale(algorithm, sample_counts, params)}
     if algorithm.prepares:  # eager per-client work before local training (FedPTR's MTT)

@@ -10,6 +10,7 @@ import torch
 from fedforge.core.tree import tree_nbytes
 from fedforge.engine.base import ChunkedEngine, CohortInputs
 from fedforge.engine.batched_conv import STRATEGIES, BatchedConvMode, ConvPlans
+from fedforge.engine.randomness import vmap_refusal
 
 CONV_MODES = ("native", "auto", *STRATEGIES)
 
@@ -22,6 +23,22 @@ def _free_memory_bytes(device: torch.device) -> int:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return 4 * 2**30
+
+
+def refusing_random(fn: Callable, engine: str) -> Callable:
+    """``fn`` (a vmapped function), with vmap's multi-line error for a random operation
+    raised as one line naming ``engine`` (:mod:`fedforge.engine.randomness`)."""
+
+    def call(*args):
+        try:
+            return fn(*args)
+        except RuntimeError as exc:
+            refusal = vmap_refusal(exc, engine)
+            if refusal is None:
+                raise
+            raise refusal from None
+
+    return call
 
 
 class VmapEngine(ChunkedEngine):
@@ -113,7 +130,8 @@ class VmapEngine(ChunkedEngine):
 
     def wrap(self, fn: Callable) -> Callable:
         # global params and broadcast are shared; everything per-client has a leading axis
-        chunk_fn = torch.func.vmap(fn, in_dims=(None, None, 0, 0, 0, 0, 0))
+        chunk_fn = refusing_random(torch.func.vmap(fn, in_dims=(None, None, 0, 0, 0, 0, 0)),
+                                   self.label or self.name)
         if self.plans is not None and not self.compile:
             plans = self.plans
 

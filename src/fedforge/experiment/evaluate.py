@@ -11,10 +11,16 @@ from fedforge.core.tree import Params, upcast
 
 @torch.no_grad()
 def predict(model: nn.Module, params: Params, x: torch.Tensor, batch_size: int = 1024):
-    """-> (per-sample loss [N], per-sample correct [N]) for labels given later."""
-    outs = []
-    for start in range(0, x.shape[0], batch_size):
-        outs.append(torch.func.functional_call(model, params, (x[start : start + batch_size],)))
+    """-> (per-sample loss [N], per-sample correct [N]) for labels given later. The model
+    runs in eval mode (dropout off), whatever mode it is kept in for training."""
+    outs, training = [], model.training
+    model.eval()
+    try:
+        for start in range(0, x.shape[0], batch_size):
+            outs.append(torch.func.functional_call(model, params,
+                                                   (x[start : start + batch_size],)))
+    finally:
+        model.train(training)
     return torch.cat(outs) if outs else torch.zeros(0)
 
 

@@ -424,7 +424,7 @@ def _run_experiment(
                     exp.algorithm, exp.engine, loss_fn, params, server_state, store, client_ids,
                     exp.data.train_x, exp.data.train_y, sample_idx, weights, agg_weights=agg,
                     info=info, round_=t, divergence=cfg.divergence, robust=exp.robust,
-                    sample_counts=exp.client_sizes[client_ids.cpu()],
+                    sample_counts=exp.client_sizes[client_ids.cpu()], seed=cfg.seed,
                 )
             except DivergenceError as exc:
                 event = {"round": t, "policy": cfg.divergence, "faults": exc.faults}

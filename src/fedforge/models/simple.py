@@ -114,3 +114,33 @@ class LeNet5(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x).flatten(1))
+
+
+class SimpleCNN(nn.Module):
+    """pfl-research's ``simple_cnn``: conv5x5(32) - max-pool - conv5x5(64) - max-pool -
+    fc(128) - dropout - fc(classes), valid convolutions, ReLU after each hidden layer.
+
+    The zoo's model with a random layer: its dropout masks are keyed by (seed, round,
+    client) in every engine (:mod:`fedforge.engine.randomness`). Dropout is off in
+    evaluation (the module's eval mode). Inputs need at least 16x16 pixels.
+    """
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int,
+                 channels: tuple[int, int] = (32, 64), fc: int = 128,
+                 dropout: float = 0.5) -> None:
+        super().__init__()
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"model.options.dropout: expected 0 <= p < 1, got {dropout!r}")
+        c, h, w = image_shape(input_shape, "simple_cnn")
+        c1, c2 = channels
+        self.features = nn.Sequential(
+            nn.Conv2d(c, c1, 5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(c1, c2, 5), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        fh = conv_out(conv_out(conv_out(conv_out(h, 5), 2, 2), 5), 2, 2)
+        fw = conv_out(conv_out(conv_out(conv_out(w, 5), 2, 2), 5), 2, 2)
+        self.classifier = nn.Sequential(
+            nn.Linear(c2 * fh * fw, fc), nn.ReLU(), nn.Dropout(dropout), nn.Linear(fc, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x).flatten(1))
