@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from fedforge.data import load_dataset
 from fedforge.experiment.config import RunConfig
 from fedforge.experiment.evaluate import evaluate
+from fedforge.experiment.rundir import write_bytes, write_text
 from fedforge.models import build_model, num_parameters
 
 WEIGHTS, SUMMARY = "model.safetensors", "pretrain.json"
@@ -45,7 +46,7 @@ def pretrain(cfg: RunConfig, out: str | Path, *, part: Part = "public", epochs: 
         raise ValueError(f"pretrain --optimizer: expected 'adam' or 'sgd', got {optimizer!r}")
     out = Path(out)
     for name in (WEIGHTS, SUMMARY):
-        if (out / name).exists():
+        if (out / name).exists() or (out / name).is_symlink():  # a dangling link too
             raise FileExistsError(f"{out / name}: already exists; choose another --out")
     options = dict(cfg.data.options)
     if part != "all":
@@ -82,9 +83,8 @@ def pretrain(cfg: RunConfig, out: str | Path, *, part: Part = "public", epochs: 
         "train_loss": losses, "wall_s": round(time.perf_counter() - t0, 3),
         **evaluate(net, params, splits.test_x, splits.test_y),
     }
-    from safetensors.torch import save_file  # noqa: PLC0415
+    from safetensors.torch import save  # noqa: PLC0415
 
-    out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in params.items()}, str(out / WEIGHTS))
-    (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+    write_bytes(out, WEIGHTS, save({k: v.contiguous() for k, v in params.items()}))
+    write_text(out, SUMMARY, json.dumps(summary, indent=2) + "\n")
     return summary

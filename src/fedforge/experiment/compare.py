@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from fedforge.experiment.config import (
 from fedforge.experiment.metrics import evaluated
 from fedforge.experiment.plots import load_run_list, plot_runs
 from fedforge.experiment.progress import run_position
+from fedforge.experiment.rundir import subfolder, write_text
 from fedforge.experiment.runner import run_experiment
 from fedforge.reproduce.stats import t_interval
 
@@ -90,7 +92,7 @@ def run_comparison(
         cfgs = [cfgs] if isinstance(cfgs, RunConfig) else list(cfgs)
         hists = []
         for c in cfgs:
-            run_dir = out / name if len(cfgs) == 1 else out / name / f"seed{c.seed}"
+            run_dir = subfolder(out, name if len(cfgs) == 1 else Path(name, f"seed{c.seed}"))
             done += 1
             with run_position(f"run {done}/{total}"):
                 hists.append(run_experiment(c, run_dir, progress=progress,
@@ -140,15 +142,14 @@ def summary(values: list[float]) -> dict:
 def write_table(rows: list[dict], path: Path) -> tuple[Path, Path]:
     """``path`` (JSON, the rows as they are) and a CSV beside it with one column per
     number (``final_acc_mean``, ``final_acc_ci_low``, ...)."""
-    path.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    path = write_text(path.parent, path.name, json.dumps(rows, indent=1) + "\n")
     flat = [_flatten(r) for r in rows]
     columns = list(dict.fromkeys(k for r in flat for k in r))
-    csv_path = path.with_suffix(".csv")
-    with open(csv_path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, columns)
-        writer.writeheader()
-        writer.writerows(flat)
-    return path, csv_path
+    buf = io.StringIO(newline="")
+    writer = csv.DictWriter(buf, columns)
+    writer.writeheader()
+    writer.writerows(flat)
+    return path, write_text(path.parent, path.with_suffix(".csv").name, buf.getvalue())
 
 
 def _flatten(row: dict) -> dict:
@@ -190,7 +191,7 @@ def run_multitask_comparison(
     summaries = {}
     for i, (name, cfg) in enumerate(configs.items(), 1):
         with run_position(f"run {i}/{len(configs)}"):
-            run_experiment(cfg, out / name, progress=progress, resume=not overwrite,
+            run_experiment(cfg, subfolder(out, name), progress=progress, resume=not overwrite,
                            overwrite=overwrite)
         summaries[name] = json.loads((out / name / "summary.json").read_text())
     t_base = summaries.get(baseline, {}).get("time_all_tasks")

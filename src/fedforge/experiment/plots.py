@@ -24,6 +24,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from fedforge.experiment.labels import axis_label  # noqa: E402
 from fedforge.experiment.partition_stats import load_partition_stats  # noqa: E402
+from fedforge.experiment.rundir import save_figure, write_text  # noqa: E402
 from fedforge.reproduce.stats import t_interval  # noqa: E402
 
 if sys.version_info >= (3, 11):
@@ -59,8 +60,8 @@ class Run:
     @property
     def algorithm(self) -> str | None:
         algo = self.config.get("algorithm")
-        name = algo.get("name") if isinstance(algo, dict) else None
-        return name or self.config.get("method")
+        name = (algo.get("name") if isinstance(algo, dict) else None) or self.config.get("method")
+        return None if name is None else str(name)  # a hand-edited config may hold any type
 
     @property
     def seed(self) -> int | None:
@@ -81,6 +82,8 @@ def load_run(run_dir: str | Path) -> Run:
         except tomllib.TOMLDecodeError as exc:
             raise ValueError(f"{cfg_path}: not valid TOML ({exc})") from None
     partition = load_partition_stats(d)
+    if partition is not None and not isinstance(partition, dict):
+        raise ValueError(f"{d / 'partition.json'}: expected a JSON object")
     return Run(d, read_metrics(path), config, partition)
 
 
@@ -293,11 +296,13 @@ def plot_runs(
     has is a ``ValueError`` listing the available ones (no empty plot is written). Multi-task
     runs are drawn per task against simulated time (rounds differ per task)."""
     fig, data = draw(runs, y, x, title, logx, average)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    fig.savefig(out.with_suffix(".pdf"))
-    plt.close(fig)
-    out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    out = Path(out)
+    try:
+        for name in (out.name, out.with_suffix(".pdf").name):
+            save_figure(out.parent, name, fig)
+    finally:
+        plt.close(fig)
+    write_text(out.parent, out.with_suffix(".json").name, json.dumps(data, indent=1) + "\n")
     return out
 
 
@@ -320,7 +325,8 @@ def draw(
     for i, c in enumerate(drawn):
         color = PALETTE[i % len(PALETTE)]
         colors.append(color)
-        ax.plot(c.x, c.mean, label=c.label, color=color, marker=MARKERS[i % len(MARKERS)],
+        ax.plot(c.x, c.mean, label=plain_text(c.label), color=color,
+                marker=MARKERS[i % len(MARKERS)],
                 linestyle=LINESTYLES[i % len(LINESTYLES)], markersize=4, linewidth=1.5,
                 markevery=max(1, len(c.x) // 12))
         band = [(xv, lo, hi) for xv, lo, hi in zip(c.x, c.ci_low, c.ci_high) if lo is not None]
@@ -331,19 +337,25 @@ def draw(
         ax.set_xscale("log")
     if x in ("round", "updates"):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel(axis_label(x))
-    ax.set_ylabel(axis_label(y))
+    ax.set_xlabel(plain_text(axis_label(x)))
+    ax.set_ylabel(plain_text(axis_label(y)))
     ax.grid(alpha=0.3)
     if drawn:
         ax.legend(fontsize="small", title=("shaded: 95 % t-interval over seeds"
                                            if any(max(c.n) > 1 for c in drawn) else None),
                   title_fontsize="x-small")
     if title:
-        ax.set_title(title, fontsize="medium")
+        ax.set_title(plain_text(title), fontsize="medium")
     fig.tight_layout()
     data = {"x": x, "y": y, "title": title, "band_alpha": BAND_ALPHA,
             "curves": [{**c.__dict__, "color": col} for c, col in zip(drawn, colors)]}
     return fig, data
+
+
+def plain_text(text: object) -> str:
+    """``text`` as matplotlib shows it literally: names come from run folders, and a ``$``
+    pair would be parsed as mathtext (a malformed formula fails the whole figure)."""
+    return str(text).replace("$", r"\$")
 
 
 def _number(value: object) -> bool:

@@ -22,6 +22,7 @@ from fedforge.experiment.labels import metric
 from fedforge.experiment.metrics import evaluated
 from fedforge.experiment.partition_stats import partition_summary
 from fedforge.experiment.plots import PALETTE, Run, draw, figure_title, group_runs, load_run
+from fedforge.experiment.rundir import write_text
 
 CURVES = (("test_accuracy", "round"), ("test_loss", "round"), ("train_loss", "round"),
           ("test_accuracy", "sim_time_s"), ("test_accuracy", "bytes_up"))
@@ -54,8 +55,7 @@ def write_report(folder: str | Path, out: str | Path | None = None) -> Path:
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: no such folder")
     target = folder / "report.html" if out is None else Path(out)
-    target.write_text(render(folder), encoding="utf-8")
-    return target
+    return write_text(target.parent, target.name, render(folder))
 
 
 def render(folder: Path) -> str:
@@ -111,14 +111,26 @@ def _table(folder: Path, runs: list[Run]) -> str:
             rows.append(row)
     if not rows:
         return "<p>No evaluated round yet.</p>"
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise ValueError(f"{path}: expected a list of row objects")
     cols = list(dict.fromkeys(k for r in rows for k in r))
     head = "".join(f"<th>{_e(_col(c))}</th>" for c in cols)
-    lines = ["".join(f"<td>{_e(format_cell(r.get(c), r.get('seeds')))}</td>" for c in cols)
-             for r in rows]
+    lines = ["".join(f"<td>{_e(_cell(path, i, r, c))}</td>" for c in cols)
+             for i, r in enumerate(rows)]
     return (f'<table id="final"><tr>{head}</tr>'
             + "".join(f"<tr>{line}</tr>" for line in lines) + "</table>"
             '<p class="note">mean ± half the 95 % t-interval over seeds; (k/m): only k of m '
             "seeds reached the target</p>")
+
+
+def _cell(path: Path, i: int, row: dict, col: str) -> str:
+    """One formatted cell; a value of the wrong shape (a hand-edited or hostile
+    ``table.json``) is a ValueError naming the file, row and column."""
+    try:
+        return format_cell(row.get(col), row.get("seeds"))
+    except (TypeError, ValueError, KeyError, AttributeError):
+        raise ValueError(f"{path}: row {i + 1}, column {col!r}: expected a number, a text or "
+                         "a {mean, std, n, ci_low, ci_high} summary") from None
 
 
 def _col(key: str) -> str:
@@ -143,7 +155,7 @@ def _partition(runs: list[Run]) -> str:
     run = next((r for r in runs if r.partition), None)
     if run is None:
         return "<p>No partition.json (runs from before it was recorded).</p>"
-    part = run.partition
+    part = _checked_partition(run)
     sizes = part["sizes"]
     html_parts = [f"<p>{_e(part.get('dataset', ''))}: {_e(partition_summary(part))} "
                   f"(from {_e(run.path)})</p>"]
@@ -155,7 +167,7 @@ def _partition(runs: list[Run]) -> str:
     fig.tight_layout()
     html_parts.append(_png(fig))
     counts = part.get("label_counts")
-    if counts:
+    if counts and counts[0]:
         arr = np.asarray(counts, dtype=float)
         fig, ax = plt.subplots(figsize=(6.4, 3.2), dpi=120)
         im = ax.imshow(arr.T, aspect="auto", cmap="viridis", interpolation="nearest")
@@ -169,6 +181,27 @@ def _partition(runs: list[Run]) -> str:
         html_parts.append('<p class="note">No label histogram (next-token task: the labels '
                           "are the vocabulary).</p>")
     return "\n".join(html_parts)
+
+
+def _checked_partition(run: Run) -> dict:
+    """``run.partition`` once its numbers are numbers (it comes from the run folder: a
+    hand-edited ``partition.json`` is a ValueError naming the file, not a traceback)."""
+    part, path = run.partition, run.path / "partition.json"
+    sizes, counts = part.get("sizes"), part.get("label_counts")
+    if not isinstance(sizes, list) or not all(_count(s) for s in sizes):
+        raise ValueError(f"{path}: \"sizes\" must be a list of non-negative integers")
+    if not _count(part.get("num_clients", len(sizes))):
+        raise ValueError(f"{path}: \"num_clients\" must be a non-negative integer")
+    if counts is not None and not (
+            isinstance(counts, list) and all(isinstance(c, list) for c in counts)
+            and len({len(c) for c in counts}) <= 1 and all(_count(v) for c in counts for v in c)):
+        raise ValueError(f"{path}: \"label_counts\" must be a list of equally long lists of "
+                         "non-negative integers")
+    return part
+
+
+def _count(value: object) -> bool:
+    return type(value) is int and value >= 0
 
 
 def _configs(folder: Path, runs: list[Run]) -> str:

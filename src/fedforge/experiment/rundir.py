@@ -15,6 +15,12 @@ run that was started.
 
 The folder's own files must be plain files (no symbolic or hard links): a run appends to
 them, and appending through a planted link would write outside the folder.
+
+Every command that writes files into a folder (``report``, ``plot``, ``compare``,
+``reproduce``, ``pretrain``, ``bench``) goes through the one writer here: :func:`write_text`,
+:func:`write_bytes`, :func:`save_figure` (atomic: a temporary file in the folder, then a
+rename) and :func:`append_text`. Each refuses a destination that is a symbolic link (dangling
+or not), a hard link or not a regular file, and one whose folder resolves outside ``folder``.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -39,13 +47,15 @@ else:  # pragma: no cover
 
 LOCK_NAME = "run.lock"
 CONFIG_NAME = "config.resolved.toml"
+PARTITION_NAME = "partition.json"
 HISTORY_NAME = "config.history.jsonl"
 CHECKPOINTS = "checkpoints"
 # the files a run writes at the top of its folder; a non-empty result file or checkpoint
 # marks a folder as holding a run (a config alone is a start that produced nothing yet)
 RESULT_FILES = ("metrics.jsonl", "events.jsonl", "summary.json", "divergence.jsonl")
-RUN_FILES = (CONFIG_NAME, HISTORY_NAME, *RESULT_FILES)
-SCRATCH_FILES = (CONFIG_NAME + ".tmp", "metrics.jsonl.tmp")  # left behind by a killed write
+RUN_FILES = (CONFIG_NAME, HISTORY_NAME, PARTITION_NAME, *RESULT_FILES)
+SCRATCH_FILES = (CONFIG_NAME + ".tmp", "metrics.jsonl.tmp",  # left behind by a killed write
+                 PARTITION_NAME + ".tmp")
 _CHECKPOINT_FILE = re.compile(r"(?:round_\d{5,}\.(?:json|safetensors)|latest\.json)(?:\.tmp)?")
 
 # dotted config keys (``*`` matches one list index) that a resumed run may change; a section
@@ -73,6 +83,10 @@ def claim_run_dir(
     if resume and overwrite:
         raise RunDirError(f"{out}: choose one of --resume and --overwrite")
     _make_folder(out)
+    problem = _not_plain(out / LOCK_NAME)
+    if problem:
+        raise RunDirError(f"{out}: cannot lock the run folder: {LOCK_NAME} {problem}; "
+                          "remove it or choose another --out")
     lock = FileLock(str(out / LOCK_NAME), timeout=0)
     try:
         lock.acquire()
@@ -144,16 +158,12 @@ def _check_plain_files(out: Path, remove: bool) -> None:
             st = path.lstat()
         except FileNotFoundError:
             continue
-        is_dir = name == CHECKPOINTS
-        if path.is_symlink():
-            problem = "is a symbolic link"
-        elif is_dir and not path.is_dir():
-            problem = "is not a folder"
-        elif not is_dir and not path.is_file():
-            problem = "is not a regular file"
-        elif not is_dir and st.st_nlink > 1:
-            problem = f"has {st.st_nlink} hard links"
+        if name == CHECKPOINTS:
+            problem = ("is a symbolic link" if stat.S_ISLNK(st.st_mode) else
+                       None if stat.S_ISDIR(st.st_mode) else "is not a folder")
         else:
+            problem = _not_plain(path)
+        if problem is None:
             continue
         if not remove:
             raise RunDirError(f"{path}: {problem}; a run folder holds plain files only "
@@ -240,10 +250,7 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 def _append_history(out: Path, mode: str, config: dict) -> None:
     line = json.dumps({"time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                        "mode": mode, "config": config}, default=str)
-    with open(out / HISTORY_NAME, "a", encoding="utf-8") as f:
-        f.write(line + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    append_text(out, HISTORY_NAME, line + "\n")
 
 
 def read_config_history(out: str | Path) -> list[dict]:
@@ -254,3 +261,111 @@ def read_config_history(out: str | Path) -> list[dict]:
         return []
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
             if line.strip()]
+
+
+# ------------------------------------------------------------------ the one writer
+
+def _not_plain(path: Path) -> str | None:
+    """Why ``path`` may not be written through (None: absent, or a regular file with one
+    link). ``lstat``: a link, dangling or not, is refused as a link."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if st.st_nlink > 1:
+        return f"has {st.st_nlink} hard links"
+    return None
+
+
+def writable_path(folder: str | Path, name: str | Path) -> Path:
+    """``folder/name``, its sub-folders created, once checked that it may be written: the
+    file is absent or plain (see :func:`_not_plain`) and its folder resolves inside
+    ``folder`` (a planted sub-folder link cannot lead elsewhere). RunDirError otherwise."""
+    path = Path(folder) / name
+    subfolder(folder, Path(name).parent)
+    problem = _not_plain(path)
+    if problem:
+        raise RunDirError(f"{path}: {problem}; fedforge writes only plain files (remove it "
+                          "or choose another --out)")
+    return path
+
+
+def subfolder(folder: str | Path, name: str | Path) -> Path:
+    """``folder/name`` as a folder (created if absent) that resolves inside ``folder``: a
+    planted link to a folder elsewhere is refused (RunDirError). ``folder`` itself may be a
+    link: the caller chose it."""
+    folder = Path(folder)
+    path = folder / name
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunDirError(f"{path}: cannot create the folder ({exc.strerror or exc})") from None
+    base, real = folder.resolve(), path.resolve()
+    if real != base and base not in real.parents:
+        raise RunDirError(f"{path}: leads outside {folder} (through a symbolic link); "
+                          "fedforge writes only inside the folder")
+    return path
+
+
+def write_bytes(folder: str | Path, name: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``folder/name`` atomically -> the path. A temporary file created
+    in the same folder (never an existing name) is fsync'd and renamed over the name, so a
+    reader sees the old file or the new one, and nothing is written through a link."""
+    path = writable_path(folder, name)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        writable_path(folder, name)  # planted while we wrote: still refuse
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_text(folder: str | Path, name: str | Path, text: str) -> Path:
+    """:func:`write_bytes` of UTF-8 ``text`` -> the path."""
+    return write_bytes(folder, name, text.encode("utf-8"))
+
+
+def save_figure(folder: str | Path, name: str | Path, fig: Any, **savefig: Any) -> Path:
+    """Render a matplotlib figure in memory (format from the name's suffix) and write it
+    with :func:`write_bytes` -> the path; matplotlib itself never opens the file."""
+    import io  # noqa: PLC0415
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format=Path(name).suffix.lstrip(".") or "png", **savefig)
+    return write_bytes(folder, name, buf.getvalue())
+
+
+def append_text(folder: str | Path, name: str | Path, text: str) -> Path:
+    """Append UTF-8 ``text`` to ``folder/name`` (created if absent), flushed and fsync'd ->
+    the path. Opened with ``O_NOFOLLOW`` and re-checked for hard links once open."""
+    path = writable_path(folder, name)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as exc:
+        raise RunDirError(f"{path}: cannot open for appending ({exc.strerror or exc})"
+                          ) from None
+    with os.fdopen(fd, "a", encoding="utf-8") as f:
+        if os.fstat(fd).st_nlink > 1:
+            raise RunDirError(f"{path}: has hard links; fedforge writes only plain files")
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

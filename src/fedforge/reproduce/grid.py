@@ -13,12 +13,13 @@ overall) plus the share of available client time left idle (``fedforge.sim.diagn
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 from fedforge.experiment.compare import comparison_configs
 from fedforge.experiment.config import RunConfig, load_config
+from fedforge.experiment.plots import read_metrics as read_records
+from fedforge.experiment.rundir import write_bytes
 from fedforge.experiment.runner import run_experiment
 from fedforge.reproduce.spec import Condition, Reproduction
 from fedforge.robust.divergence import log_event
@@ -35,10 +36,29 @@ def condition_configs(spec: Reproduction, cond: Condition, root: Path) -> list[R
 
 
 def read_metrics(path: Path) -> list[dict]:
+    """The JSON records of ``path`` ([] if absent); a damaged line is a ValueError naming the
+    file (:func:`fedforge.experiment.plots.read_metrics`)."""
     if not path.is_file():
         return []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+    return read_records(path)
+
+
+def read_marker(path: Path) -> dict | None:
+    """``seed<k>.diverged.json`` -> ``{"round", "budget"}`` (None if absent). Anything else
+    in it is a ValueError naming the file: a marker is trusted only for what it says."""
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        marker = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"{path}: unreadable divergence marker ({exc}); delete it to rerun "
+                         "the run") from None
+    ok = isinstance(marker, dict) and all(
+        type(marker.get(k)) is int and marker[k] >= 1 for k in ("round", "budget"))
+    if not ok:
+        raise ValueError(f"{path}: not a divergence marker (expected "
+                         '{"round": int >= 1, "budget": int >= 1}); delete it to rerun the run')
+    return {"round": marker["round"], "budget": marker["budget"]}
 
 
 def is_finished(run_dir: Path, rounds: int, multitask: bool = False) -> bool:
@@ -55,9 +75,11 @@ def committed(data: Path, spec: Reproduction, cond: str, cfg: RunConfig) -> bool
     reports from them instead of running the grid again."""
     if spec.multitask:
         return summary_path(data, spec, cond, cfg.seed).is_file()
-    if diverged_path(data, spec, cond, cfg.seed).is_file():
-        return True
-    records = read_metrics(data_path(data, spec, cond, cfg.seed))
+    metrics = data_path(data, spec, cond, cfg.seed)
+    marker = read_marker(diverged_path(data, spec, cond, cfg.seed))
+    if marker is not None:  # a divergence of this very run: same budget, its metrics kept
+        return marker["budget"] == cfg.rounds and metrics.is_file()
+    records = read_metrics(metrics)
     return bool(records) and records[-1].get("round") == cfg.rounds
 
 
@@ -142,26 +164,29 @@ def run_grid(
                     log_event(out, {"round": done[-1]["round"] + 1 if done else 1,
                                     "policy": "stop", "faults": [], "action": str(err)})
             counts["ran"] += 1
-        dest.parent.mkdir(parents=True, exist_ok=True)
         stop = divergence_stop(out)
         marker = diverged_path(data, spec, cond.name, cfg.seed)
         if stop is not None:
             counts["diverged"] += 1
-            marker.write_text(json.dumps({"round": stop["round"], "budget": cfg.rounds}),
-                              encoding="utf-8")
-        elif marker.exists():
+            _put(data, marker, json.dumps({"round": stop["round"], "budget": cfg.rounds}))
+        elif marker.exists() or marker.is_symlink():
             marker.unlink()
-        if not (out / "metrics.jsonl").is_file():  # diverged before its first record
-            (out / "metrics.jsonl").touch()
-        shutil.copyfile(out / "metrics.jsonl", dest)
+        metrics = out / "metrics.jsonl"  # absent: diverged before its first record
+        _put(data, dest, metrics.read_bytes() if metrics.is_file() else b"")
         if spec.multitask:
             from fedforge.sim.diagnostics import run_diagnostics
 
             summary = run_diagnostics(out, _capacity(cfg))
             summary.pop("allocation_log", None)  # in the run folder; long
-            summary_path(data, spec, cond.name, cfg.seed).write_text(
-                json.dumps(summary, indent=1), encoding="utf-8")
+            _put(data, summary_path(data, spec, cond.name, cfg.seed),
+                 json.dumps(summary, indent=1))
     return counts
+
+
+def _put(data: Path, path: Path, payload: str | bytes) -> None:
+    """Write a committed file below ``data`` through the folder's writer (no link followed)."""
+    payload = payload.encode("utf-8") if isinstance(payload, str) else payload
+    write_bytes(data, path.relative_to(data), payload)
 
 
 def run_dirs(spec: Reproduction, runs: Path) -> list[Path]:

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fedforge.experiment.metrics import evaluated
-from fedforge.reproduce.grid import diverged_path, read_metrics, summary_path
+from fedforge.experiment.rundir import save_figure, subfolder, write_text
+from fedforge.reproduce.grid import diverged_path, read_marker, read_metrics, summary_path
 from fedforge.reproduce.spec import Comparison, Reproduction, Sweep
 from fedforge.reproduce.stats import (
     INCONCLUSIVE,
@@ -104,9 +105,9 @@ def load_runs(spec: Reproduction, data: Path) -> dict[str, dict[int, RunSummary]
                     runs[seed] = summarize_multitask(hist, summary, seed, spec.metric)
             elif hist:
                 runs[seed] = summarize(hist, seed, spec.target, spec.metric)
-                marker = diverged_path(data, spec, cond.name, seed)
-                if marker.is_file():
-                    runs[seed] = _diverged(runs[seed], json.loads(marker.read_text("utf-8")))
+                marker = read_marker(diverged_path(data, spec, cond.name, seed))
+                if marker is not None:
+                    runs[seed] = _diverged(runs[seed], marker)
         out[cond.name] = runs
     return out
 
@@ -231,10 +232,7 @@ def plot_multitask(spec: Reproduction, runs: dict, path: Path) -> Path:
     if axes:
         next(iter(axes.values())).legend(fontsize=6)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, path, dpi=100)
 
 
 def plot_allocation(spec: Reproduction, runs: dict, path: Path) -> Path | None:
@@ -261,10 +259,17 @@ def plot_allocation(spec: Reproduction, runs: dict, path: Path) -> Path | None:
     grid.flat[0].set_ylabel("requests R_m")
     grid.flat[0].legend(fontsize=6)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, path, dpi=100)
+
+
+def _save(fig, path: Path, dpi: int) -> Path:
+    """Write the figure through the folder's writer (no link followed) and close it."""
+    import matplotlib.pyplot as plt
+
+    try:
+        return save_figure(path.parent, path.name, fig, dpi=dpi)
+    finally:
+        plt.close(fig)
 
 
 def compare(spec: Reproduction, runs: dict, comp: Comparison) -> tuple[Interval, str, float]:
@@ -400,10 +405,7 @@ def plot_accuracy(spec: Reproduction, runs: dict, path: Path) -> Path:
         ax.legend(fontsize=6 if title else 7)
     grid.flat[0].set_ylabel(f"{spec.metric} (mean over seeds)")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, dpi=110)
 
 
 def plot_diagnostics(spec: Reproduction, runs: dict, path: Path) -> Path | None:
@@ -446,10 +448,7 @@ def plot_diagnostics(spec: Reproduction, runs: dict, path: Path) -> Path | None:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=6)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, path, dpi=100)
 
 
 def _sweep_rows(runs: dict, sweep: Sweep) -> list[tuple[float, Interval, Interval, Interval]]:
@@ -510,10 +509,7 @@ def plot_sweep(runs: dict, sweep: Sweep, path: Path) -> Path:
         ax.grid(alpha=0.3)
     fig.suptitle(f"{sweep.title} (mean ± 95 % CI over seeds)", fontsize=9)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, dpi=110)
 
 
 def headline(spec: Reproduction, runs: dict) -> list[str]:
@@ -536,7 +532,7 @@ def write_report(spec: Reproduction, data: Path, docs: Path, *, command: str = "
     runs = load_runs(spec, data)
     done = sum(len(r) for r in runs.values())
     total = len(spec.conditions) * len(spec.seeds)
-    img = docs / "img"
+    img = subfolder(docs, "img")  # a link to a folder elsewhere is refused
     if spec.multitask:
         acc_png = plot_multitask(spec, runs, img / f"{spec.name}_accuracy.png")
         diag_png = plot_allocation(spec, runs, img / f"{spec.name}_diagnostics.png")
@@ -580,10 +576,8 @@ def write_report(spec: Reproduction, data: Path, docs: Path, *, command: str = "
         out += [f"![diagnostics](../img/{diag_png.name})", ""]
     if command:
         out += [f"Command: `{command}`", ""]
-    page = docs / "reproductions" / f"{spec.name}.md"
-    page.parent.mkdir(parents=True, exist_ok=True)
-    page.write_text("\n".join(out).rstrip() + "\n", encoding="utf-8")
-    return page
+    return write_text(docs, Path("reproductions", f"{spec.name}.md"),
+                      "\n".join(out).rstrip() + "\n")
 
 
 def paper_scale(spec: Reproduction) -> str:
