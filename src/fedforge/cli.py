@@ -41,6 +41,20 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+def _nonempty(option: str):
+    """A parser for a path option (``--out``, ``--runs``) that refuses an empty value: it
+    would silently mean the current folder."""
+    def parse(value: str | Path | None) -> Path | None:
+        if value is not None and not str(value).strip():
+            _fail(f"{option}: empty; name a folder (or '.' for the current one)")
+        return None if value is None else Path(value)
+
+    return parse
+
+
+_out_path = _nonempty("--out")
+
+
 def _setup(plugins: list[str] | None, data_root: Path | None = None) -> None:
     """Import --plugin modules (before any config is checked) and set --data-root."""
     from fedforge.data.root import use_data_root
@@ -99,7 +113,8 @@ def _load(config: Path, overrides: list[str]):
 def run(
     config: Annotated[Path, typer.Argument(help="TOML or YAML run config")],
     overrides: Overrides = None,
-    out: Annotated[Path, typer.Option("--out", "-o", help="output directory")] = Path("runs/run"),
+    out: Annotated[Path, typer.Option("--out", "-o", help="output directory",
+                                      parser=_out_path, metavar="PATH")] = Path("runs/run"),
     resume: Annotated[bool, typer.Option("--resume", help="continue from out/checkpoints")] = False,
     overwrite: Annotated[bool, typer.Option(
         "--overwrite", help="replace the run already in --out (its own files only)")] = False,
@@ -157,8 +172,8 @@ def run(
 def pretrain(
     config: Annotated[Path, typer.Argument(help="TOML or YAML run config (model and data)")],
     overrides: Overrides = None,
-    out: Annotated[Path, typer.Option("--out", "-o", help="output directory")] = Path(
-        "runs/pretrain"),
+    out: Annotated[Path, typer.Option("--out", "-o", help="output directory",
+                                      parser=_out_path, metavar="PATH")] = Path("runs/pretrain"),
     part: Annotated[str, typer.Option(
         "--part", help="public | private | all: which part of the training set "
                        "(data.options.train_part; all keeps the config's data)")] = "public",
@@ -206,7 +221,8 @@ def compare(
     config: Annotated[Path, typer.Argument(help="TOML or YAML run config")],
     algorithms: Annotated[str, typer.Option("--algorithms", "-a", help="comma-separated names")],
     overrides: Overrides = None,
-    out: Annotated[Path, typer.Option("--out", "-o")] = Path("runs/compare"),
+    out: Annotated[Path, typer.Option("--out", "-o", parser=_out_path, metavar="PATH")
+                   ] = Path("runs/compare"),
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
     target: Annotated[float | None, typer.Option(
         "--target", help="test accuracy: table gives rounds and simulated minutes to it")] = None,
@@ -290,7 +306,8 @@ def reproduce(
     report_only: Annotated[bool, typer.Option(
         "--report-only", help="regenerate the report from docs/data without running")
     ] = False,
-    runs: Annotated[Path, typer.Option("--runs", help="run folders")] = Path("runs/reproduce"),
+    runs: Annotated[Path, typer.Option("--runs", help="run folders", parser=_nonempty("--runs"),
+                                       metavar="PATH")] = Path("runs/reproduce"),
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
     plugin: Plugins = None,
     data_root: DataRootOption = None,
@@ -324,7 +341,8 @@ def plot(
     run_dirs: Annotated[list[Path], typer.Argument(help="run directories")],
     metric: Annotated[str, typer.Option("--metric", "-m")] = "test_accuracy",
     x: Annotated[str, typer.Option("--x", help="round, sim_time_s, bytes_up, ...")] = "round",
-    out: Annotated[Path, typer.Option("--out", "-o")] = Path("plot.png"),
+    out: Annotated[Path, typer.Option("--out", "-o", parser=_out_path, metavar="PATH")
+                   ] = Path("plot.png"),
     per_seed: Annotated[bool, typer.Option(
         "--per-seed", help="one line per run instead of the mean over seeds")] = False,
     logx: Annotated[bool, typer.Option("--logx", help="logarithmic x axis")] = False,
@@ -346,7 +364,8 @@ def plot(
 def report(
     folder: Annotated[Path, typer.Argument(help="a run folder or a compare --out folder")],
     out: Annotated[Path | None, typer.Option(
-        "--out", "-o", help="HTML file to write (default FOLDER/report.html)")] = None,
+        "--out", "-o", help="HTML file to write (default FOLDER/report.html)",
+        parser=_out_path, metavar="PATH")] = None,
 ) -> None:
     """Write one self-contained HTML page (no external files): config, partition
     statistics, curves and the final table."""
@@ -384,7 +403,8 @@ def bench(
         help="w3: test-accuracy target; each engine stops at its first evaluation at or "
              "above it")] = 0.8,
     out: Annotated[Path, typer.Option(
-        help="w3: run directory; --profile: where traces go")] = Path("runs/bench_w3"),
+        help="w3: run directory; --profile: where traces go", parser=_out_path, metavar="PATH")
+    ] = Path("runs/bench_w3"),
     results: Annotated[Path, typer.Option(help="markdown file to append to")] = Path(
         "benchmarks/RESULTS.md"),
     plot: Annotated[Path | None, typer.Option(help="w1/w2: write a scaling PNG here")] = None,
