@@ -172,3 +172,47 @@ def test_cli_says_in_one_line_what_each_size_would_need(tmp_path, override):
     assert result.exit_code != 0
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and "need" in lines[0] and "available" in lines[0], result.output
+
+
+# ----------------------------------------------------------------------------- init files
+
+
+def _logreg_params():
+    torch.manual_seed(0)
+    return dict(build_model("logreg", (60,), 10).named_parameters())
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.float64, torch.bfloat16])
+def test_init_file_of_another_dtype_is_refused_naming_file_key_and_dtypes(tmp_path, dtype):
+    """A bool file used to give all-ones weights; float64 and bf16 were cast silently."""
+    from safetensors.torch import save_file
+
+    from fedforge.models.init_from import InitFromError, load_init
+
+    params = _logreg_params()
+    path = tmp_path / "w.safetensors"
+    save_file({k: torch.ones_like(v, dtype=dtype) for k, v in params.items()}, str(path))
+    with pytest.raises(InitFromError) as info:
+        load_init(params, path)
+    msg = str(info.value)
+    assert "\n" not in msg and str(path) in msg and "'linear.weight'" in msg
+    assert f"dtype {dtype}, the model's parameters are torch.float32" in msg
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_init_weights_are_refused_before_a_run_blames_the_clients(tmp_path, bad):
+    from safetensors.torch import save_file
+
+    params = _logreg_params()
+    weights = {k: v.detach().clone() for k, v in params.items()}
+    weights["linear.weight"][0, 1] = bad
+    path = tmp_path / "w.safetensors"
+    save_file(weights, str(path))
+    result = CliRunner().invoke(app, [
+        "run", str(EXAMPLE), f"model.init_from={path}", "divergence=rollback", "rounds=2",
+        "--out", str(tmp_path / "r"), "-q"])
+    assert result.exit_code == 2
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1, result.output
+    assert str(path) in lines[0] and "'linear.weight' holds 1 NaN or Inf values" in lines[0]
+    assert not (tmp_path / "r" / "checkpoints").exists()  # no round ran, nothing rolled back

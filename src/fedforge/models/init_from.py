@@ -8,8 +8,9 @@ Accepted sources, all read without unpickling (fedforge never calls ``torch.load
   ``safetensors.torch.save_file(model.state_dict(), "model.safetensors")``;
 * a fedforge run folder: the global parameters of its last complete checkpoint.
 
-Every parameter of the model must be present with the same shape; extra keys (buffers, an
-optimizer's state) are refused too, so a wrong file fails in one line naming it and the key.
+Every parameter of the model must be present with the same shape, the model's dtype and
+finite values; extra keys (buffers, an optimizer's state) are refused too, so a wrong file
+fails in one line naming it and the key.
 """
 
 from __future__ import annotations
@@ -82,7 +83,24 @@ def load_init(params: Params, path: str | Path) -> Params:
     if extra:
         raise InitFromError(f"model.init_from: {src}: unexpected key {extra[0]!r} "
                             f"(+{len(extra) - 1} more), not a parameter of this model")
+    for key, value in params.items():
+        check_values(src, key, loaded[key], value.dtype)
     return {k: loaded[k].to(v.device, v.dtype).clone() for k, v in params.items()}
+
+
+def check_values(src: Path, key: str, tensor: torch.Tensor, dtype: torch.dtype) -> None:
+    """The saved tensor must already have the run's dtype and finite values: a cast would
+    silently turn a bool file into all-ones weights or round float64 ones, and a NaN start
+    would be blamed on the clients (and rolled back to, again and again)."""
+    if tensor.dtype != dtype:
+        kind = "floating-point " if tensor.is_floating_point() else ""
+        raise InitFromError(f"model.init_from: {src}: key {key!r} has {kind}dtype "
+                            f"{tensor.dtype}, the model's parameters are {dtype}; save the "
+                            f"weights as {dtype}")
+    bad = int((~torch.isfinite(tensor)).sum())
+    if bad:
+        raise InitFromError(f"model.init_from: {src}: key {key!r} holds {bad} NaN or Inf "
+                            "values; initial weights must be finite")
 
 
 def init_network(network: torch.nn.Module, path: str | Path) -> None:
