@@ -94,3 +94,15 @@ def test_adaptive_split_costs_exactly_sigma():
     assert 1 / s_delta**2 + 1 / 4.0**2 == pytest.approx(1.0)
     with pytest.raises(ValueError, match="privacy.count_noise"):
         delta_multiplier(1.0, 0.5)
+
+
+@pytest.mark.parametrize(("sigma", "count_noise", "want"), [
+    # by hand: (0.7⁻² − 4⁻²)^(−½) = (2.0408163 − 0.0625)^(−½) = 0.7109714
+    # (σ⁻⁴ in place of σ⁻² gives 0.4937; (2σ_b)⁻¹ in place of (2σ_b)⁻² gives 0.7473)
+    (0.7, 2.0, 0.7109714025666358),
+    # (2⁻² − 4⁻²)^(−½) = 0.1875^(−½) = 2.3094011; σ⁻⁴ would leave nothing (0.0625 − 0.0625)
+    (2.0, 2.0, 2.309401076758503),
+])
+def test_adaptive_split_at_sigma_other_than_one(sigma, count_noise, want):
+    """At σ = 1, σ⁻² and σ⁻⁴ agree: only σ ≠ 1 tells the formula from a wrong exponent."""
+    assert delta_multiplier(sigma, count_noise) == pytest.approx(want, rel=1e-12)
