@@ -447,7 +447,10 @@ def bench(
         if plot is not None:
             from fedforge.bench.report import plot_scaling
 
-            plot_scaling(rows, plot, f"{title}, {dev.type}")
+            try:
+                plot_scaling(rows, plot, f"{title}, {dev.type}")
+            except (ValueError, OSError) as exc:
+                _fail(str(exc))
     elif workload == "w3":
         from fedforge.bench.profiling import profiled
         from fedforge.bench.time_to_accuracy import W3_HEADER, run_w3_engines
@@ -462,7 +465,10 @@ def bench(
         title = "W3 time to accuracy"
     else:
         _fail(f"workload: expected w1, w2 or w3, got {workload!r}")
-    console.print(append_results(results, title, dev, header, rows), markup=False)
+    try:
+        console.print(append_results(results, title, dev, header, rows), markup=False)
+    except (ValueError, OSError) as exc:  # e.g. --results is a link: refused, not followed
+        _fail(str(exc))
 
 
 def _print_registry(title: str, entries: dict[str, str]) -> None:

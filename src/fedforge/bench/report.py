@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from fedforge.experiment.rundir import append_text, save_figure
+
 
 def machine_line(device: torch.device) -> str:
     """e.g. ``x86_64, 2 threads, AMX`` or the CUDA device name."""
@@ -40,9 +42,7 @@ def append_results(path: str | Path, title: str, device: torch.device, header: l
         lines.append(f"\n{note}\n")
     text = "".join(lines)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(text)
+    append_text(path.parent, path.name, text)
     return text
 
 
@@ -70,6 +70,8 @@ def plot_scaling(rows: list[list[object]], path: str | Path, title: str) -> None
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    path = Path(path)
+    try:
+        save_figure(path.parent, path.name, fig, dpi=120)
+    finally:
+        plt.close(fig)
