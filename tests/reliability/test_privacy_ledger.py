@@ -85,7 +85,8 @@ def test_resume_with_more_rounds_never_lowers_epsilon(tmp_path):
 
 def test_a_resume_within_the_same_total_keeps_sigma(tmp_path):
     """A run that stopped after its round-2 checkpoint, resumed to the same 4 rounds, keeps
-    σ and spends (and reports) exactly the unbroken run's ε."""
+    σ and spends (and reports) exactly the unbroken run's ε; resumed to more rounds, it
+    would re-run the released rounds 3-4 at a new σ, and is refused."""
     cfg = _cfg("rounds=4", "checkpoint.every=2", "privacy.target_epsilon=6")
     run = tmp_path / "run"
     run_experiment(cfg, run, progress=False)
@@ -94,6 +95,13 @@ def test_a_resume_within_the_same_total_keeps_sigma(tmp_path):
     (ckpt / "latest.json").write_text(json.dumps({"checkpoint": "round_00002.json"}))
     for f in ckpt.glob("round_00004.*"):
         f.unlink()
+    # rounds 3-4 were released at σ: re-running them at another σ (a larger total) with the
+    # same noise draws would reveal their sums, so that resume is refused
+    with pytest.raises(ValueError, match=r"metrics.jsonl: rounds 3-4 were released after the "
+                                         r"last checkpoint at noise_multiplier") as err:
+        run_experiment(_cfg("rounds=8", "checkpoint.every=2", "privacy.target_epsilon=6"),
+                       run, resume=True, progress=False)
+    assert "\n" not in str(err.value)
     run_experiment(cfg, run, resume=True, progress=False)
     resumed = _records(run)
     sigma = unbroken[0]["dp_noise_multiplier"]

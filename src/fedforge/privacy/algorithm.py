@@ -35,6 +35,7 @@ from fedforge.privacy.ledger import (
     Ledger,
     Span,
     append,
+    check_rerun,
     from_meta,
     ledger_rounds,
     to_meta,
@@ -104,9 +105,10 @@ class Mechanism:
         last = rounds_within(self.events, self.sigma, rounds, cfg.delta, cfg.target_epsilon,
                              cfg.accountant, self.spent)
         if last <= done < rounds:
-            raise ValueError(f"privacy.target_epsilon: ε = {self.epsilon(done):.4f} is already "
-                             f"spent in rounds 1-{done}, and round {done + 1} at "
-                             f"noise_multiplier {self.sigma} would spend "
+            spent = (f"ε = {self.epsilon(done):.4f} is already spent in rounds 1-{done}, and "
+                     if done else "")
+            raise ValueError(f"privacy.target_epsilon: {spent}round {done + 1} at "
+                             f"noise_multiplier {self.sigma} would spend ε = "
                              f"{self.epsilon(done + 1):.4f} > {cfg.target_epsilon}")
         return last
 
@@ -269,6 +271,7 @@ def resume(algorithm: PrivateAlgorithm, source: Path | str, meta: dict,
     spent = from_meta(meta, source)
     mech = algorithm.privacy.continued(spent, rounds, str(source))
     mech.delta_sigma  # noqa: B018 (a re-calibrated σ may need a larger count_noise)
+    check_rerun(spent, mech.sigma, Path(source).parent.parent / "metrics.jsonl")
     return replace(algorithm, privacy=mech)
 
 

@@ -10,6 +10,7 @@ the entries (:func:`fedforge.privacy.accountant.ledger_event`).
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -94,6 +95,42 @@ def from_meta(meta: dict, path: Path | str) -> Ledger:
                          f"{ledger_rounds(ledger)}, not the checkpoint's rounds 1-"
                          f"{meta.get('round')}")
     return ledger
+
+
+def check_rerun(spent: Ledger, sigma: float, metrics: Path) -> None:
+    """Refuse to re-run rounds released after the last checkpoint at a different σ.
+
+    Such rounds (a crash after them, before their checkpoint) drew their noise from
+    (seed, round), and a re-run draws the same noise: at the same σ it releases the same
+    outputs again (free), at another σ the two outputs together reveal the noiseless sum.
+    Their σ is the ``dp_noise_multiplier`` of their records, else the ledger's last σ."""
+    done = ledger_rounds(spent)
+    lost = [r for r in _records(metrics) if r["round"] > done]
+    if not lost:
+        return
+    ran = {float(r["dp_noise_multiplier"]) for r in lost
+           if _is_number(r.get("dp_noise_multiplier"))} or {spent[-1].sigma if spent else sigma}
+    if ran != {sigma}:
+        last = max(r["round"] for r in lost)
+        raise ValueError(f"{metrics}: rounds {done + 1}-{last} were released after the last "
+                         f"checkpoint at noise_multiplier {sorted(ran)}, and re-running them "
+                         f"at {sigma} with the same noise would reveal their sums; resume "
+                         f"with the rounds total they ran under first")
+
+
+def _records(metrics: Path) -> list[dict]:
+    """The records of ``metrics.jsonl`` that have an integer round (others are skipped)."""
+    if not metrics.is_file():
+        return []
+    out = []
+    for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and _is_int(record.get("round")):
+            out.append(record)
+    return out
 
 
 def _span(item: object, where: str) -> Span:
