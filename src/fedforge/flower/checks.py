@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 from flwr.app import RecordDict
 
-from fedforge.flower.common import NUM_EXAMPLES
+from fedforge.flower.common import NUM_EXAMPLES, SERVER_ROUND
 
 METRICS = "metrics"
 
@@ -75,6 +75,18 @@ def check_metrics(content: RecordDict, expected_examples: int | None = None
         return (f"{METRICS}/{NUM_EXAMPLES}: {int(n)}, but the partition holds "
                 f"{expected_examples} samples")
     return int(n), metrics
+
+
+def check_reply_round(metrics: dict, round_: int) -> str | None:
+    """Why a fedforge-protocol reply's ``metrics`` do not echo ``round_`` (the round of the
+    message it answers), or None: the content of an earlier round's reply is refused."""
+    echo = metrics.get(SERVER_ROUND)
+    if echo is None:
+        return f"{METRICS}: missing {SERVER_ROUND!r} (the round the reply answers)"
+    if isinstance(echo, list) or float(echo) != round_:
+        return (f"{METRICS}/{SERVER_ROUND}: {str(echo)[:20]}, but this is round {round_}'s "
+                "message (a stale or replayed reply)")
+    return None
 
 
 def check_partition_claim(content: RecordDict, num_clients: int) -> int | str:

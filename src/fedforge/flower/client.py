@@ -2,7 +2,8 @@
 
 Two message forms are answered. fedforge's own (``"broadcast"`` record and ``"client-id"``
 in the config, sent by :func:`fedforge.flower.run_server`): the client rebuilds the round's
-batch schedule of the simulator's cohort and replies ``delta`` + ``uploads`` + ``metrics``.
+batch schedule of the simulator's cohort and replies ``delta`` + ``uploads`` + ``metrics``
+(which echo the round answered, ``"server-round"``).
 Flower's standard form (one model ``ArrayRecord`` and a config with ``"server-round"``, as
 sent by ``flwr.serverapp.strategy.FedAvg`` and friends): the client trains the FedAvg family's
 plain local round on a schedule of its own and replies the trained model under the same
@@ -139,6 +140,7 @@ def _answer_fedforge(cfg: RunConfig, msg: Message, context: Context) -> Message:
         context.state[STATE_KEY] = to_record(new_state)
     metrics["array-bytes-up"] = tree_nbytes(delta) + tree_nbytes(uploads)
     metrics[NUM_EXAMPLES] = int(exp.client_sizes[cid])
+    metrics[SERVER_ROUND] = round_  # ties the reply's content to the round it answers
     content = RecordDict({"delta": to_record(delta), "uploads": to_record(uploads),
                           "metrics": MetricRecord(metrics)})
     return Message(content=content, reply_to=msg)

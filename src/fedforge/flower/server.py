@@ -1,6 +1,7 @@
 """The server loop: sample, send, screen every reply, aggregate, server step, guard the model.
 
-Nothing a node sends can crash the loop or set the model on its own: each reply is validated
+Nothing a node sends can crash the loop or set the model on its own: each reply must answer
+the message sent to that node this round (its reply-to id and round), is validated
 (:mod:`fedforge.flower.checks`), its update norm is bounded, the aggregate can be a robust
 one (``server.aggregator``, as in simulation), a server step that makes the model non-finite
 is rolled back, and a round without ``min_replies`` valid replies by its timeout is skipped.
@@ -24,6 +25,7 @@ from fedforge.experiment.runner import Experiment, round_generator, sample_round
 from fedforge.flower.checks import (
     check_metrics,
     check_partition_claim,
+    check_reply_round,
     l2_norm,
     norm_outliers,
     validate_reply,
@@ -225,7 +227,7 @@ class Reply:
 
 
 def _parse(reply: Message, target: Target, template: dict, params_flat: dict,
-           protocol: str) -> Reply | str:
+           protocol: str, round_: int) -> Reply | str:
     """Validate one TRAIN reply; the reply or why it is rejected."""
     if reply.has_error():
         return f"error: {reply.error.reason}"
@@ -235,6 +237,8 @@ def _parse(reply: Message, target: Target, template: dict, params_flat: dict,
     metrics = check_metrics(reply.content, target.examples)
     if isinstance(metrics, str):
         return metrics
+    if protocol == "fedforge" and (why := check_reply_round(metrics[1], round_)):
+        return why  # the content of another round's reply (Flower's messages carry no echo)
     n = metrics[0]
     if protocol == "flower":
         if n < 1:
@@ -324,7 +328,20 @@ def _message(view: ServerView, target: Target, round_: int, options: ServerOptio
                               "config": ConfigRecord({"round": round_,
                                                       "client-id": target.client})})
     return Message(content=content, dst_node_id=target.node, message_type=MessageType.TRAIN,
-                   ttl=options.round_timeout)
+                   ttl=options.round_timeout, group_id=str(round_))
+
+
+def _unanswered(reply: Message, sent: Message, round_: int) -> str | None:
+    """Why ``reply`` does not answer ``sent``, the message its node got this round: another
+    message id (once the grid has set ids) or another round (the group id)."""
+    meta, sent_id = reply.metadata, sent.metadata.message_id
+    if sent_id and meta.reply_to_message_id != sent_id:
+        return (f"answers message {str(meta.reply_to_message_id)[:16]!r}, not the one sent "
+                f"to it in round {round_} (a stale or replayed reply)")
+    if meta.group_id != str(round_):
+        return (f"answers round {str(meta.group_id)[:16]!r}'s message, not round {round_}'s "
+                "(a stale or replayed reply)")
+    return None
 
 
 def _who(node: int, client: int | None) -> str:
@@ -346,21 +363,27 @@ def _wait_for_nodes(grid: Grid, count: int, timeout: float | None) -> None:
 
 def _screen(replies, targets: list[Target], template: dict, view: ServerView,
             options: ServerOptions, info: dict, round_: int,
-            relative_delta: bool = True) -> list[Reply]:
+            relative_delta: bool = True, msgs: list[Message] | None = None) -> list[Reply]:
     """Validate every reply and bound its norm; rejections and silent nodes go to ``info``
-    and the log. Returns the accepted replies in the simulator's order."""
+    and the log. Returns the accepted replies in the simulator's order.
+
+    ``msgs`` are the messages sent (``targets``' order): a reply that answers none of them
+    is rejected without using up its node's place, so the node's real reply still counts."""
     pending = {tg.node: tg for tg in targets}
+    sent = {tg.node: m for tg, m in zip(targets, msgs or [])}
     params_flat = {k: v.cpu() for k, v in flatten_dict(view.params).items()}
     accepted: list[Reply] = []
     for reply in replies:
         node = reply.metadata.src_node_id
-        target = pending.pop(node, None)
-        if target is None:
-            _reject(info, round_, node, None,
-                    "unexpected reply (node not asked, or a second reply)")
+        target = pending.get(node)
+        why = ("unexpected reply (node not asked, or a second reply)" if target is None
+               else _unanswered(reply, sent[node], round_) if node in sent else None)
+        if why is not None:
+            _reject(info, round_, node, None if target is None else target.client, why)
             continue
+        del pending[node]
         try:
-            got = _parse(reply, target, template, params_flat, options.protocol)
+            got = _parse(reply, target, template, params_flat, options.protocol, round_)
         except Exception as exc:  # whatever a hostile reply holds, never crash
             got = f"malformed reply ({type(exc).__name__}: {exc})"
         if isinstance(got, str):
@@ -435,7 +458,7 @@ def run_server(grid: Grid, cfg: RunConfig, options: ServerOptions | None = None,
         msgs = [_message(view, tg, t, options) for tg in targets]
         replies = grid.send_and_receive(msgs, timeout=options.round_timeout) if msgs else []
         accepted = _screen(replies, targets, template, view, options, info, t,
-                           relative_delta=exp.algorithm.codec is None)
+                           relative_delta=exp.algorithm.codec is None, msgs=msgs)
         info["asked"], info["nodes"] = len(msgs), len(list(grid.get_node_ids()))
         info["accepted"] = [r.target.node if nodes is None else r.target.client
                             for r in accepted]
