@@ -254,9 +254,14 @@ class SyncSection(_Section):
 
 
 class LoggingConfig(_Section):
-    """Logs beside ``metrics.jsonl`` (fedforge.experiment.progress)."""
+    """Logs beside ``metrics.jsonl`` (fedforge.experiment.tracking)."""
 
     tensorboard: bool = False  # TensorBoard scalars of every round in <run>/tensorboard/
+    mlflow: bool = False  # an MLflow run of every round's scalars (pip install 'fedforge[mlflow]')
+    mlflow_uri: str | None = None  # tracking URI; None: SQLite in <run>/mlruns/mlflow.db
+    wandb: bool = False  # a W&B run of every round's scalars in <run>/wandb/ (fedforge[wandb])
+    wandb_project: str = "fedforge"  # the W&B project the run belongs to
+    wandb_mode: Literal["offline", "online"] = "offline"  # offline: `wandb sync` uploads later
 
 
 class RunConfig(_Section):
@@ -278,11 +283,14 @@ class RunConfig(_Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     attack: AttackConfig = Field(default_factory=AttackConfig)
     sim: SimConfig = Field(default_factory=SimConfig)
-    logging: LoggingConfig = Field(default_factory=LoggingConfig)  # TensorBoard
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)  # TensorBoard, MLflow, W&B
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)  # fedforge.privacy
     # per-algorithm config tables merged in when that algorithm runs in ``fedforge compare``
     # (e.g. ``[compare.fedadam.algorithm] server_lr = 1e-3``) or ``fedforge run --variant``
     compare: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # the search space of ``fedforge sweep`` (docs/sweeps.md), e.g. ``algorithm.local_lr =
+    # {log_uniform = [1e-3, 1]}``; a run ignores it and its run folder does not record it
+    sweep: dict[str, Any] = Field(default_factory=dict, exclude=True)
     # NaN/Inf in a loss or update (fedforge.robust.divergence): stop | skip_client | rollback
     divergence: Literal["stop", "skip_client", "rollback"] = "stop"
     rollback_lr_factor: float = Field(default=0.5, gt=0.0, lt=1.0)

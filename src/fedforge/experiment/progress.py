@@ -3,16 +3,16 @@
 In a terminal: a rich progress bar naming the algorithm, seed and round, with the latest
 accuracy (``compare`` adds which run of how many it is). Without a terminal (output
 redirected to a file, a batch job): one plain line per evaluation, flushed at once, so the
-log follows the run. With ``logging.tensorboard = true`` every record (one per round, the
-test metrics on evaluated rounds) is also written as TensorBoard scalars to
-``<run>/tensorboard/`` through ``torch.utils.tensorboard``
-(``pip install 'fedforge[tensorboard]'``).
+log follows the run. Every record (one per round, the test metrics on evaluated rounds) also
+goes to the trackers ``[logging]`` switches on: TensorBoard, MLflow, W&B
+(:mod:`fedforge.experiment.tracking`), and to the observers of :func:`observe_rounds` (a
+sweep's pruner).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
@@ -22,11 +22,14 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from fedforge.experiment.metrics import is_evaluated
+from fedforge.experiment.tracking import TensorBoardTracker, Tracker, TrackerFactory, close_all
 
 if TYPE_CHECKING:
     from fedforge.experiment.config import RunConfig
 
 _POSITION: ContextVar[str] = ContextVar("fedforge_run_position", default="")
+_OBSERVERS: ContextVar[tuple[Callable[[int, dict], None], ...]] = ContextVar(
+    "fedforge_round_observers", default=())
 
 
 @contextmanager
@@ -37,6 +40,17 @@ def run_position(text: str) -> Iterator[None]:
         yield
     finally:
         _POSITION.reset(token)
+
+
+@contextmanager
+def observe_rounds(fn: Callable[[int, dict], None]) -> Iterator[None]:
+    """Runs started inside call ``fn(round, record)`` after each round they record; an
+    exception ``fn`` raises stops the run (a sweep prunes a trial that way)."""
+    token = _OBSERVERS.set((*_OBSERVERS.get(), fn))
+    try:
+        yield
+    finally:
+        _OBSERVERS.reset(token)
 
 
 def _is_terminal(stream: TextIO) -> bool:
@@ -52,10 +66,12 @@ class RoundProgress:
       stream: where progress goes (default stdout); a non-terminal gets one line per
         evaluation instead of a bar.
       tensorboard: a folder for TensorBoard event files (None: none written).
+      trackers: opens the run's other trackers on entering (MLflow, W&B).
     """
 
     def __init__(self, rounds: int, start: int = 1, enabled: bool = True, label: str = "",
-                 stream: TextIO | None = None, tensorboard: Path | None = None) -> None:
+                 stream: TextIO | None = None, tensorboard: Path | None = None,
+                 trackers: TrackerFactory | None = None) -> None:
         self.enabled = enabled
         self.rounds, self.start = rounds, start
         position = _POSITION.get()
@@ -63,8 +79,9 @@ class RoundProgress:
         self.stream = stream if stream is not None else sys.stdout
         self.lines = enabled and not _is_terminal(self.stream)
         self._tb_dir = tensorboard
+        self._open_trackers = trackers
         self.intro = ""  # a line shown at the start (the partition's client sizes)
-        self._tb = None
+        self._trackers: list[Tracker] = []
         desc = f"[bold]{_escape(self.label)}[/bold] " if self.label else ""
         self._progress = Progress(
             TextColumn(desc + "round {task.completed}/{task.total}"), BarColumn(),
@@ -75,12 +92,12 @@ class RoundProgress:
     @classmethod
     def for_run(cls, cfg: RunConfig, out: Path, start: int = 1,
                 enabled: bool = True) -> RoundProgress:
-        """The progress of a run of ``cfg`` writing into ``out`` (its TensorBoard folder)."""
+        """The progress of a run of ``cfg`` writing into ``out`` (its trackers' folders)."""
         from fedforge.experiment.partition_stats import load_partition_stats, partition_summary
+        from fedforge.experiment.tracking import open_trackers
 
-        tb = out / "tensorboard" if cfg.logging.tensorboard else None
         bar = cls(cfg.rounds, start, enabled, label=f"{cfg.algorithm.name} seed {cfg.seed}",
-                  tensorboard=tb)
+                  trackers=lambda: open_trackers(cfg, out, start))
         stats = load_partition_stats(out)  # written just before, at the run's start
         if stats is not None:
             bar.intro = f"{stats['dataset']}: {partition_summary(stats)}"
@@ -88,7 +105,9 @@ class RoundProgress:
 
     def __enter__(self) -> RoundProgress:
         if self._tb_dir is not None:
-            self._tb = _summary_writer(self._tb_dir, self.start)
+            self._trackers.append(TensorBoardTracker(self._tb_dir, self.start))
+        if self._open_trackers is not None:
+            self._trackers += self._open_trackers()
         self._progress.__enter__()
         self._task = self._progress.add_task("rounds", total=self.rounds,
                                              completed=self.start - 1, status="")
@@ -108,21 +127,19 @@ class RoundProgress:
                 if self.lines:
                     self._line(f"round {round_}/{self.rounds} {_status(record)}" + (
                         f" wall {record['wall_s']:.1f}s" if "wall_s" in record else ""))
-            if self._tb is not None:
-                for key, value in record.items():
-                    if isinstance(value, (int, float)) and not isinstance(value, bool) \
-                            and key != "round":
-                        self._tb.add_scalar(key, value, global_step=round_)
-                self._tb.flush()
+            for tracker in self._trackers:
+                tracker.log(record, round_)
         self._progress.update(self._task, completed=round_, **fields)
+        if record is not None:
+            for observe in _OBSERVERS.get():
+                observe(round_, record)
 
     def _line(self, text: str) -> None:
         print(f"{self.label}: {text}" if self.label else text, file=self.stream, flush=True)
 
     def __exit__(self, *exc) -> None:
         self._progress.__exit__(*exc)
-        if self._tb is not None:
-            self._tb.close()
+        close_all(self._trackers, failed=exc[0] is not None)
 
 
 def _status(record: dict) -> str:
@@ -136,12 +153,3 @@ def _escape(text: str) -> str:
 
     return escape(text).replace("{", "{{").replace("}", "}}")  # markup, then str.format
 
-
-def _summary_writer(folder: Path, start: int):
-    """TensorBoard's own writer; a resumed run drops the events after its checkpoint."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError as exc:  # torch imports tensorboard lazily, here
-        raise ImportError("logging.tensorboard: needs the tensorboard package "
-                          "(pip install 'fedforge[tensorboard]')") from exc
-    return SummaryWriter(log_dir=str(folder), purge_step=start if start > 1 else None)
