@@ -22,7 +22,7 @@ from fedforge.data.images import (
     load_femnist,
     load_mnist,
 )
-from fedforge.data.root import ENV_VAR, DataRoot, describe_root, resolve_data_root
+from fedforge.data.root import ENV_VAR, DataRoot, describe_root, resolve_data_root, resolved
 from fedforge.data.subsets import pop_subset_options, select_train
 from fedforge.data.synthetic import make_synthetic
 from fedforge.data.text import load_shakespeare, load_sst2
@@ -134,10 +134,10 @@ def check_files(name: str, root: DataRoot) -> None:
     if folder.is_dir() and not missing:
         return
     if not folder.is_dir():
-        what = f"{folder.resolve()}/ not found"
+        what = f"{resolved(folder)}/ not found"
     else:
         more = f" (and {', '.join(missing[1:])})" if len(missing) > 1 else ""
-        what = f"{folder.resolve() / missing[0]}: file not found{more}"
+        what = f"{resolved(folder) / missing[0]}: file not found{more}"
     get = f"get {entry.source}" if entry.source else "get its files"
     raise DatasetError(
         f"dataset {name!r}: {what} (data root {describe_root(root)}); "

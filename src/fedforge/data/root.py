@@ -51,6 +51,17 @@ def resolve_data_root(configured: str | Path | None = None) -> DataRoot:
     return DataRoot(DEFAULT_ROOTS[0], "default")
 
 
+def resolved(path: Path) -> Path:
+    """``path.resolve()``, with a symlink loop as a one-line DatasetError naming the path."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as exc:  # RuntimeError: Python < 3.13's symlink loop
+        from fedforge.data.base import DatasetError  # noqa: PLC0415 (base imports torch)
+
+        raise DatasetError(f"{path}: cannot be resolved, a symbolic link loop? ({exc})"
+                           ) from None
+
+
 def describe_root(root: DataRoot) -> str:
     """``/abs/path (from $FEDFORGE_DATA)``: the folder as the user can check it."""
-    return f"{root.path.resolve()} (from {root.source})"
+    return f"{resolved(root.path)} (from {root.source})"

@@ -169,6 +169,11 @@ def latest_checkpoint_meta(directory: Path) -> tuple[Path, dict]:
                         directory)
     meta_path = resolve_in(directory, _read_json(latest).get("checkpoint"), _META_NAME,
                            '"checkpoint"', latest)
+    return meta_path, checked_meta(directory, meta_path)
+
+
+def checked_meta(directory: Path, meta_path: Path) -> dict:
+    """The validated content of the checkpoint JSON ``meta_path`` inside ``directory``."""
     meta = _read_json(meta_path)
     round_ = meta.get("round")
     if type(round_) is not int or round_ != int(_META_NAME.fullmatch(meta_path.name).group(1)):
@@ -182,7 +187,44 @@ def latest_checkpoint_meta(directory: Path) -> tuple[Path, dict]:
     if (not isinstance(keys, list) or not all(isinstance(k, str) for k in keys)
             or len(set(keys)) != len(keys)):
         raise CheckpointError(f"{meta_path}: \"keys\" must be a list of distinct tensor names")
-    return meta_path, meta
+    return meta
+
+
+def resumable(directory: Path) -> bool:
+    """Whether ``--resume`` has a checkpoint to continue: True with ``latest.json``, False in a
+    folder without checkpoint files. Checkpoint files without ``latest.json`` (its write
+    failed, e.g. on a full disk) are a CheckpointError saying in one line how to resume."""
+    directory = Path(directory)
+    latest = directory / "latest.json"
+    if latest.is_file() or latest.is_symlink():  # a link: loading refuses it in one line
+        return True
+    if not directory.is_dir() or directory.is_symlink():
+        return False
+    rounds = sorted(((int(m.group(1)), m.group(0)) for e in os.scandir(directory)
+                     if (m := _META_NAME.fullmatch(e.name))), reverse=True)
+    torn = (directory / "latest.json.tmp").exists()
+    if not rounds and not torn:
+        return False
+    why = "latest.json is missing" + (
+        " and latest.json.tmp is an incomplete write (a full disk?)" if torn else "")
+    for _, name in rounds:
+        if _verified(directory, directory / name):
+            raise CheckpointError(
+                f"{directory}: {why}; the newest complete checkpoint is {name} (its tensors "
+                f"match their SHA-256): to resume from it, write {{\"checkpoint\": \"{name}\"}} "
+                f"to {directory / 'latest.json'} and run --resume again, or start over with "
+                "--overwrite")
+    raise CheckpointError(f"{directory}: {why} and no complete checkpoint verifies; start over "
+                          "with --overwrite")
+
+
+def _verified(directory: Path, meta_path: Path) -> bool:
+    """Whether ``meta_path`` is a valid checkpoint JSON whose tensor file matches its hash."""
+    try:
+        meta = checked_meta(directory, meta_path)
+        return file_sha256(directory / meta["tensors"]) == meta["sha256"]
+    except (CheckpointError, OSError):
+        return False
 
 
 def load_checkpoint(

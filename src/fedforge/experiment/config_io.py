@@ -8,7 +8,8 @@ Limits (all raise :class:`InputError`, which ``config.py`` turns into a one-line
 * ``MAX_DEPTH``: tables and lists nested deeper than this (after YAML aliases are expanded);
 * ``MAX_VALUES``: values in the document after YAML aliases are expanded (stops
   "billion laughs" alias bombs, which are tiny on disk but huge once expanded);
-* a YAML alias that refers to its own anchor (a recursive structure) is refused.
+* a YAML alias that refers to its own anchor (a recursive structure) is refused;
+* a key written twice in one YAML mapping is refused, as TOML refuses it.
 
 YAML is read with YAML 1.2 core-schema scalars: only ``true``/``false`` are booleans (not
 ``yes``/``on``), ``1:30`` is a string (not sexagesimal 90), dates stay strings, and a leading
@@ -77,6 +78,26 @@ class _Loader(yaml.SafeLoader):
             raise InputError(f"more than {MAX_VALUES} values once YAML aliases are expanded")
         self._sizes[id(node)] = size
         return node
+
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        """Refuse a key written twice in one mapping (TOML refuses it too); keys brought in by
+        a ``<<`` merge may still be overridden, as YAML intends."""
+        seen: set = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+            except TypeError:  # an unhashable key: SafeConstructor reports it
+                break
+            if duplicate:
+                line = key_node.start_mark.line + 1
+                raise InputError(f"duplicate key {key!r} at line {line} (each key may appear "
+                                 "once in a table)")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 _RESOLVERS = [

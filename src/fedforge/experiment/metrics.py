@@ -22,6 +22,10 @@ Keep = Callable[[dict, int], bool]
 """``keep(record, kept_so_far)``: whether a resumed run keeps this record of the old log."""
 
 
+class MetricsError(ValueError):
+    """A log that a resumed run cannot read back (one line naming the file and line)."""
+
+
 class MetricsWriter:
     """Appends records; on resume keeps only the records of rounds ``<= truncate_after``.
 
@@ -42,16 +46,31 @@ class MetricsWriter:
             def keep(rec: dict, _: int) -> bool:
                 return rec.get("round", 0) <= truncate_after
         if path.is_file() and keep is not None:
-            for line in path.read_text(encoding="utf-8").splitlines():
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
                 try:
                     rec = json.loads(line)
                 except json.JSONDecodeError:
                     break  # a torn last line from a killed run
-                if keep(rec, len(self.records)):
+                if self._kept(rec, keep, number):
                     self.records.append(rec)
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in self.records), encoding="utf-8")
         os.replace(tmp, path)
+
+    def _kept(self, rec: object, keep: Keep, number: int) -> bool:
+        """``keep(rec)`` for a well-formed record; MetricsError naming the line otherwise."""
+        problem = None
+        if not isinstance(rec, dict):
+            problem = f"is a JSON {type(rec).__name__}, not an object"
+        elif "round" in rec and type(rec["round"]) is not int:
+            problem = f"has round {rec['round']!r}, not an integer"
+        else:
+            try:
+                return bool(keep(rec, len(self.records)))
+            except (KeyError, TypeError, ValueError) as exc:
+                problem = f"cannot be read back ({type(exc).__name__}: {exc})"
+        raise MetricsError(f"{self.path}: line {number} {problem}; fix or delete that line to "
+                           "resume, or start again with --overwrite")
 
     def write(self, record: dict) -> None:
         self.write_many([record])

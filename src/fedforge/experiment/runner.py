@@ -44,6 +44,7 @@ from fedforge.experiment.checkpoint import (
     last_checkpoint_note,
     latest_checkpoint_meta,
     load_checkpoint,
+    resumable,
     save_checkpoint,
 )
 from fedforge.experiment.config import (
@@ -394,7 +395,7 @@ def _run_experiment(
     prep_s = 0.0  # wall seconds of work around local rounds (FedPTR: trajectory matching)
     ckpt_dir = run_dir / "checkpoints"  # written by rank 0, read by every rank on resume
     meta: dict = {}
-    if resume and (ckpt_dir / "latest.json").is_file():
+    if resume and resumable(ckpt_dir):
         params, server_state, store, meta = restore_or_init(exp, ckpt_dir, store)
         start, wall_offset = meta["round"] + 1, meta["wall_s"]
         bytes_up, bytes_down = meta["bytes_up"], meta["bytes_down"]
@@ -553,6 +554,9 @@ def check_meta(meta: dict, ckpt_dir: Path) -> None:
         if isinstance(value, bool) or not isinstance(value, kind):
             raise ValueError(f"{ckpt_dir}: checkpoint field {key!r} is missing or not a "
                              f"number ({value!r})")
+    if not 0 < meta["lr_scale"] < float("inf"):  # a factor of the local lr, never <= 0
+        raise ValueError(f"{ckpt_dir}: checkpoint field 'lr_scale' must be a positive, finite "
+                         f"number, got {meta['lr_scale']!r}")
     if meta.get("sim_clock") is not None and not isinstance(meta["sim_clock"], dict):
         raise ValueError(f"{ckpt_dir}: checkpoint field 'sim_clock' is not a table")
 
