@@ -44,14 +44,19 @@ def warn_weak(cfg: PrivacyConfig, num_clients: int) -> None:
     1/N or more allows releasing one of the N clients' data outright, and σ far below 0.3
     makes ε explode within a few rounds."""
     if cfg.delta >= 1.0 / num_clients:
-        warnings.warn(f"privacy.delta: {cfg.delta} is at least 1/num_clients = 1/{num_clients}"
-                      f", so the guarantee means little (a mechanism may reveal a whole "
-                      f"client with probability δ); use δ well below 1/{num_clients}",
-                      PrivacyWarning, stacklevel=3)
+        _warn(f"privacy.delta: {cfg.delta} is at least 1/num_clients = 1/{num_clients}, so "
+              f"the guarantee means little (a mechanism may reveal a whole client with "
+              f"probability δ); use δ well below 1/{num_clients}")
     if cfg.noise_multiplier is not None and cfg.noise_multiplier < WEAK_SIGMA:
-        warnings.warn(f"privacy.noise_multiplier: {cfg.noise_multiplier} is below "
-                      f"{WEAK_SIGMA}, so the guarantee means little (ε grows past any useful "
-                      f"value within a few rounds)", PrivacyWarning, stacklevel=3)
+        _warn(f"privacy.noise_multiplier: {cfg.noise_multiplier} is below {WEAK_SIGMA}, so "
+              f"the guarantee means little (ε grows past any useful value within a few "
+              f"rounds)")
+
+
+def _warn(message: str) -> None:
+    """One line on stderr ("fedforge:0: PrivacyWarning: ..."), without Python's echo of a
+    source line, which would name this file rather than the config."""
+    warnings.warn_explicit(message, PrivacyWarning, "fedforge", 0)
 
 
 def check_run(run) -> None:
