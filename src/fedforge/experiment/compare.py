@@ -17,7 +17,7 @@ from fedforge.experiment.config import (
 from fedforge.experiment.metrics import evaluated
 from fedforge.experiment.plots import load_run_list, plot_runs
 from fedforge.experiment.progress import run_position
-from fedforge.experiment.rundir import subfolder, write_text
+from fedforge.experiment.rundir import subfolder, writable_path, write_text
 from fedforge.experiment.runner import run_experiment
 from fedforge.reproduce.stats import t_interval
 
@@ -85,6 +85,7 @@ def run_comparison(
     hold the rows; the figures draw every seed (mean and band). A run already in its folder
     is resumed (a finished one returns its metrics; a changed config is refused) unless
     ``overwrite``."""
+    check_outputs(out)
     rows, dirs = [], []
     total = sum(1 if isinstance(c, RunConfig) else len(c) for c in configs.values())
     done = 0
@@ -139,6 +140,18 @@ def summary(values: list[float]) -> dict:
             "ci_low": iv.low if two else None, "ci_high": iv.high if two else None}
 
 
+OUTPUTS = ("table.json", "table.csv", *(f"{stem}.{ext}" for stem in (
+    "accuracy", "accuracy_vs_sim_time", "accuracy_vs_dp_epsilon") for ext in ("png", "pdf",
+                                                                              "json")))
+
+
+def check_outputs(out: Path) -> None:
+    """Refuse, before any run starts, a table or figure name in ``out`` that the writer would
+    refuse at the end (a planted link): the runs may take hours."""
+    for name in OUTPUTS:
+        writable_path(out, name)
+
+
 def write_table(rows: list[dict], path: Path) -> tuple[Path, Path]:
     """``path`` (JSON, the rows as they are) and a CSV beside it with one column per
     number (``final_acc_mean``, ``final_acc_ci_low``, ...)."""
@@ -188,6 +201,7 @@ def run_multitask_comparison(
     Runs already in ``out`` are resumed unless ``overwrite`` (as in :func:`run_comparison`)."""
     from fedforge.experiment.async_runner import gain
 
+    check_outputs(out)
     summaries = {}
     for i, (name, cfg) in enumerate(configs.items(), 1):
         with run_position(f"run {i}/{len(configs)}"):
