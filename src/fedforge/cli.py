@@ -283,6 +283,66 @@ def compare(
     console.print(f"plot: {plot} (and .pdf); table: {out / 'table.json'} (and .csv)")
 
 
+@app.command()
+def sweep(
+    config: Annotated[Path, typer.Argument(help="TOML or YAML run config")],
+    overrides: Overrides = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="sweep folder")] = Path("runs/sweep"),
+    space: Annotated[Path | None, typer.Option(
+        "--space", help="TOML file of the search space (default: the config's [sweep])")
+    ] = None,
+    sampler: Annotated[str, typer.Option("--sampler", help="grid | random | tpe")] = "tpe",
+    trials: Annotated[int | None, typer.Option(
+        "--trials", help="number of trials (default: the whole grid, or 20)")] = None,
+    jobs: Annotated[int | None, typer.Option(
+        "--jobs", "-j", help="trials at a time (default: one per GPU, else per CPU core)")
+    ] = None,
+    metric: Annotated[str, typer.Option(
+        "--metric", help="val_accuracy | val_loss | val_client_mean_accuracy | a metrics key")
+    ] = "val_accuracy",
+    direction: Annotated[str | None, typer.Option(
+        "--direction", help="maximize | minimize (default: minimize a loss, else maximize)")
+    ] = None,
+    prune: Annotated[bool, typer.Option(
+        "--prune", help="stop trials whose metric lags the median of earlier ones by round")
+    ] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="continue the sweep in --out")
+                      ] = False,
+    validation_fraction: Annotated[float, typer.Option(
+        "--validation-fraction", help="share of the training data held out for selection")
+    ] = 0.2,
+    seed: Annotated[int, typer.Option("--seed", help="the sampler's seed")] = 0,
+    final: Annotated[bool, typer.Option(
+        "--final/--no-final", help="train the chosen setting on all the training data and "
+                                   "report its test score (OUT/best/)")] = True,
+    plugin: Plugins = None,
+    allow_config_plugins: AllowConfigPlugins = False,
+    data_root: DataRootOption = None,
+) -> None:
+    """Search config keys (grid, random or TPE on Optuna), trials in parallel, each a run
+    folder in OUT/trials/; select on a validation split, report test for the choice only.
+
+    Writes OUT/table.csv, table.json and sweep.png; a killed sweep continues with --resume
+    (docs/sweeps.md)."""
+    _setup(plugin, data_root)
+    _config_plugins(config, allow_config_plugins)
+    from fedforge.data import DatasetError
+    from fedforge.experiment.sweep import SweepSettings, run_sweep
+
+    settings = SweepSettings(
+        config, out, list(overrides or []), space, sampler, trials, jobs, metric, direction,
+        prune, resume, validation_fraction, seed, final, list(plugin or []),
+        allow_config_plugins, data_root)
+    try:
+        result = run_sweep(settings, log=lambda line: console.print(
+            line, highlight=False, markup=False, soft_wrap=True))
+    except (DatasetError, ValueError, OSError, ImportError) as exc:
+        _fail(str(exc))
+    console.print(f"table: {out / 'table.csv'} (and .json); figure: {out / 'sweep.png'}"
+                  + ("" if result.best is not None else "; no trial completed"),
+                  highlight=False)
+
+
 def _print_rows(table_rows: list[dict], out: Path) -> None:
     from fedforge.experiment.compare import format_cell
     from fedforge.experiment.labels import metric
