@@ -14,12 +14,14 @@ from fedforge.core.store import ClientStore
 from fedforge.core.tree import flatten_dict
 from fedforge.engine import LoopEngine, VmapEngine, classification_loss
 from fedforge.engine.local import autograd_grad_and_value
+from fedforge.engine.randomness import KeyedRandomness
 from fedforge.experiment.round import federated_round
 from fedforge.models import build_model
 
 MODELS = {
     "mlp": ((1, 6, 6), {"hidden": (16,)}, "image"),
     "cnn": ((1, 12, 12), {"channels": (4, 8), "fc": 16}, "image"),
+    "simple_cnn": ((1, 16, 16), {"channels": (4, 8), "fc": 16}, "image"),  # dropout, keyed
     "char_lstm": ((7,), {"vocab_size": 12, "embed_dim": 4, "hidden": 8, "layers": 2}, "tokens"),
 }
 NUM_CLASSES, CLIENTS, STEPS, BATCH = 5, 4, 3, 4
@@ -154,8 +156,10 @@ def test_loop_gradients_equal_functorch_bit_for_bit(model_name):
     loss_fn = classification_loss(model)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     batch = (x[sample_idx[2, 1]], y[sample_idx[2, 1]], weights[2, 1])  # a partial batch
-    want_g, want_loss = torch.func.grad_and_value(loss_fn)(params, *batch)
-    got_g, got_loss = autograd_grad_and_value(loss_fn)(params, *batch)
+    with KeyedRandomness(torch.tensor(3), 0, "test"):  # dropout: the same mask both ways
+        want_g, want_loss = torch.func.grad_and_value(loss_fn)(params, *batch)
+    with KeyedRandomness(torch.tensor(3), 0, "test"):
+        got_g, got_loss = autograd_grad_and_value(loss_fn)(params, *batch)
     assert torch.equal(got_loss, want_loss) and not got_loss.requires_grad
     assert got_g.keys() == want_g.keys()
     assert all(torch.equal(got_g[k], want_g[k]) for k in want_g)

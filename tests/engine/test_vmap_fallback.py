@@ -13,9 +13,10 @@ from fedforge.algorithms import build_algorithm
 from fedforge.core.store import ClientStore
 from fedforge.engine import VmapEngine, classification_loss
 from fedforge.experiment.round import federated_round
-from fedforge.models import build_model
+from fedforge.models import MODELS, build_model
+from tests.models.test_models import CASES as SMALL
 
-CASES = {  # name: (input shape, classes, vocab)
+CASES = {  # name: (input shape, classes, vocab); the zoo's other models run their small cases
     "cnn": ((1, 28, 28), 10, None),
     "lenet5": ((1, 28, 28), 10, None),
     "resnet18_gn": ((3, 32, 32), 10, None),
@@ -29,12 +30,22 @@ CASES = {  # name: (input shape, classes, vocab)
 SLOW = {"resnet18_gn"}  # ~4 s on 2 idle cores; runs with `pytest -m slow`
 
 
+def _build(name: str):
+    """-> (model, input shape, classes, vocab): defaults for ``CASES``, else the small case."""
+    if name in CASES:
+        shape, classes, vocab = CASES[name]
+        kwargs = {"vocab_size": vocab} if vocab else {}
+    else:
+        shape, classes, kwargs, token, vocab = SMALL[name]
+        vocab = vocab if token else None
+    return build_model(name, shape, classes, **kwargs), shape, classes, vocab
+
+
 @pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in sorted(CASES)])
+    pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in sorted(MODELS)])
 def test_no_vmap_fallback(name):
-    shape, classes, vocab = CASES[name]
     torch.manual_seed(0)
-    model = build_model(name, shape, classes, **({"vocab_size": vocab} if vocab else {}))
+    model, shape, classes, vocab = _build(name)
     n = 8
     x = torch.randint(0, vocab, (n, *shape)) if vocab else torch.randn(n, *shape)
     y = torch.randint(0, classes, (n,))
