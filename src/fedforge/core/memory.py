@@ -64,8 +64,9 @@ def available_memory(device: torch.device | str | None = None) -> int | None:
     when it cannot be told, and then nothing is refused."""
     device = torch.device("cpu" if device is None else device)
     if device.type == "cuda":
-        try:
-            return int(torch.cuda.mem_get_info(device)[0])
+        try:  # free on the card + what torch's cache holds but no tensor uses
+            cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+            return int(torch.cuda.mem_get_info(device)[0]) + cached
         except (RuntimeError, AssertionError):
             return None
     if device.type != "cpu":
