@@ -287,7 +287,8 @@ def compare(
 def sweep(
     config: Annotated[Path, typer.Argument(help="TOML or YAML run config")],
     overrides: Overrides = None,
-    out: Annotated[Path, typer.Option("--out", "-o", help="sweep folder")] = Path("runs/sweep"),
+    out: Annotated[Path, typer.Option("--out", "-o", help="sweep folder", parser=_out_path,
+                                      metavar="PATH")] = Path("runs/sweep"),
     space: Annotated[Path | None, typer.Option(
         "--space", help="TOML file of the search space (default: the config's [sweep])")
     ] = None,
