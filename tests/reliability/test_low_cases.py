@@ -112,6 +112,23 @@ def test_failed_latest_json_write_says_how_to_resume(finished_run, tmp_path):
     assert [json.loads(ln)["round"] for ln in (run / "metrics.jsonl").open()] == [1, 2, 3]
 
 
+MULTITASK = Path(__file__).parents[2] / "examples" / "fedast_cpu_2tasks.toml"
+MULTI_FAST = ["max_updates=8", "system.num_clients=12", "async.requests=2",
+              "async.min_requests=1", "async.rb_ratio=2", "tasks.client.local_steps=1",
+              "tasks.eval_every=1", "eval.max_test_samples=64", "checkpoint.every=1"]
+
+
+def test_failed_latest_json_write_in_a_multitask_run_says_how_to_resume(tmp_path):
+    """The multi-task runner used to start over silently, like the synchronous one did."""
+    run = tmp_path / "m"
+    assert _cli("run", str(MULTITASK), *MULTI_FAST, "--out", str(run)).exit_code == 0
+    ckpt = run / "checkpoints"
+    (ckpt / "latest.json").unlink()
+    msg = _one_line_error(_cli("run", str(MULTITASK), *MULTI_FAST, "--out", str(run),
+                               "--resume"))
+    assert "latest.json is missing" in msg and str(ckpt / "latest.json") in msg
+
+
 def test_missing_latest_json_skips_a_checkpoint_whose_tensors_do_not_verify(finished_run,
                                                                             tmp_path):
     run = _copy(finished_run, tmp_path)

@@ -32,7 +32,7 @@ from fedforge.engine.scatter import (
     serve_jobs,
     stop_workers,
 )
-from fedforge.experiment.checkpoint import load_checkpoint, save_checkpoint
+from fedforge.experiment.checkpoint import load_checkpoint, resumable, save_checkpoint
 from fedforge.experiment.config import RunConfig, TaskConfig
 from fedforge.experiment.evaluate import evaluate
 from fedforge.experiment.metrics import MetricsWriter
@@ -158,7 +158,7 @@ def run_tasks(cfg: RunConfig, out_dir: str | Path, device: torch.device, *,
     ckpt_dir, metrics_path, events_path = out / "checkpoints", out / "metrics.jsonl", \
         out / "events.jsonl"
     wall_offset = 0.0
-    if resume and (ckpt_dir / "latest.json").is_file():
+    if resume and resumable(ckpt_dir):
         tensors, meta = load_checkpoint(ckpt_dir, device)
         load_driver_state(driver, tensors, meta["driver"])
         wall_offset = meta["wall_s"]
