@@ -57,6 +57,9 @@ class SyncDriver:
         self.tasks, self.pop, self.delay, self.opt, self.engine = (
             tasks, population, delay, options, engine)
         self.rng = np.random.default_rng(np.random.SeedSequence([seed, 23]))
+        # dropout masks are keyed by (seed, round, client): one seed per task, from the run's
+        self.task_seeds = [int(np.random.SeedSequence([seed, 29, m]).generate_state(1)[0])
+                           for m in range(len(tasks))]
         self.clock = EventClock(population.num_clients)
         self.round = 0
         self.c = 0
@@ -126,7 +129,7 @@ class SyncDriver:
         params, state, cohort = federated_round(
             task.algorithm, self.engine, ex.loss_fn, task.server.params,
             task.server.server_state, self.stores[m], ids, ex.x_all, ex.y_all, sample_idx,
-            mask, round_=task.server.round + 1)
+            mask, round_=task.server.round + 1, seed=self.task_seeds[m])
         task.server.params, task.server.server_state = params, state
         task.server.round += 1
         self.c += len(jobs)
