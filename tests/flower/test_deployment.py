@@ -1,10 +1,14 @@
 """Real localhost Flower deployments: a SuperLink and SuperNodes started as subprocesses on
-127.0.0.1 and ``flwr run`` of generated app directories.
+127.0.0.1 and ``flwr run`` of app directories.
 
-* 3 rounds of FedAvg through the bridge equal the fedforge simulator, ``--insecure`` and over
+* the documented app (``examples/flower_app``, copied file for file, docs/scale-out.md shows
+  the same files): 3 rounds of FedAvg equal the fedforge simulator, ``--insecure`` and over
   TLS with SuperNode authentication (a throwaway CA and node keys made here with
   ``cryptography``, no openssl CLI): the registered nodes train, a node with an unregistered
-  key is turned away by the SuperLink;
+  key is turned away by the SuperLink; every round's loss and accuracy are on the streamed
+  console and in ``model.rounds.jsonl``, equal to the simulator's ``metrics.jsonl``;
+* the same app with SecAgg+ components on the documented 2 nodes stops at start with one
+  ERROR line naming ``fedforge-secagg-shares``, and Flower records the run as failed;
 * interoperability: fedforge's ClientApp under Flower's ``FedAvg`` ServerApp, and a plain
   Flower ClientApp under fedforge's ServerApp, each equal to the same run in-process.
 
@@ -18,6 +22,7 @@ import datetime as dt
 import ipaddress
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -49,6 +54,9 @@ from .fakegrid import FakeGrid  # noqa: E402
 from .test_bridge import assert_close, simulator_params  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "flower_app"
+EXAMPLE_FILES = ("pyproject.toml", "fedforge_app.py", "fedforge.toml", "flwr-config.toml")
+EXAMPLE_ADDRESS = "127.0.0.1:18100"  # the example connection's SuperLink address
 OVERRIDES = ("rounds=3 data.options.num_clients=2 server.clients_per_round=2 "
              "client.local_steps=3 client.local_epochs=null")
 
@@ -203,15 +211,12 @@ class Deployment:
             self.node_flags = ["--root-certificates", str(ca)]
             connection = f'root-certificates = "{ca}"'  # flwr wants an absolute path here
         else:
-            link_flags = self.node_flags = ["--insecure"]
-            connection = "insecure = true"
+            link_flags, self.node_flags, connection = ["--insecure"], ["--insecure"], None
         if auth:
             link_flags.append("--enable-supernode-auth")
         home = tmp_path / "flwr_home"
         home.mkdir()
-        (home / "config.toml").write_text(
-            f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
-            f'address = "127.0.0.1:{self.link}"\n{connection}\n')
+        (home / "config.toml").write_text(example_connection(self.link, connection))
         self.env = {**os.environ, "FLWR_HOME": str(home), "OMP_NUM_THREADS": "1"}
         self.start("superlink", "flower-superlink", *link_flags, "--port", str(self.link),
                    "--database", str(tmp_path / "state.db"))
@@ -238,21 +243,64 @@ class Deployment:
                              timeout=60)
         assert out.returncode == 0 and "registered" in out.stdout, out.stdout + out.stderr
 
-    def run(self, app: Path, out: Path) -> None:
-        """``flwr run`` the app directory; wait for the ServerApp to write ``out``."""
+    def run(self, app: Path, out: Path | None) -> str:
+        """``flwr run . local --stream`` in the app directory, as the docs say; wait for the
+        ServerApp to write ``out``. Returns the streamed output."""
         run = subprocess.run(["flwr", "run", ".", "local", "--stream"], cwd=app, env=self.env,
                              capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stdout + run.stderr
         end = time.monotonic() + 60
-        while not out.exists() and time.monotonic() < end:
+        while out is not None and not out.exists() and time.monotonic() < end:
             time.sleep(0.5)
-        assert out.exists(), run.stdout[-3000:] + self.log("superlink")[-3000:]
+        assert out is None or out.exists(), run.stdout[-3000:] + self.log("superlink")[-3000:]
+        return re.sub(r"\x1b\[[0-9;]*m", "", run.stdout + run.stderr)  # no colours
+
+    def status(self, output: str) -> str:
+        """The status ``flwr ls`` reports for the run ``flwr run`` started in ``output``."""
+        run_id = re.search(r"Successfully started run (\d+)", output).group(1)
+        end = time.monotonic() + 60
+        while True:
+            ls = subprocess.run(["flwr", "ls", "local", "--run-id", run_id, "--format", "json"],
+                                env=self.env, cwd=self.tmp, capture_output=True, text=True,
+                                timeout=60)
+            runs = json.loads(ls.stdout)["runs"]
+            status = runs[0]["status"]
+            if status.startswith("finished") or time.monotonic() > end:
+                return status
+            time.sleep(1)
 
     def log(self, name: str) -> str:
         return (self.logs / f"{name}.log").read_text()
 
     def close(self) -> None:
         stop(self.procs)
+
+
+def example_connection(port: int, connection: str | None = None) -> str:
+    """The example's ``flwr-config.toml`` with this SuperLink's port (and, over TLS, the CA
+    instead of ``insecure = true``)."""
+    text = (EXAMPLE / "flwr-config.toml").read_text()
+    assert EXAMPLE_ADDRESS in text and "insecure = true" in text
+    text = text.replace(EXAMPLE_ADDRESS, f"127.0.0.1:{port}")
+    return text if connection is None else text.replace("insecure = true", connection)
+
+
+def copy_example(folder: Path, **components: str) -> Path:
+    """``examples/flower_app`` file for file; ``components`` swaps the app's components
+    (``serverapp="fedforge_app:secagg_server"``) as the docs tell a user to."""
+    folder.mkdir()
+    for name in EXAMPLE_FILES:
+        shutil.copy(EXAMPLE / name, folder / name)
+    toml = folder / "pyproject.toml"
+    for key, value in components.items():
+        text = toml.read_text()
+        old = re.search(rf'^{key} = ".*"$', text, re.M).group(0)
+        toml.write_text(text.replace(old, f'{key} = "{value}"'))
+    return folder
+
+
+def rounds_of(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def make_app(folder: Path, out: Path, overrides: str = OVERRIDES, **components: str) -> Path:
@@ -267,12 +315,14 @@ def make_app(folder: Path, out: Path, overrides: str = OVERRIDES, **components: 
 
 
 @pytest.mark.parametrize("mode", ["insecure", "tls_auth"])
-def test_localhost_deployment_three_rounds(tmp_path: Path, mode: str) -> None:
-    """Same run, same checks; ``tls_auth`` adds TLS, SuperNode authentication (the two nodes'
-    public keys registered with ``flwr supernode register``) and a rogue node whose key is
-    not registered, claiming partition 0: the SuperLink never lets it in."""
-    out = tmp_path / "model.safetensors"
-    app = make_app(tmp_path / "app", out)
+def test_documented_app_on_localhost(tmp_path: Path, mode: str) -> None:
+    """The documented app and commands: 2 SuperNodes, ``flwr run . local --stream``. Equal to
+    the simulator (model and every round's losses and accuracy). ``tls_auth`` adds TLS,
+    SuperNode authentication (the two nodes' public keys registered with ``flwr supernode
+    register``) and a rogue node whose key is not registered, claiming partition 0: the
+    SuperLink never lets it in."""
+    out = tmp_path / "model.safetensors"  # fedforge-out, relative to the SuperLink's folder
+    app = copy_example(tmp_path / "app")
     d = Deployment(tmp_path, secure=mode == "tls_auth", auth=mode == "tls_auth")
     try:
         if mode == "tls_auth":
@@ -285,18 +335,49 @@ def test_localhost_deployment_three_rounds(tmp_path: Path, mode: str) -> None:
         else:
             for i in range(2):
                 d.node(f"supernode{i}", i, 2)
-        d.run(app, out)
+        console = d.run(app, out)
         if mode == "tls_auth":
             assert rogue.wait(timeout=60) != 0
             assert "Failed to activate SuperNode" in d.log("rogue")
     finally:
         d.close()
-    rounds = [json.loads(r) for r in (tmp_path / "model.rounds.jsonl").read_text().splitlines()]
+    rounds = rounds_of(tmp_path / "model.rounds.jsonl")
     assert len(rounds) == 3
     assert all(r["accepted"] == [0, 1] and not r["rejected"] and r["nodes"] == 2 for r in rounds)
     assert not rounds[0]["refused_nodes"]
-    cfg = load_config(str(REPO / "examples" / "quickstart.toml"), OVERRIDES.split())
+    cfg = load_config(str(EXAMPLE / "fedforge.toml"), [])
     assert_close(load_file(out), simulator_params(cfg, tmp_path))
+    sim = rounds_of(tmp_path / "sim" / "metrics.jsonl")
+    for got, want in zip(rounds, sim, strict=True):
+        for key in ("train_loss", "test_loss", "test_accuracy"):
+            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
+        line = (f"round {got['round']}/3: train_loss {got['train_loss']:.4f}, "
+                f"test_loss {got['test_loss']:.4f}, test_accuracy {got['test_accuracy']:.4f} "
+                "(2 of 2 replies accepted)")
+        assert line in console, console[-3000:]
+
+
+def test_secagg_on_two_nodes_fails_at_start_in_one_line(tmp_path: Path) -> None:
+    """The documented 2-node set-up with the SecAgg+ components: the ServerApp stops before
+    any round with one ERROR line naming the setting, and Flower records the run as failed
+    (``flwr run`` itself exits 0 once the run is submitted)."""
+    app = copy_example(tmp_path / "app", serverapp="fedforge_app:secagg_server",
+                       clientapp="fedforge_app:secagg_client")
+    d = Deployment(tmp_path, secure=False)
+    try:
+        console = d.run(app, None)
+        status = d.status(console)
+    finally:
+        d.close()
+    errors = [line for line in console.splitlines() if "fedforge: the run failed" in line]
+    assert len(errors) == 1, console[-3000:]
+    assert errors[0].startswith("ERROR")
+    assert errors[0].endswith("fedforge: the run failed: run config: fedforge-secagg-shares: 2 "
+                              "(default: server.clients_per_round = 2); SecAgg+ needs more "
+                              "than 2 shares, so at least 3 nodes per round "
+                              "(server.clients_per_round >= 3)"), errors[0]
+    assert status == "finished:failed", status
+    assert not (tmp_path / "model.rounds.jsonl").exists()
 
 
 def test_flower_interop_on_localhost(tmp_path: Path) -> None:

@@ -1,22 +1,30 @@
 """Deployable Flower app objects for ``flwr run`` (components ``fedforge.flower.app:server``
-and ``fedforge.flower.app:client``).
+and ``fedforge.flower.app:client``, or ``server_for(folder)`` / ``client_for(folder)`` in a
+module of the app folder).
 
 The fedforge config comes from the Flower run config: ``fedforge-config`` (path of a TOML/YAML
-run config readable on every machine) and ``fedforge-overrides`` (space-separated
+run config; a relative path is read from the app folder given to :func:`server_for`, which travels
+with the app, else from the working directory) and ``fedforge-overrides`` (space-separated
 ``section.key=value``). The config's ``plugins`` are not imported from it: list them in
 ``fedforge-plugins`` (space-separated module names or ``.py`` paths, imported as ``--plugin``
 imports them), which whoever starts the run sets, as on the command line. If
-``fedforge-out`` is set, the server writes the final model there
-(safetensors) and one JSON line per round (accepted / rejected clients) beside it. The
-server's guards are set by ``fedforge-round-timeout``, ``fedforge-query-timeout``,
-``fedforge-min-replies``, ``fedforge-max-norm-ratio``, ``fedforge-max-upload-ratio``,
-``fedforge-max-norm`` (0 switches a bound or timeout off) and ``fedforge-protocol`` (see
-:class:`fedforge.flower.server.ServerOptions`).
+``fedforge-out`` is set, the server writes the final model there (safetensors) and one JSON
+line per round beside it (``.rounds.jsonl``: train loss, test loss and accuracy, accepted /
+rejected clients, bytes); the same round line goes to the ServerApp's console, which
+``flwr run --stream`` shows. The server's guards are set by ``fedforge-round-timeout``,
+``fedforge-query-timeout``, ``fedforge-min-replies``, ``fedforge-max-norm-ratio``,
+``fedforge-max-upload-ratio``, ``fedforge-max-norm``, ``fedforge-eval-every`` (0 switches a
+bound, timeout or the evaluation off) and ``fedforge-protocol`` (see
+:class:`fedforge.flower.server.ServerOptions`). A failing ServerApp logs one ERROR line
+before Flower marks the run failed.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from flwr.app import Context, Message
@@ -25,6 +33,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedforge.experiment.config import RunConfig, load_config
 from fedforge.flower.client import answer_evaluate, answer_query, answer_train
+from fedforge.flower.common import logger
 from fedforge.flower.server import ServerOptions, run_server
 from fedforge.plugins import load_plugins
 
@@ -37,18 +46,26 @@ OPTION_KEYS = {
     "fedforge-max-norm": ("max_norm", float),
     "fedforge-max-upload-ratio": ("max_upload_ratio", float),
     "fedforge-protocol": ("protocol", str),
+    "fedforge-eval-every": ("eval_every", int),
 }
-_OPTIONAL = {"round_timeout", "query_timeout", "max_norm_ratio", "max_norm", "max_upload_ratio"}
+_OPTIONAL = {"round_timeout", "query_timeout", "max_norm_ratio", "max_norm", "max_upload_ratio",
+             "eval_every"}
 
 
-def config_from_run(run_config: dict) -> RunConfig:
-    """The fedforge RunConfig named by a Flower run config."""
+def config_from_run(run_config: dict, base: Path | None = None) -> RunConfig:
+    """The fedforge RunConfig named by a Flower run config; a relative ``fedforge-config``
+    is read from ``base`` (the app folder, which travels with the app) when given."""
     if "fedforge-config" not in run_config:
         raise ValueError("run config: 'fedforge-config' (path of a fedforge config) is required")
     overrides = str(run_config.get("fedforge-overrides", "")).split()
     load_plugins(str(run_config.get("fedforge-plugins", "")).split(),
                  "run config: fedforge-plugins")
-    return load_config(str(run_config["fedforge-config"]), overrides)
+    path = Path(str(run_config["fedforge-config"])).expanduser()
+    if base is not None and not path.is_absolute():
+        path = Path(base) / path
+    if not path.is_file():
+        raise ValueError(f"run config: fedforge-config: no file {str(path)!r}")
+    return load_config(str(path), overrides)
 
 
 def options_from_run(run_config: dict) -> ServerOptions:
@@ -72,16 +89,49 @@ def options_from_run(run_config: dict) -> ServerOptions:
         raise ValueError(f"run config: {key}: {why}") from None
 
 
-server = ServerApp()
-client = ClientApp()
+def to_console() -> None:
+    """Send the ``fedforge.flower`` log (one line per round, rejections, errors) to Flower's
+    console handler: a ServerApp's output is what ``flwr run --stream`` shows."""
+    from flwr.common.logger import console_handler  # noqa: PLC0415
+
+    if console_handler not in logger.handlers:
+        logger.addHandler(console_handler)
+    logger.setLevel(logging.INFO)
 
 
-@server.main()
-def _main(grid: Grid, context: Context) -> None:
-    cfg = config_from_run(context.run_config)
-    options = options_from_run(context.run_config)
-    out = str(context.run_config.get("fedforge-out", ""))
-    log = Path(out).with_suffix(".rounds.jsonl") if out else None
+@contextmanager
+def failing_loudly() -> Iterator[None]:
+    """Log why a ServerApp stops, in one ERROR line, then re-raise: Flower marks the run
+    ``finished:failed`` with this message (``flwr ls``), although ``flwr run`` exits 0."""
+    try:
+        yield
+    except Exception as exc:
+        logger.error("fedforge: the run failed: %s", one_line(exc))
+        raise
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line: its message's first line, or its type's name."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def rounds_log(out: str) -> Path | None:
+    """``model.rounds.jsonl`` beside ``fedforge-out``, emptied for this run."""
+    if not out:
+        return None
+    log = Path(out).with_suffix(".rounds.jsonl")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("")
+    return log
+
+
+def serve(grid: Grid, run_config: dict, base: Path | None = None) -> None:
+    """The deployable ServerApp's body: run, log every round, save the model."""
+    cfg = config_from_run(run_config, base)
+    options = options_from_run(run_config)
+    out = str(run_config.get("fedforge-out", ""))
+    log = rounds_log(out)
 
     def on_round(t: int, params: dict, info: dict) -> None:
         if log is not None:
@@ -90,21 +140,48 @@ def _main(grid: Grid, context: Context) -> None:
 
     params = run_server(grid, cfg, options, on_round=on_round)
     if out:
-        from safetensors.torch import save_file
+        from safetensors.torch import save_file  # noqa: PLC0415
 
         save_file({k: v.detach().cpu().contiguous() for k, v in params.items()}, out)
 
 
-@client.query()
-def _query(msg: Message, context: Context) -> Message:
-    return answer_query(config_from_run(context.run_config), msg, context)
+def _folder(base: str | Path | None) -> Path | None:
+    return None if base is None else Path(base)
 
 
-@client.train()
-def _train(msg: Message, context: Context) -> Message:
-    return answer_train(config_from_run(context.run_config), msg, context)
+def server_for(base: str | Path | None = None) -> ServerApp:
+    """The deployable ServerApp; ``base`` is the folder a relative ``fedforge-config`` is
+    read from (an app module passes its own folder, which travels with the app)."""
+    folder, server = _folder(base), ServerApp()
+
+    @server.main()
+    def _main(grid: Grid, context: Context) -> None:
+        to_console()
+        with failing_loudly():
+            serve(grid, context.run_config, folder)
+
+    return server
 
 
-@client.evaluate()
-def _evaluate(msg: Message, context: Context) -> Message:
-    return answer_evaluate(config_from_run(context.run_config), msg, context)
+def client_for(base: str | Path | None = None) -> ClientApp:
+    """The deployable ClientApp; ``base`` as in :func:`server_for`."""
+    folder, client = _folder(base), ClientApp()
+
+    @client.query()
+    def _query(msg: Message, context: Context) -> Message:
+        return answer_query(config_from_run(context.run_config, folder), msg, context)
+
+    @client.train()
+    def _train(msg: Message, context: Context) -> Message:
+        return answer_train(config_from_run(context.run_config, folder), msg, context)
+
+    @client.evaluate()
+    def _evaluate(msg: Message, context: Context) -> Message:
+        return answer_evaluate(config_from_run(context.run_config, folder), msg, context)
+
+    return client
+
+
+# one name per assignment: `flwr run` finds components by reading this file's assignments
+server = server_for()
+client = client_for()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -40,9 +41,10 @@ from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from flwr.serverapp import Grid, ServerApp
 
 from fedforge.experiment.config import RunConfig
-from fedforge.flower.app import config_from_run
+from fedforge.flower.app import config_from_run, failing_loudly, to_console
 from fedforge.flower.client import partition_of, solo_train
-from fedforge.flower.common import experiment, standard_message_support
+from fedforge.flower.common import experiment, logger, standard_message_support
+from fedforge.flower.server import round_line, test_metrics
 from fedforge.server.chain import Aggregate
 
 SECAGG_SERVES: frozenset[str] = frozenset()
@@ -110,32 +112,75 @@ class SecAggStrategy(FedAvg):
         agg = Aggregate(delta, {}, len(results), self.exp.data.num_clients, server_round)
         self.params, self.state = self.exp.algorithm.server_step(self.params, self.state, agg)
         self.log.append({"round": server_round, "nodes": len(results)})
+        shown = test_metrics(self.exp, self.params, self.state, server_round, 1)
+        logger.info(round_line(server_round, self.cfg.rounds, {
+            **shown, "accepted": results, "asked": len(results) + len(failures)}))
         return ndarrays_to_parameters(_arrays(self.params)), {}
+
+
+class SecAggSettings(NamedTuple):
+    """SecAgg+'s settings, checked against the nodes sampled per round."""
+
+    shares: int
+    threshold: int
+    clip: float
+    timeout: float | None
+
+
+def _int_key(run_config: dict, key: str, default: int) -> int:
+    raw = run_config.get(key, default)
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        raise ValueError(f"run config: {key}: expected an integer, got {raw!r}")
+    return raw
+
+
+def _positive_key(run_config: dict, key: str, default: float) -> float:
+    raw = run_config.get(key, default)
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 < raw < float("inf"):
+        raise ValueError(f"run config: {key}: expected a positive number, got {raw!r}")
+    return float(raw)
+
+
+def secagg_settings(run_config: dict, num_nodes: int) -> SecAggSettings:
+    """The ``fedforge-secagg-*`` settings, refused in one line naming the key unless Flower's
+    SecAgg+ can run them with ``num_nodes`` sampled nodes (``server.clients_per_round``):
+    more than 2 shares, at most one per sampled node, and a threshold in [2, shares)."""
+    shares = _int_key(run_config, "fedforge-secagg-shares", num_nodes)
+    source = ("" if "fedforge-secagg-shares" in run_config
+              else f" (default: server.clients_per_round = {num_nodes})")
+    if shares <= 2:
+        raise ValueError(f"run config: fedforge-secagg-shares: {shares}{source}; SecAgg+ needs "
+                         "more than 2 shares, so at least 3 nodes per round "
+                         "(server.clients_per_round >= 3)")
+    if shares > num_nodes:
+        raise ValueError(f"run config: fedforge-secagg-shares: {shares} exceeds the {num_nodes} "
+                         "nodes sampled per round (server.clients_per_round)")
+    threshold = _int_key(run_config, "fedforge-secagg-threshold", max(2, -(-2 * shares // 3)))
+    if not 2 <= threshold < shares:
+        raise ValueError(f"run config: fedforge-secagg-threshold: {threshold}; expected at least "
+                         f"2 and fewer than the {shares} shares (fedforge-secagg-shares)")
+    clip = _positive_key(run_config, "fedforge-secagg-clip", 8.0)
+    timeout = (_positive_key(run_config, "fedforge-round-timeout", 1.0)
+               if run_config.get("fedforge-round-timeout", 0) != 0 else None)  # 0: off
+    return SecAggSettings(shares, threshold, clip, timeout)
 
 
 def secagg_workflow(run_config: dict, num_nodes: int) -> SecAggPlusWorkflow:
     """Flower's SecAgg+ server workflow from the run config's ``fedforge-secagg-*`` keys."""
-    shares = int(run_config.get("fedforge-secagg-shares", num_nodes))
-    threshold = int(run_config.get("fedforge-secagg-threshold", max(2, -(-2 * shares // 3))))
-    timeout = run_config.get("fedforge-round-timeout")
+    s = secagg_settings(run_config, num_nodes)
     # max_weight 1: every node weighs 1, and SecAgg+ scales updates by weight / max_weight
     # before quantising (the default 1000 would make the error 1000 times larger)
-    return SecAggPlusWorkflow(num_shares=shares, reconstruction_threshold=threshold,
-                              max_weight=1.0,
-                              clipping_range=float(run_config.get("fedforge-secagg-clip", 8.0)),
-                              timeout=None if timeout is None else float(timeout))
+    return SecAggPlusWorkflow(num_shares=s.shares, reconstruction_threshold=s.threshold,
+                              max_weight=1.0, clipping_range=s.clip, timeout=s.timeout)
 
 
-server = ServerApp()
-
-
-@server.main()
-def _main(grid: Grid, context: Context) -> None:
-    cfg = config_from_run(context.run_config)
+def serve(grid: Grid, context: Context, base: Path | None = None) -> None:
+    """The SecAgg+ ServerApp's body: settings checked first, then the rounds."""
+    cfg = config_from_run(context.run_config, base)
+    workflow = secagg_workflow(context.run_config, cfg.server.clients_per_round)
     strategy = SecAggStrategy(cfg)
     legacy = LegacyContext(context=context, config=ServerConfig(num_rounds=cfg.rounds),
                            strategy=strategy)
-    workflow = secagg_workflow(context.run_config, cfg.server.clients_per_round)
     DefaultWorkflow(fit_workflow=workflow)(grid, legacy)
     out = str(context.run_config.get("fedforge-out", ""))
     if out:
@@ -146,8 +191,30 @@ def _main(grid: Grid, context: Context) -> None:
         save_file({k: v.detach().cpu().contiguous() for k, v in strategy.params.items()}, out)
 
 
-def _client_fn(context: Context):
-    return DeltaClient(config_from_run(context.run_config), partition_of(context)).to_client()
+def server_for(base: str | Path | None = None) -> ServerApp:
+    """The SecAgg+ ServerApp; ``base`` as in :func:`fedforge.flower.app.server_for`."""
+    folder, server = None if base is None else Path(base), ServerApp()
+
+    @server.main()
+    def _main(grid: Grid, context: Context) -> None:
+        to_console()
+        with failing_loudly():
+            serve(grid, context, folder)
+
+    return server
 
 
-client = ClientApp(client_fn=_client_fn, mods=[secaggplus_mod])
+def client_for(base: str | Path | None = None) -> ClientApp:
+    """The SecAgg+ ClientApp: one fedforge local round under Flower's ``secaggplus_mod``."""
+    folder = None if base is None else Path(base)
+
+    def client_fn(context: Context):
+        cfg = config_from_run(context.run_config, folder)
+        return DeltaClient(cfg, partition_of(context)).to_client()
+
+    return ClientApp(client_fn=client_fn, mods=[secaggplus_mod])
+
+
+# one name per assignment: `flwr run` finds components by reading this file's assignments
+server = server_for()
+client = client_for()

@@ -21,6 +21,7 @@ from flwr.serverapp import Grid
 from fedforge.algorithms.base import NEEDS, check_support
 from fedforge.core.tree import Params, flatten_dict, tree_nbytes, unflatten_dict
 from fedforge.experiment.config import RunConfig
+from fedforge.experiment.evaluate import evaluate
 from fedforge.experiment.runner import Experiment, round_generator, sample_round
 from fedforge.flower.checks import (
     check_metrics,
@@ -56,7 +57,9 @@ class ServerOptions:
       variates, ...), looser because a client's first participation uploads far more than a
       repeat visit (16x the median seen in a 6-client SCAFFOLD run);
     * ``protocol``: ``"fedforge"`` (the algorithm's own messages, any algorithm) or
-      ``"flower"`` (Flower's standard model-in/model-out messages, FedAvg family only).
+      ``"flower"`` (Flower's standard model-in/model-out messages, FedAvg family only);
+    * ``eval_every``: the server evaluates the model on the test set every this many rounds
+      and at the last round (None: never), so each round's log line has test metrics.
     """
 
     round_timeout: float | None = 3600.0
@@ -66,6 +69,7 @@ class ServerOptions:
     max_norm: float | None = None
     max_upload_ratio: float | None = 100.0
     protocol: str = "fedforge"
+    eval_every: int | None = 1
 
     def __post_init__(self) -> None:
         for name in ("round_timeout", "query_timeout", "max_norm"):
@@ -78,6 +82,8 @@ class ServerOptions:
                 raise ValueError(f"{name}: expected >= 1 (None/0: off), got {value!r}")
         if self.min_replies < 1:
             raise ValueError(f"min_replies: expected >= 1, got {self.min_replies!r}")
+        if self.eval_every is not None and self.eval_every < 1:
+            raise ValueError(f"eval_every: expected >= 1 (None/0: off), got {self.eval_every!r}")
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"protocol: expected one of {list(PROTOCOLS)}, got {self.protocol!r}")
 
@@ -224,6 +230,7 @@ class Reply:
     uploads: dict  # flat
     num_examples: int
     norms: dict = field(default_factory=dict)  # record -> L2 norm
+    metrics: dict = field(default_factory=dict)  # the reply's checked MetricRecord
 
 
 def _parse(reply: Message, target: Target, template: dict, params_flat: dict,
@@ -247,7 +254,7 @@ def _parse(reply: Message, target: Target, template: dict, params_flat: dict,
         uploads: dict = {}
     else:
         delta, uploads = arrays
-    out = Reply(target, delta, uploads, n, {"delta": l2_norm(delta)})
+    out = Reply(target, delta, uploads, n, {"delta": l2_norm(delta)}, metrics[1])
     if uploads:
         out.norms["uploads"] = l2_norm(uploads)
     return out
@@ -435,6 +442,37 @@ def _step(exp: Experiment, view: ServerView, accepted: list[Reply], options: Ser
     return new
 
 
+def _train_loss(accepted: list[Reply]) -> float | None:
+    """Mean training loss of the accepted replies that trained (as the simulator's
+    ``train_loss``): fedforge clients report ``loss``, Flower's quickstart ``train_loss``."""
+    losses = [float(m.get("loss", m.get("train_loss")))
+              for m in (r.metrics for r in accepted)
+              if ("loss" in m or "train_loss" in m) and m.get("steps", 1) > 0]
+    return sum(losses) / len(losses) if losses else None
+
+
+def test_metrics(exp: Experiment, params: Params, state: ServerState, round_: int,
+                 every: int | None) -> dict:
+    """Test metrics of the model on evaluated rounds (every ``every`` rounds and the last), as
+    the simulator's ``metrics.jsonl`` has them; ``{}`` on other rounds."""
+    cfg, data = exp.cfg, exp.data
+    if every is None or (round_ % every and round_ != cfg.rounds):
+        return {}
+    return evaluate(exp.network, exp.algorithm.eval_params(params, state),
+                    data.test_x, data.test_y, cfg.eval.batch_size,
+                    data.client_test_indices if cfg.eval.per_client else None)
+
+
+def round_line(round_: int, rounds: int, info: dict) -> str:
+    """One console line per round: what a user watching ``flwr run --stream`` needs."""
+    shown = [f"{k} {info[k]:.4f}" for k in ("train_loss", "test_loss", "test_accuracy")
+             if info.get(k) is not None]
+    line = f"round {round_}/{rounds}: " + (", ".join(shown) or "no loss (no replies)")
+    line += f" ({len(info['accepted'])} of {info['asked']} replies accepted"
+    line += ", skipped)" if info.get("skipped") else ")"
+    return line + (" [rolled back]" if info.get("rolled_back") else "")
+
+
 def run_server(grid: Grid, cfg: RunConfig, options: ServerOptions | None = None, *,
                on_round: Callable[[int, Params, dict], None] | None = None) -> Params:
     """The server loop; returns the final model. ``on_round(t, params, info)`` sees each
@@ -470,6 +508,9 @@ def run_server(grid: Grid, cfg: RunConfig, options: ServerOptions | None = None,
         totals["bytes_down_total"] += info["bytes_down"]
         info.update(totals)
         view = _step(exp, view, accepted, options, info, t)
+        info["train_loss"] = _train_loss(accepted)
+        info.update(test_metrics(exp, view.params, view.state, t, options.eval_every))
+        logger.info(round_line(t, cfg.rounds, info))
         if on_round is not None:
             on_round(t, view.params, info)
     return view.params
