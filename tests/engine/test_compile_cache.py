@@ -21,9 +21,12 @@ from fedforge.engine.compile_cache import CACHE_ENV, default_cache_dir, use_comp
 
 
 @pytest.fixture
-def caches_off(monkeypatch):
-    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)
-    monkeypatch.setattr(functorch_config, "enable_autograd_cache", False)
+def caches_off():
+    """torch's own ``config.patch``: pytest's monkeypatch (9.2 and later) deletes on undo an
+    attribute that is not in the module's ``__dict__``, which removes a torch config entry."""
+    with inductor_config.patch(fx_graph_cache=False), \
+            functorch_config.patch(enable_autograd_cache=False):
+        yield
 
 
 @pytest.fixture
