@@ -8,11 +8,14 @@ outside the run's (or benchmark's) own directory.
 from __future__ import annotations
 
 import contextlib
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+
+from fedforge.experiment.rundir import write_bytes, write_text
 
 
 def top_kernels(prof: profile, limit: int = 15) -> str:
@@ -34,9 +37,10 @@ def profiled(folder: str | Path, name: str = "profile", *, enabled: bool = True,
         activities.append(ProfilerActivity.CUDA)
     with profile(activities=activities) as prof:
         yield
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    prof.export_chrome_trace(str(folder / f"{name}.trace.json"))
+    with tempfile.TemporaryDirectory() as scratch:  # torch writes the trace by path only
+        trace = Path(scratch) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        path = write_bytes(folder, f"{name}.trace.json", trace.read_bytes())
     table = top_kernels(prof, limit)
-    (folder / f"{name}.top.txt").write_text(table + "\n", encoding="utf-8")
-    print(f"profile: {folder / (name + '.trace.json')}\n{table}", flush=True)
+    write_text(folder, f"{name}.top.txt", table + "\n")
+    print(f"profile: {path}\n{table}", flush=True)
