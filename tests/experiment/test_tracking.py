@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -84,7 +85,9 @@ def test_wandb_offline_run_in_the_run_folder(tmp_path, monkeypatch):
     run_id = json.loads((run / "tracking.json").read_text())["wandb"]
     offline = list((run / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
     assert len(offline) == 1, sorted(p.name for p in (run / "wandb").iterdir())
-    rows = _wandb_history(offline[0])
+    deadline = time.time() + 30  # W&B's service process may still be writing the file
+    while len(rows := _wandb_history(offline[0])) < 2 and time.time() < deadline:
+        time.sleep(0.2)
     records = read_metrics(run)
     assert [r["_step"] for r in rows] == [r["round"] for r in records] == [1, 2]
     assert [r["test_accuracy"] for r in rows] == pytest.approx(

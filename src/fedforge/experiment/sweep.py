@@ -32,7 +32,13 @@ from typing import Any
 import numpy as np
 
 from fedforge.data.base import DatasetSplits
-from fedforge.experiment.config import RunConfig, dump_config, load_config
+from fedforge.experiment.config import (
+    RunConfig,
+    apply_overrides,
+    load_config,
+    load_raw,
+    validate,
+)
 
 SAMPLERS = ("grid", "random", "tpe")
 RANGES = ("uniform", "log_uniform", "int", "log_int")
@@ -42,6 +48,8 @@ METRIC_KEYS = {"val_accuracy": "test_accuracy", "val_loss": "test_loss",
 VALIDATION_DATASET = "sweep_validation"
 STUDY = "sweep"
 SETTINGS_NAME = "sweep.json"
+RUN_CONFIG = "config.yaml"  # the run config: the file, its overrides, no [sweep]
+TRIAL_CONFIG = "validation.yaml"  # the same, scored on the validation split
 DEFAULT_TRIALS = 20
 
 
@@ -116,8 +124,6 @@ def _param(key: str, value: Any, where: str) -> Param:
 
 def load_space(config: Path, space: Path | None) -> tuple[dict, list[Param]]:
     """The raw space table (``--space`` file, else the config's ``[sweep]``) and its params."""
-    from fedforge.experiment.config import load_raw
-
     if space is not None:
         table, where = load_raw(space), str(space)
         table = table.get("sweep", table) if set(table) == {"sweep"} else table
@@ -235,13 +241,14 @@ def _register_dataset() -> None:
 _register_dataset()
 
 
-def validation_config(cfg: RunConfig, fraction: float, seed: int) -> RunConfig:
-    """``cfg`` training on its data less the validation split and scored on that split."""
-    data = cfg.data.model_copy(update={"dataset": VALIDATION_DATASET, "options": {
+def validation_raw(raw: dict, cfg: RunConfig, fraction: float, seed: int) -> dict:
+    """The raw config ``raw`` (validated as ``cfg``) training on its data less the
+    validation split and scored on that split."""
+    data = {**raw.get("data", {}), "dataset": VALIDATION_DATASET, "options": {
         "dataset": cfg.data.dataset, "fraction": fraction, "seed": seed,
-        "options": dict(cfg.data.options)}})
+        "options": dict(cfg.data.options)}}
     plugins = [*cfg.plugins, *([] if __name__ in cfg.plugins else [__name__])]
-    return cfg.model_copy(update={"data": data, "plugins": plugins})
+    return {**raw, "data": data, "plugins": plugins}
 
 
 def validation_key(key: str) -> str:
@@ -294,8 +301,8 @@ def resolve_direction(metric: str, direction: str | None) -> str:
 
 
 def prepare_folder(s: SweepSettings) -> tuple[list[Param], str, int]:
-    """Check the settings, write (or on resume check) ``OUT/sweep.json``, ``config.toml``
-    (the run config) and ``validation.toml`` (the trials' config) -> (params, direction,
+    """Check the settings, write (or on resume check) ``OUT/sweep.json``, ``config.yaml``
+    (the run config) and ``validation.yaml`` (the trials' config) -> (params, direction,
     number of trials)."""
     table, params = load_space(s.config, s.space)
     direction = resolve_direction(s.metric, s.direction)
@@ -303,15 +310,18 @@ def prepare_folder(s: SweepSettings) -> tuple[list[Param], str, int]:
         raise SweepError("--validation-fraction: expected a number in (0, 1), got "
                          f"{s.validation_fraction}")
     make_sampler(s.sampler, params, s.seed)  # refuses a range under grid, an unknown name
-    cfg = load_config(s.config, [*s.overrides, "sweep={}"], allow_plugins=s.allow_plugins)
+    raw = apply_overrides(load_raw(s.config), s.overrides)
+    raw.pop("sweep", None)  # the trials' configs are the file less its search space
+    cfg = validate(raw, allow_plugins=s.allow_plugins)
     if cfg.multitask:
         raise SweepError("tasks: fedforge sweep searches single-task configs")
-    for p in params:  # every value a key can take must make a valid config
-        load_config(s.config, [*s.overrides, "sweep={}", *overrides({p.key: _example(p)})],
-                    allow_plugins=s.allow_plugins)
+    val = validation_raw(raw, cfg, s.validation_fraction, s.seed)
+    for p in params:  # each key, with one of its values, must make a valid trial config
+        validate(apply_overrides(val, overrides({validation_key(p.key): _example(p)})),
+                 allow_plugins=s.allow_plugins)
     kept = {"space": table, "sampler": s.sampler, "metric": s.metric, "direction": direction,
             "prune": s.prune, "validation_fraction": s.validation_fraction, "seed": s.seed}
-    _write_or_check(s, cfg, kept)
+    _write_or_check(s, raw, val, kept)
     trials = grid_size(params) if s.sampler == "grid" else DEFAULT_TRIALS
     if s.trials is not None:
         if s.trials < 1:
@@ -325,14 +335,18 @@ def _example(p: Param) -> Any:
         int(p.low) if p.kind.endswith("int") else float(p.low))
 
 
-def _write_or_check(s: SweepSettings, cfg: RunConfig, kept: dict) -> None:
+def _write_or_check(s: SweepSettings, raw: dict, val: dict, kept: dict) -> None:
+    """Raw configs (YAML: nulls kept as given), so a trial's config is exactly the file plus
+    its own values, before any default is filled in."""
+    import yaml
+
     from fedforge.experiment.rundir import write_text
 
     out, path = s.out, s.out / SETTINGS_NAME
     if path.is_file() and not s.resume:
         raise SweepError(f"{out}: holds an earlier sweep; pass --resume to continue it (or "
                          "choose another --out)")
-    new_config = cfg.model_dump(mode="json", exclude_none=True, by_alias=True)
+    new_config = json.loads(json.dumps(raw, default=str))
     if path.is_file():
         saved = json.loads(path.read_text(encoding="utf-8"))
         for key, value in kept.items():
@@ -341,13 +355,13 @@ def _write_or_check(s: SweepSettings, cfg: RunConfig, kept: dict) -> None:
                                  f"({saved.get(key)!r}); a resumed sweep keeps its settings")
         if saved.get("run_config") != new_config:
             raise SweepError(f"{s.config}: the run config differs from the one the sweep in "
-                             f"{out} started with ({out / 'config.toml'})")
+                             f"{out} started with ({out / RUN_CONFIG})")
         return
     out.mkdir(parents=True, exist_ok=True)
     write_text(out, SETTINGS_NAME, json.dumps({**kept, "config": str(s.config),
                                                "run_config": new_config}, indent=1) + "\n")
-    dump_config(cfg, out / "config.toml")
-    dump_config(validation_config(cfg, s.validation_fraction, s.seed), out / "validation.toml")
+    for name, table in ((RUN_CONFIG, raw), (TRIAL_CONFIG, val)):
+        write_text(out, name, yaml.safe_dump(table, sort_keys=False))
 
 
 # ----------------------------------------------------------------------------- one trial
@@ -375,7 +389,7 @@ def run_trial(task: TrialTask) -> dict[str, Any]:
     result: dict[str, Any] = {"state": "complete", "value": None, "error": None}
     try:
         keyed = {validation_key(k): v for k, v in task.values.items()}
-        cfg = load_config(task.out / "validation.toml", overrides(keyed),
+        cfg = load_config(task.out / TRIAL_CONFIG, overrides(keyed),
                           allow_plugins=task.allow_plugins)
         if task.resume:
             _wait_for_run_lock(folder)
@@ -639,7 +653,7 @@ def run_final(s: SweepSettings, best: dict, log: Callable[[str], None]) -> dict:
     from fedforge.experiment.runner import run_experiment
 
     values = {k: v for k, v in best.items() if k not in _ROW_FIELDS and k != s.metric}
-    cfg = load_config(s.out / "config.toml", overrides(values), allow_plugins=s.allow_plugins)
+    cfg = load_config(s.out / RUN_CONFIG, overrides(values), allow_plugins=s.allow_plugins)
     log(f"best: trial {best['trial']}, {s.metric} {best[s.metric]:.4f}: "
         f"{_values_text(values)}; training it on all the training data for the test score")
     try:
@@ -704,7 +718,8 @@ def plot_sweep(out: Path, rows: list[dict], params: list[Param], metric: str,
                    label="chosen")
     ax.set(xlabel="trial", ylabel=f"{metric} (validation)", title="per trial")
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    ax.legend(fontsize=8, loc="best")
+    if scored:
+        ax.legend(fontsize=8, loc="best")
     for ax, p in zip(axes[0][1:], params):
         _plot_key(ax, [r for r in scored if r["state"] == "complete"], p, metric)
     fig.tight_layout()
