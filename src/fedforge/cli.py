@@ -164,8 +164,16 @@ def run(
     console.print(
         f"[bold green]done[/bold green] {cfg.algorithm.name} on {cfg.data.dataset}: round "
         f"{last.get('round')} test_accuracy={last.get('test_accuracy', float('nan')):.4f} "
-        f"test_loss={last.get('test_loss', float('nan')):.4f}  -> {out}"
+        f"test_loss={last.get('test_loss', float('nan')):.4f}{_privacy_note(last)}  -> {out}"
     )
+
+
+def _privacy_note(record: dict) -> str:
+    """`` ε=… σ=…`` for a differentially private run's record, else nothing."""
+    if "dp_epsilon" not in record:
+        return ""
+    return (f" ε={record['dp_epsilon']:.3f} "
+            f"σ={record.get('dp_noise_multiplier', float('nan')):.4g}")
 
 
 @app.command()

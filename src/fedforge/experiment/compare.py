@@ -110,12 +110,19 @@ def run_comparison(
     return rows, plot
 
 
+PRIVACY_KEYS = ("dp_epsilon", "dp_noise_multiplier")
+"""A private run's ε spent and its σ: shown beside its accuracy wherever a run is summed up."""
+
+
 def _row(name: str, hists: list[list[dict]], target: float | None) -> dict:
     evals = [evaluated(h) for h in hists]  # the last round is always evaluated
     row: dict = {"algorithm": name, "seeds": len(hists),
                  "final_acc": summary([e[-1]["test_accuracy"] for e in evals]),
                  "best_acc": summary([max(r["test_accuracy"] for r in e) for e in evals]),
                  "final_loss": summary([e[-1]["test_loss"] for e in evals])}
+    for key in PRIVACY_KEYS:  # differentially private runs: what the accuracy cost
+        if all(key in e[-1] for e in evals):
+            row[key] = summary([e[-1][key] for e in evals])
     sims = [h[-1]["sim_time_s"] / h[-1]["round"] for h in hists if "sim_time_s" in h[-1]]
     if sims:
         row["sim_s_per_round"] = summary(sims)
