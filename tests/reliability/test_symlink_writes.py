@@ -81,7 +81,8 @@ COMMANDS = ["run", "compare", "pretrain", "report", "plot", "reproduce --report-
 # commands that print and write nothing, and writers tested elsewhere: bench (minutes per
 # row) appends --results and writes --plot through the same writer
 # (test_report_inputs.py::test_bench_results_and_scaling_plot_refuse_links); sweep's tables
-# and figure use it too (its trials are run folders)
+# and figure use it too (its trials are run folders), and its study database is checked in
+# test_sweep_study_refuses_a_planted_link
 PRINT_ONLY = {"algorithms", "config", "datasets", "models"}
 ELSEWHERE = {"bench", "sweep"}
 
@@ -161,3 +162,21 @@ def test_no_command_writes_through_a_planted_link(finished_run, tmp_path, monkey
         _plant(folder, rel, target)
     _refused(CliRunner().invoke(cli.app, argv), f"{name}: dangling links")
     assert not any(t.exists() for t in targets), f"{name}: wrote through a dangling link"
+
+
+@pytest.mark.parametrize("name", ["study.db", "study.db-journal"])
+def test_sweep_study_refuses_a_planted_link(tmp_path, name):
+    """The sweep's SQLite study is opened by path by SQLite itself: it and its side files
+    are checked first, like every file a run writes."""
+    pytest.importorskip("optuna", reason="fedforge sweep needs the sweep extra")
+    from fedforge.experiment.rundir import RunDirError
+    from fedforge.experiment.sweep import storage
+
+    outside = tmp_path / "outside.db"
+    outside.write_bytes(b"keep")
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / name).symlink_to(outside)
+    with pytest.raises(RunDirError, match=name):
+        storage(sweep)
+    assert outside.read_bytes() == b"keep"

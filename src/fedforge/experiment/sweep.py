@@ -511,10 +511,19 @@ def _pool(s: SweepSettings, jobs: int, gpus: list[str]) -> ProcessPoolExecutor:
 # ----------------------------------------------------------------------------- the driver
 
 
+STUDY_FILES = ("study.db", "study.db-journal", "study.db-wal", "study.db-shm")
+"""The study's SQLite file and the files SQLite writes beside it."""
+
+
 def storage(out: Path) -> Any:
-    """The study's SQLite file; writers from several processes wait for each other."""
+    """The study's SQLite file; writers from several processes wait for each other. It and
+    SQLite's side files are checked like every file a run writes: a planted link is refused."""
+    from fedforge.experiment.rundir import writable_path  # noqa: PLC0415
+
+    for name in STUDY_FILES:
+        writable_path(out, name)
     return _optuna().storages.RDBStorage(
-        f"sqlite:///{(out / 'study.db').resolve()}",
+        f"sqlite:///{Path(out).absolute() / 'study.db'}",
         engine_kwargs={"connect_args": {"timeout": 60}})
 
 
