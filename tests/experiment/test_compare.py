@@ -107,3 +107,38 @@ def test_cli_compare_target_and_seeds(tmp_path):
     res = CliRunner().invoke(app, ["compare", str(_config(tmp_path)), "-a", "fedavg",
                                    "--seeds", "a,b", "-o", str(tmp_path / "x")])
     assert res.exit_code == 2 and "--seeds" in res.output
+
+
+VARIANTS = """
+[compare.fedavg_lo.algorithm]
+name = "fedavg"
+local_lr = 0.01
+
+[compare.fedavg_hi.algorithm]
+name = "fedavg"
+local_lr = 0.5
+"""
+
+
+def test_named_variants_compare_one_algorithm_at_two_settings(tmp_path):
+    config = tmp_path / "variants.toml"
+    config.write_text((REPO / "examples" / "quickstart.toml").read_text() + VARIANTS)
+    cfgs = comparison_configs(config, ["fedavg_lo", "fedavg_hi", "fedprox"])
+    assert {n: (c[0].algorithm.name, c[0].algorithm.model_extra.get("local_lr"))
+            for n, c in cfgs.items()} == {"fedavg_lo": ("fedavg", 0.01),
+                                          "fedavg_hi": ("fedavg", 0.5),
+                                          "fedprox": ("fedprox", 0.01)}
+    result = CliRunner().invoke(app, ["compare", str(config), "-a", "fedavg_lo,fedavg_hi",
+                                      "rounds=1", "--out", str(tmp_path / "c"), "-q"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "c" / "table.json").read_text())
+    assert [r["algorithm"] for r in rows] == ["fedavg_lo", "fedavg_hi"]
+    assert rows[0]["final_acc"]["mean"] != rows[1]["final_acc"]["mean"]
+
+
+def test_a_variant_whose_algorithm_name_is_not_a_string_is_one_line(tmp_path):
+    config = tmp_path / "variants.toml"
+    config.write_text((REPO / "examples" / "quickstart.toml").read_text()
+                      + "\n[compare.x.algorithm]\nname = 3\n")
+    with pytest.raises(ConfigError, match=r"compare\.x\.algorithm\.name"):
+        comparison_configs(config, ["x"])

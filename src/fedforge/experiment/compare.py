@@ -44,9 +44,13 @@ def comparison_configs(
     path: str | Path, names: list[str], overrides: list[str] | None = None,
     seeds: list[int] | None = None,
 ) -> dict[str, list[RunConfig]]:
-    """One config per (algorithm, seed): the file, then its ``[compare.<name>]`` table merged
+    """One config per (variant, seed): the file, then its ``[compare.<name>]`` table merged
     in (per-algorithm hyper-parameters, e.g. the paper's learning rates), then
-    ``algorithm.name``, the command-line ``overrides`` and ``seed`` (default: the file's)."""
+    ``algorithm.name``, the command-line ``overrides`` and ``seed`` (default: the file's).
+
+    A name is an algorithm, or a named variant: a table that sets ``algorithm.name`` itself
+    (``[compare.fedavg_lo.algorithm]`` with ``name = "fedavg"``, ``local_lr = 0.01``), so
+    one algorithm can be compared at two settings."""
     raw = load_raw(path)
     tables = raw.pop("compare", {}) or {}
     if not isinstance(tables, dict):
@@ -56,12 +60,25 @@ def comparison_configs(
         table = tables.get(name, {})
         if not isinstance(table, dict):
             raise ConfigError(f"compare.{name}: expected a table of config sections")
-        merged = apply_overrides(_merge(raw, table), [f"algorithm.name={name}",
+        merged = apply_overrides(_merge(raw, table), [f"algorithm.name={_algorithm(table, name)}",
                                                       *(overrides or [])])
         base = validate(merged)
         out[name] = [base] if seeds is None else [
             base.model_copy(update={"seed": s}) for s in seeds]
     return out
+
+
+def _algorithm(table: dict, name: str) -> str:
+    """The algorithm a ``[compare.<name>]`` table runs: its own ``algorithm.name``, else
+    ``name``."""
+    section = table.get("algorithm")
+    chosen = section.get("name") if isinstance(section, dict) else None
+    if chosen is None:
+        return name
+    if not isinstance(chosen, str):
+        raise ConfigError(f"compare.{name}.algorithm.name: expected an algorithm name, "
+                          f"got {chosen!r}")
+    return chosen
 
 
 def _merge(base: dict, extra: dict) -> dict:

@@ -382,7 +382,11 @@ A resumed run continues a schedule exactly, because its position is the round.
 algorithm runs: `[compare.fedadam.algorithm]` with `server_lr = 0.01` is merged over the file
 when `fedforge compare -a fedavg,fedadam` runs FedAdam. `fedforge run CONFIG --variant fedadam`
 runs exactly that one (the table merged, `algorithm.name = "fedadam"`, then the command-line
-overrides); without `--variant`, `fedforge run` does not read the tables.
+overrides); without `--variant`, `fedforge run` does not read the tables. A table that sets
+`algorithm.name` itself is a *named variant*: `[compare.fedavg_lo.algorithm]` with
+`name = "fedavg"` and `local_lr = 0.01` beside `[compare.fedavg_hi.algorithm]` with
+`local_lr = 0.5` lets `fedforge compare -a fedavg_lo,fedavg_hi` compare one algorithm at two
+settings, each in its own folder and table row.
 
 **`[algorithm]`.** `name` plus that algorithm's hyper-parameters as further keys; each
 algorithm's keys, defaults and their sources are in [the algorithms page](algorithms.md)
