@@ -12,6 +12,8 @@ sweep's pruner).
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -51,6 +53,35 @@ def observe_rounds(fn: Callable[[int, dict], None]) -> Iterator[None]:
         yield
     finally:
         _OBSERVERS.reset(token)
+
+
+SLOW_STEP_S = 2.0  # a set-up step silent for longer than this says what it is doing
+
+
+@contextmanager
+def setup_step(label: str, *, enabled: bool = True, stream: TextIO | None = None,
+               after: float | None = None) -> Iterator[None]:
+    """Say ``label ...`` once a set-up step has run ``after`` seconds, and how long it took
+    when it ends; a step that finishes sooner prints nothing. Building a population of
+    100,000 clients takes over a minute, which should not look like a hang."""
+    out = stream if stream is not None else sys.stdout
+    started, shown = time.perf_counter(), threading.Event()
+
+    def announce() -> None:
+        shown.set()
+        print(f"{label} ...", file=out, flush=True)
+
+    timer = threading.Timer(SLOW_STEP_S if after is None else after, announce)
+    timer.daemon = True
+    if enabled:
+        timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        if shown.is_set():
+            print(f"{label}: done in {time.perf_counter() - started:.1f} s", file=out,
+                  flush=True)
 
 
 def _is_terminal(stream: TextIO) -> bool:

@@ -364,13 +364,15 @@ def _run_experiment(
     cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress: bool = True,
     algorithm: Algorithm | None = None, stop_at: float | None = None,
 ) -> list[dict]:
-    from fedforge.experiment.progress import RoundProgress
+    from fedforge.experiment.progress import RoundProgress, setup_step
 
     out = run_dir = Path(out_dir)
     if cfg.engine.name == "distributed" and init_distributed() and not is_main_rank():
         out = out / f"rank{torch.distributed.get_rank()}"  # rank 0 owns the run directory
     out.mkdir(parents=True, exist_ok=True)
-    exp = Experiment.from_config(cfg, algorithm=algorithm)
+    with setup_step(f"{cfg.data.dataset}: loading and partitioning the data, building the "
+                    f"model and algorithm", enabled=progress):
+        exp = Experiment.from_config(cfg, algorithm=algorithm)
     if (privacy := getattr(exp.algorithm, "privacy", None)) is not None:  # stop at target ε
         if resume and (run_dir / "checkpoints" / "latest.json").is_file():  # privacy ledger
             from fedforge.privacy.algorithm import resume as resume_privacy  # noqa: PLC0415
@@ -380,7 +382,8 @@ def _run_experiment(
             privacy = exp.algorithm.privacy
         cfg = cfg.model_copy(update={"rounds": privacy.last_round(cfg.rounds)})
     if is_main_rank():
-        save_partition_stats(exp.data, out)  # client sizes, label counts: partition.json
+        with setup_step(f"writing {out / 'partition.json'}", enabled=progress):
+            save_partition_stats(exp.data, out)  # client sizes, label counts: partition.json
     set_matmul_precision(cfg.engine.precision)
     loss_fn = classification_loss(exp.network, cfg.engine.precision)
     params = exp.initial_params()
