@@ -14,6 +14,13 @@ import os
 # BLAS calls here are tiny; the variable is read when numpy loads, so this must come first.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+# Real datasets come from the tests' own setting (tests/data_location.py), handed to fedforge
+# as a user would: $FEDFORGE_DATA, inherited by the runs tests start in subprocesses.
+from tests.data_location import TEST_DATA  # noqa: E402
+
+if TEST_DATA.is_dir():
+    os.environ.setdefault("FEDFORGE_DATA", str(TEST_DATA))
+
 
 def pytest_configure(config):
     explicit = any(a == "-m" or a.startswith("-m") for a in config.invocation_params.args)

@@ -4,7 +4,7 @@
 of every example on every machine (no data is read). ``test_example_runs`` (slow: real data,
 several seconds each) runs each one through ``fedforge run`` for a round or two with tiny
 overrides, reading its datasets from the data root a user's run would use
-(``$FEDFORGE_DATA``, else ``./data`` or ``../shared/data``); an example whose dataset
+(``$FEDFORGE_DATA``, which the tests set from tests/data_location.py); an example whose dataset
 folder is absent is skipped with the folder named.
 """
 

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.data_location import TEST_DATA
 
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    """Folder holding mnist/, cifar10/ ...: $FEDFORGE_TEST_DATA or <repo>/../shared/data."""
-    path = Path(os.environ.get("FEDFORGE_TEST_DATA", REPO_ROOT.parent / "shared" / "data"))
-    if not path.is_dir():
-        pytest.skip("../shared/data not found: set FEDFORGE_TEST_DATA")
-    return path
+    """Folder holding mnist/, cifar10/ ...: tests/data_location.py."""
+    if not TEST_DATA.is_dir():
+        pytest.skip(f"{TEST_DATA} not found: set FEDFORGE_TEST_DATA")
+    return TEST_DATA

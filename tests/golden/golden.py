@@ -18,10 +18,11 @@ from fedforge.algorithms import ALGORITHMS, build_algorithm
 from fedforge.experiment.config import load_config
 from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.runner import run_experiment
+from tests.data_location import TEST_DATA
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).with_name("golden_metrics.json")
-DATA = ROOT.parent / "shared" / "data"
+DATA = TEST_DATA
 
 TASKS: dict[str, list[str]] = {
     "quickstart": ["rounds=6", "eval.every=2", "checkpoint.every=100"],

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedforge.data.base import DatasetError, DatasetSplits
+from fedforge.data.huggingface import load_huggingface
 from fedforge.data.images import (
     FEMNIST_FILE,
     load_cifar10,
@@ -72,6 +73,9 @@ _REGISTRY: dict[str, DatasetEntry] = {
     "synthetic": DatasetEntry(
         make_synthetic,
         "FedProx Synthetic(alpha, beta) logistic data, 60 features, 10 classes, no files"),
+    "huggingface": DatasetEntry(
+        load_huggingface, "your local Hugging Face dataset (Arrow, Parquet, CSV, image folder) "
+        "at data.options.path; needs fedforge[huggingface]"),
 }
 _ALIASES = {"fmnist": "fashion_mnist", "fashion-mnist": "fashion_mnist", "cifar-10": "cifar10"}
 
@@ -151,7 +155,7 @@ def load_dataset(name: str, root: str | Path | None = None, **options: object) -
 
     ``root`` is the folder holding the dataset folders, or the dataset folder itself; ``None``
     resolves it as :mod:`fedforge.data.root` says (``--data-root``, ``$FEDFORGE_DATA``,
-    ``./data``, ``../shared/data``). ``options`` go to the dataset's loader (see
+    ``./data``). ``options`` go to the dataset's loader (see
     :func:`dataset_options`), e.g. ``normalize=False``, ``max_samples_per_client=500`` or
     ``alpha=0.5``. Raises :class:`DatasetError` for missing or malformed files.
     """

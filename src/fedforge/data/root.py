@@ -3,8 +3,7 @@
 1. ``--data-root`` on the command line (:func:`use_data_root`),
 2. ``data.root`` in the config (the ``root`` argument of ``load_dataset``),
 3. ``$FEDFORGE_DATA``,
-4. the default: ``./data`` if that folder exists, else ``../shared/data`` beside the
-   repository of a source checkout, if it exists, else ``./data``.
+4. the default: ``./data`` in the folder fedforge runs from.
 
 The command-line option wins over the config so that a shipped example runs unchanged on any
 machine; the variable loses to an explicit ``data.root`` because a config that names a folder
@@ -18,8 +17,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 ENV_VAR = "FEDFORGE_DATA"
-_REPO = Path(__file__).resolve().parents[3]  # src/fedforge/data/root.py -> the checkout
-DEFAULT_ROOTS: tuple[Path, ...] = (Path("data"), _REPO.parent / "shared" / "data")
+DEFAULT_ROOTS: tuple[Path, ...] = (Path("data"),)
 """Tried in order when nothing else names a root; the first that exists is used."""
 
 _cli_root: Path | None = None

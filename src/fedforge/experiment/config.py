@@ -50,7 +50,7 @@ class _Section(BaseModel):
 class DataConfig(_Section):
     dataset: str = "synthetic"
     # folder holding the dataset folders; --data-root wins over it, it wins over
-    # $FEDFORGE_DATA, then ./data or ../shared/data beside a checkout (fedforge.data.root)
+    # $FEDFORGE_DATA, then ./data (fedforge.data.root)
     root: str | None = None
     partition: str = "natural"
     num_clients: int | None = Field(default=None, ge=1)

@@ -185,8 +185,7 @@ NOTES: dict[str, str] = {
                       "own clients), `iid`, `dirichlet`, `dirichlet_class`, `dirichlet_equal`, "
                       "`shards`, `quantity_skew` (or a plugin's)",
     "data.root": "folder holding the dataset folders; `--data-root` wins over it and it wins "
-                 "over `$FEDFORGE_DATA` (default: `./data`, else `../shared/data` beside a "
-                 "source checkout)",
+                 "over `$FEDFORGE_DATA` (default: `./data` in the folder fedforge runs from)",
     "plugins": "your modules (names or `.py` paths) the run needs; never imported from the "
                "config: give each with `--plugin` (or pass `--allow-config-plugins`)",
     "method": "a multi-task run's driver (default `fedast`; `fedforge algorithms` lists them)",
@@ -401,8 +400,8 @@ fedforge](extending.md)). `plugins = ["my_module"]` in a config only names the m
 needs; a config never imports them. A config whose `plugins` were not given with `--plugin`
 stops with a one-line error, unless you pass `--allow-config-plugins` (`run`, `compare`,
 `pretrain`) to import the config's list as `--plugin` would. Datasets are read
-from `--data-root`, else `data.root`, else `$FEDFORGE_DATA`, else `./data` (or, in a source
-checkout without it, `../shared/data` beside the repository).
+from `--data-root`, else `data.root`, else `$FEDFORGE_DATA`, else `./data` in the folder
+fedforge runs from.
 
 ## Keys
 """  # noqa: E501 (markdown table rows)
