@@ -120,6 +120,7 @@ def test_registry_and_root(shared_data, monkeypatch):
         "shakespeare",
         "sst2",
         "synthetic",
+        "huggingface",
     }
     assert all(isinstance(v, str) and v for v in DATASETS.values())
     assert "max_samples_per_client" in dataset_options("shakespeare")

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from fedforge.data.base import DatasetSplits
 from fedforge.data.batching import client_batches
+from fedforge.data.partition import label_matched_tests
 from fedforge.data.partition import partition as run_partitioner
 
 __all__ = [
@@ -161,6 +162,22 @@ def _test_parts(test_groups: np.ndarray, group_ids: np.ndarray) -> list[np.ndarr
     return [order[a:b].astype(np.int64) for a, b in zip(lo, hi, strict=True)]
 
 
+def _own_tests(splits: DatasetSplits, parts: list[np.ndarray], rng: np.random.Generator
+               ) -> tuple[list[np.ndarray], list[str] | None]:
+    """Clients' own test samples (and names): their natural group's when each client is one
+    group (``flwr:natural_id``), else drawn with the client's training label mix."""
+    groups, test_groups = splits.train_groups, splits.test_groups
+    if groups is not None and test_groups is not None:
+        owners = [np.unique(np.asarray(groups)[p]) for p in parts]
+        if owners and all(len(o) == 1 for o in owners):
+            ids = np.array([o[0] for o in owners])
+            names = splits.group_names
+            return (_test_parts(np.asarray(test_groups), ids),
+                    None if names is None else [names[g] for g in ids.tolist()])
+    test_labels = splits.test_y.cpu().numpy()
+    return label_matched_tests(splits.train_y.cpu().numpy(), parts, test_labels, rng), None
+
+
 def build_federated_dataset(
     splits: DatasetSplits,
     partition: str,
@@ -192,7 +209,10 @@ def build_federated_dataset(
         if splits.test_groups is not None:
             test_parts = _test_parts(np.asarray(splits.test_groups), group_ids)
     else:
-        parts = run_partitioner(partition, labels, num_clients, rng, **partition_kw)
+        parts = run_partitioner(partition, labels, num_clients, rng,
+                                groups=splits.train_groups, **partition_kw)
+        if getattr(splits, "client_tests", False):  # e.g. the huggingface dataset
+            test_parts, names = _own_tests(splits, parts, rng)
     empty = [i for i, p in enumerate(parts) if len(p) == 0]
     if empty:  # e.g. per-class Dirichlet at alpha 0.01: sampled, but no local work, weight 0
         warnings.warn(

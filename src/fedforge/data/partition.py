@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from fedforge.data.huggingface import FLWR_PARTITIONERS
+
 
 def _as_int_array(values: Any, what: str) -> np.ndarray:
     if hasattr(values, "detach"):  # torch.Tensor, without importing torch here
@@ -245,6 +247,39 @@ def dirichlet_fixed_size(labels: np.ndarray, num_clients: int, alpha: float,
     return out
 
 
+def label_matched_tests(train_labels: Any, parts: list[np.ndarray], test_labels: Any,
+                        rng: np.random.Generator) -> list[np.ndarray]:
+    """Each client's own test samples with its training label mix: class c's test samples
+    are shuffled and cut among the clients in proportion to their training samples of c
+    (clients holding none of c get none). For per-client evaluation under label partitions.
+    """
+    y = _as_int_array(train_labels, "labels")
+    yt = _as_int_array(test_labels, "test labels")
+    if not parts:
+        return []
+    classes = np.union1d(y, yt)
+    owner = np.full(len(y), -1, dtype=np.int64)
+    for i, p in enumerate(parts):
+        owner[p] = i
+    held = owner >= 0
+    counts = np.zeros((len(classes), len(parts)), dtype=np.int64)  # [classes, clients]
+    np.add.at(counts, (np.searchsorted(classes, y[held]), owner[held]), 1)
+    totals = counts.sum(axis=1)
+    yt_inv = np.searchsorted(classes, yt)
+    test_counts = np.bincount(yt_inv, minlength=len(classes))
+    test_counts[totals == 0] = 0  # a class no client holds: its test samples go to no one
+    share = np.cumsum(counts, axis=1) / np.maximum(totals, 1)[:, None]
+    cuts = np.floor(share * test_counts[:, None]).astype(np.int64)
+    cuts[:, -1] = test_counts
+    per_client = np.diff(cuts, axis=1, prepend=0)
+    order = np.lexsort((rng.random(len(yt)), yt_inv))  # class-major, shuffled in a class
+    sizes = np.bincount(yt_inv, minlength=len(classes))
+    rank = np.arange(len(yt)) - (np.cumsum(sizes) - sizes)[yt_inv[order]]
+    kept = order[rank < test_counts[yt_inv[order]]]  # the first test_counts[c] of class c
+    owners = np.repeat(np.tile(np.arange(len(parts)), len(classes)), per_client.ravel())
+    return group_by_client(kept, owners, len(parts))
+
+
 PARTITIONERS: dict[str, Callable[..., list[np.ndarray]]] = {
     "iid": iid,
     "dirichlet": dirichlet_label,
@@ -253,6 +288,7 @@ PARTITIONERS: dict[str, Callable[..., list[np.ndarray]]] = {
     "shards": shards,
     "quantity_skew": quantity_skew,
     "natural": natural,
+    **FLWR_PARTITIONERS,  # flwr-datasets' partitioners (fedforge[huggingface])
 }
 _ALIASES = {"dirichlet_label": "dirichlet", "pathological": "shards", "quantity": "quantity_skew"}
 
@@ -284,12 +320,16 @@ def partition(
                 raise ValueError(f"num_clients={num_clients} but there are {len(parts)} groups")
             parts = parts[:num_clients]
         return parts
-    if num_clients is None:
-        raise ValueError(f"partition {key!r} needs num_clients")
     fn = PARTITIONERS[key]
-    params = list(inspect.signature(fn).parameters.values())[1:]  # after labels/num_samples
-    options = {p.name: p for p in params if p.name not in ("num_clients", "rng")}
-    unknown = sorted(set(kw) - set(options))
+    signature = inspect.signature(fn).parameters
+    count = signature.get("num_clients")
+    if num_clients is None and (count is None or count.default is inspect.Parameter.empty):
+        raise ValueError(f"partition {key!r} needs num_clients")
+    if "groups" in signature:  # e.g. flwr:natural_id: the dataset's natural client ids
+        kw = {**kw, "groups": groups}
+    params = list(signature.values())[1:]  # after labels/num_samples
+    options = {p.name: p for p in params if p.name not in ("num_clients", "rng", "groups")}
+    unknown = sorted(set(kw) - set(options) - {"groups"})
     if unknown:
         raise ValueError(
             f"partition {key!r}: unknown option(s) {unknown}; accepts {sorted(options)}"

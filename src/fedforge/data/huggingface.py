@@ -1,0 +1,392 @@
+"""``dataset = "huggingface"``: a local Hugging Face dataset as fedforge's in-memory tensors.
+
+The ``datasets`` library reads a ``save_to_disk`` folder (Arrow), Parquet or CSV files, or an
+image folder; the rows become the same tensors the built-in loaders give (images float32
+``[N, C, H, W]`` standardised per channel, numeric columns float32 ``[N, D]`` standardised
+per column, labels int64). Only local paths are read: the loader runs offline and refuses
+anything that is not a file or folder, so a hub name never turns into a download. The
+library's cache goes to a temporary folder that is removed once the tensors are built.
+
+flwr-datasets' partitioners (``flwr:iid``, ``flwr:dirichlet``, ``flwr:pathological``,
+``flwr:natural_id``) are registered as fedforge partitions: they run on a small Hugging Face
+dataset of the labels (and natural ids) and their partitions become per-client index lists,
+so they work on every fedforge dataset.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, redirect_stderr
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from fedforge.data.base import DatasetError, DatasetSplits, labels_to_tensor
+
+Format = Literal["auto", "arrow", "parquet", "csv", "imagefolder"]
+_IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
+_HOLDOUT_SEED = 0  # fixed: the held-out test split must not change with the run's seed
+
+
+@dataclass
+class HuggingFaceSplits(DatasetSplits):
+    """``DatasetSplits`` whose clients also get their own test samples under any partition
+    (natural groups, else the client's training label mix), for ``eval.per_client``."""
+
+    client_tests: bool = True
+
+
+# ----------------------------------------------------------------------------- the library
+
+
+def _datasets() -> Any:
+    """The ``datasets`` module, offline and quiet (set before the first import reads them)."""
+    os.environ["HF_DATASETS_OFFLINE"] = "1"
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        import datasets
+    except ImportError as exc:
+        raise DatasetError("data.dataset: 'huggingface' and the flwr:* partitions need the "
+                           "datasets library: pip install 'fedforge[huggingface]'") from exc
+    datasets.config.HF_DATASETS_OFFLINE = True  # an earlier import read the environment first
+    datasets.disable_progress_bars()
+    return datasets
+
+
+def _partitioners() -> Any:
+    try:
+        from flwr_datasets import partitioner
+    except ImportError as exc:
+        raise ValueError("data.partition: the flwr:* partitions need flwr-datasets: "
+                         "pip install 'fedforge[huggingface]'") from exc
+    return partitioner
+
+
+@contextmanager
+def _scratch_cache() -> Iterator[str]:
+    """A cache folder for ``load_dataset`` that is gone when the tensors are built."""
+    with tempfile.TemporaryDirectory(prefix="fedforge-hf-") as tmp:
+        yield tmp
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _local_path(path: str) -> Path:
+    """The dataset's path; anything else (a hub name) is refused, never fetched."""
+    where = Path(path).expanduser()
+    if not (where.is_file() or where.is_dir()):
+        raise DatasetError(
+            f"data.options.path: {path!r} is not a local file or folder; the huggingface "
+            "dataset reads only local data and fetches nothing from a hub (save it with "
+            "save_to_disk, or as Parquet or CSV, and give that path)")
+    return where
+
+
+def _detect(path: Path) -> str:
+    """The format a path holds, from its files (``format = "auto"``)."""
+    if path.is_file():
+        kind = {".parquet": "parquet", ".csv": "csv"}.get(path.suffix.lower())
+        if kind is None:
+            raise DatasetError(f"data.options.format: cannot tell the format of {path}; set "
+                               "format to arrow, parquet, csv or imagefolder")
+        return kind
+    if any((path / f).is_file() for f in ("dataset_dict.json", "state.json")):
+        return "arrow"
+    files = [f for f in path.rglob("*") if f.is_file()]
+    for suffix, kind in ((".parquet", "parquet"), (".csv", "csv")):
+        if any(f.suffix.lower() == suffix for f in files):
+            return kind
+    if any(f.suffix.lower() in _IMAGE_SUFFIXES for f in files):
+        return "imagefolder"
+    raise DatasetError(f"data.options.path: {path} holds no Arrow (save_to_disk), Parquet, "
+                       "CSV or image files")
+
+
+def _read(path: Path, fmt: str) -> dict[str, Any]:
+    """split name -> ``datasets.Dataset``, all in memory."""
+    hf = _datasets()
+    try:
+        if fmt == "arrow":
+            loaded = hf.load_from_disk(str(path), keep_in_memory=True)
+        else:
+            where = {"data_files": {"train": str(path)}} if path.is_file() else {
+                "data_dir": str(path)}
+            with _scratch_cache() as cache:
+                loaded = hf.load_dataset(fmt, cache_dir=cache, keep_in_memory=True, **where)
+    except Exception as exc:  # noqa: BLE001 (any failure to read the files: one line)
+        text = " ".join(str(exc).split())[:300]
+        raise DatasetError(f"data.options.path: {path}: not readable as {fmt} ({text})"
+                           ) from None
+    return dict(loaded) if isinstance(loaded, hf.DatasetDict) else {"train": loaded}
+
+
+def _pick(dsets: dict[str, Any], split: str, test_split: str | None, path: Path
+          ) -> tuple[Any, Any | None]:
+    """(train, test or None: hold one out) from the named splits."""
+    for key, name in (("split", split), ("test_split", test_split)):
+        if name is not None and name not in dsets:
+            raise DatasetError(f"data.options.{key}: no split {name!r} in {path}; it has "
+                               f"{sorted(dsets)}")
+    if test_split is None and "test" in dsets and split != "test":
+        test_split = "test"
+    return dsets[split], None if test_split is None else dsets[test_split]
+
+
+# ----------------------------------------------------------------------------- columns
+
+
+def _column(ds: Any, name: str, key: str, path: Path) -> np.ndarray:
+    if name not in ds.column_names:
+        raise DatasetError(f"data.options.{key}: no column {name!r} in {path} (columns: "
+                           f"{', '.join(ds.column_names)})")
+    values = ds.with_format("numpy", columns=[name])[0:len(ds)][name]
+    if values.dtype == object:
+        raise DatasetError(f"data.options.{key}: column {name!r} of {path} has rows of "
+                           "different shapes (resize the images to one size)")
+    return values
+
+
+def _feature_columns(ds: Any, features: str | list[str] | None, label: str,
+                     partition_by: str | None) -> list[str]:
+    if features is not None:
+        return [features] if isinstance(features, str) else list(features)
+    if "image" in ds.column_names:
+        return ["image"]
+    return [c for c in ds.column_names if c not in (label, partition_by)]
+
+
+def _inputs(ds: Any, columns: list[str], path: Path) -> np.ndarray:
+    """Raw inputs: images ``[N, C, H, W]`` (one image column) or numbers ``[N, D]``."""
+    if not columns:
+        raise DatasetError("data.options.features: no feature columns")
+    arrays = [_column(ds, c, "features", path) for c in columns]
+    for name, a in zip(columns, arrays):
+        if a.dtype.kind not in "biuf":
+            raise DatasetError(f"data.options.features: column {name!r} of {path} holds "
+                               f"{a.dtype} values; expected images or numbers")
+    if len(arrays) == 1 and arrays[0].ndim in (3, 4):
+        return _channels_first(arrays[0])
+    flat = [a.reshape(len(a), -1) for a in arrays]
+    return np.concatenate(flat, axis=1)
+
+
+def _channels_first(x: np.ndarray) -> np.ndarray:
+    """``[N, H, W]`` / ``[N, H, W, C]`` (as images decode) -> ``[N, C, H, W]``."""
+    if x.ndim == 3:
+        return x[:, None]
+    if x.shape[-1] in (1, 3, 4) and x.shape[1] not in (1, 3):
+        return np.ascontiguousarray(x[..., :3].transpose(0, 3, 1, 2))
+    return x
+
+
+def _standardise(train: np.ndarray, test: np.ndarray, normalize: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 tensors; uint8 images scaled to [0, 1]; with ``normalize``, standardised by
+    the training split's per-channel (images) or per-column (numbers) mean and std."""
+    scale = 255.0 if train.dtype == np.uint8 else 1.0
+    a = torch.from_numpy(train.astype(np.float32) / scale)
+    b = torch.from_numpy(test.astype(np.float32) / scale)
+    if normalize and len(a):
+        dims = (0, 2, 3) if a.dim() == 4 else (0,)
+        mean, std = a.mean(dims, keepdim=True), a.std(dims, keepdim=True)
+        std = torch.where(std > 0, std, torch.ones_like(std))
+        a, b = (a - mean) / std, (b - mean) / std
+    return a, b
+
+
+def _names(ds: Any, column: str) -> list[str] | None:
+    feature = ds.features.get(column)
+    return list(feature.names) if type(feature).__name__ == "ClassLabel" else None
+
+
+def _encode(train: np.ndarray, test: np.ndarray, key: str, path: Path
+            ) -> tuple[np.ndarray, np.ndarray, list[str] | None]:
+    """Integer codes for a label or id column: ints kept, strings numbered in sorted order."""
+    if train.dtype.kind in "iub" and test.dtype.kind in "iub":
+        return train.astype(np.int64), test.astype(np.int64), None
+    if train.dtype.kind in "US" and test.dtype.kind in "US":
+        names, codes = np.unique(np.concatenate([train, test]), return_inverse=True)
+        codes = codes.reshape(-1)
+        return codes[:len(train)], codes[len(train):], [str(n) for n in names]
+    raise DatasetError(f"data.options.{key}: column of {path} holds {train.dtype} values; "
+                       "expected integers or strings")
+
+
+def _labels(train: Any, test: Any, label: str, path: Path
+            ) -> tuple[np.ndarray, np.ndarray, int]:
+    ytr, yte, names = _encode(_column(train, label, "label", path),
+                              _column(test, label, "label", path), "label", path)
+    names = _names(train, label) or names
+    both = np.concatenate([ytr, yte])
+    if both.size and int(both.min()) < 0:
+        raise DatasetError(f"data.options.label: column {label!r} of {path} has negative "
+                           "labels; expected class ids 0..C-1")
+    num_classes = len(names) if names else int(both.max(initial=-1)) + 1
+    return ytr, yte, max(num_classes, 1)
+
+
+def _groups(train: Any, test: Any, column: str, path: Path
+            ) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Natural client ids numbered in sorted order, with their names."""
+    gtr, gte, names = _encode(_column(train, column, "partition_by", path),
+                              _column(test, column, "partition_by", path), "partition_by", path)
+    if names is None:
+        values, codes = np.unique(np.concatenate([gtr, gte]), return_inverse=True)
+        codes = codes.reshape(-1)
+        gtr, gte, names = codes[:len(gtr)], codes[len(gtr):], [str(v) for v in values]
+    return gtr, gte, names
+
+
+def _hold_out(ds: Any, fraction: float) -> tuple[Any, Any]:
+    """(train, test): a fixed random ``fraction`` of the rows becomes the test split."""
+    if not 0.0 < fraction < 1.0:
+        raise DatasetError(f"data.options.test_fraction: expected a number in (0, 1), got "
+                           f"{fraction!r}")
+    order = np.random.default_rng(_HOLDOUT_SEED).permutation(len(ds))
+    cut = int(round(fraction * len(ds)))
+    if not 0 < cut < len(ds):
+        raise DatasetError(f"data.options.test_fraction: {fraction} of {len(ds)} rows leaves "
+                           "no train or no test rows")
+    return ds.select(np.sort(order[cut:])), ds.select(np.sort(order[:cut]))
+
+
+# ----------------------------------------------------------------------------- the loader
+
+
+def load_huggingface(
+    path: str,
+    format: Format = "auto",
+    features: str | list[str] | None = None,
+    label: str = "label",
+    split: str = "train",
+    test_split: str | None = None,
+    test_fraction: float = 0.2,
+    partition_by: str | None = None,
+    normalize: bool = True,
+) -> DatasetSplits:
+    """A local Hugging Face dataset in memory (see the module doc).
+
+    ``features``: one image column (default ``image`` when there is one) or numeric
+    columns (default: all but ``label`` and ``partition_by``). ``test_split``: default
+    ``test`` when the dataset has it, else ``test_fraction`` of ``split`` is held out (a
+    fixed draw). ``partition_by``: a natural client id column (writer, device) for
+    ``partition = "natural"`` or ``flwr:natural_id``.
+    """
+    where = _local_path(path)
+    fmt = _detect(where) if format == "auto" else format
+    train, test = _pick(_read(where, fmt), split, test_split, where)
+    if test is None:
+        train, test = _hold_out(train, test_fraction)
+    columns = _feature_columns(train, features, label, partition_by)
+    xtr, xte = _inputs(train, columns, where), _inputs(test, columns, where)
+    if xtr.shape[1:] != xte.shape[1:]:
+        raise DatasetError(f"data.options.features: train rows have shape {xtr.shape[1:]} but "
+                           f"test rows {xte.shape[1:]} in {where}")
+    ytr, yte, num_classes = _labels(train, test, label, where)
+    gtr = gte = names = None
+    if partition_by is not None:
+        gtr, gte, names = _groups(train, test, partition_by, where)
+    x_train, x_test = _standardise(xtr, xte, normalize)
+    return HuggingFaceSplits(
+        name=f"huggingface:{where.name}", train_x=x_train, train_y=labels_to_tensor(ytr),
+        test_x=x_test, test_y=labels_to_tensor(yte), num_classes=num_classes,
+        input_shape=tuple(x_train.shape[1:]), train_groups=gtr, test_groups=gte,
+        group_names=names)
+
+
+# ----------------------------------------------------------------------------- flwr partitions
+
+
+def _seed(rng: np.random.Generator) -> int:
+    return int(rng.integers(2**31 - 1))
+
+
+def _run_flwr(make: Callable[[str], Any], labels: Any, groups: Any, partition_by: str,
+              shuffle_seed: int | None = None) -> list[np.ndarray]:
+    """Run a flwr-datasets partitioner on a dataset of the labels (and natural ids) and read
+    each partition's row numbers back as a sorted index array."""
+    hf = _datasets()
+    y = np.asarray(labels.detach().cpu() if hasattr(labels, "detach") else labels)
+    columns: dict[str, Any] = {"label": y, "__row": np.arange(len(y))}
+    if partition_by != "label":
+        if groups is None:
+            raise ValueError(f"data.partition_options.partition_by: {partition_by!r}: this dataset "
+                             "has no natural ids; use 'label' or set data.options.partition_by")
+        columns[partition_by] = np.asarray(groups)
+    ds = hf.Dataset.from_dict(columns)
+    if shuffle_seed is not None:  # as flwr-datasets' FederatedDataset shuffles before IID
+        ds = ds.shuffle(seed=shuffle_seed, keep_in_memory=True)
+    part = make(partition_by)
+    part.dataset = ds
+    try:
+        with redirect_stderr(io.StringIO()):  # NaturalIdPartitioner's progress bar
+            count = part.num_partitions
+        return [np.sort(np.asarray(part.load_partition(i)["__row"], dtype=np.int64))
+                for i in range(count)]
+    except ValueError as exc:  # e.g. no Dirichlet draw met min_partition_size
+        text = " ".join(str(exc).split())
+        raise ValueError(f"data.partition_options: {type(part).__name__}: {text}") from None
+
+
+def flwr_iid(labels: Any, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """flwr-datasets' ``IidPartitioner`` (after a seeded shuffle, as FederatedDataset does)."""
+    p = _partitioners()
+    return _run_flwr(lambda _: p.IidPartitioner(num_partitions=num_clients), labels, None,
+                     "label", shuffle_seed=_seed(rng))
+
+
+def flwr_dirichlet(labels: Any, num_clients: int, alpha: float, rng: np.random.Generator,
+                   partition_by: str = "label", min_partition_size: int = 10,
+                   self_balancing: bool = False, groups: Any = None) -> list[np.ndarray]:
+    """flwr-datasets' ``DirichletPartitioner``: ``partition_by``'s values spread over
+    clients by Dir(``alpha``) proportions."""
+    p = _partitioners()
+    return _run_flwr(lambda col: p.DirichletPartitioner(
+        num_partitions=num_clients, partition_by=col, alpha=alpha,
+        min_partition_size=min_partition_size, self_balancing=self_balancing,
+        seed=_seed(rng)), labels, groups, partition_by)
+
+
+def flwr_pathological(labels: Any, num_clients: int, num_classes_per_partition: int,
+                      rng: np.random.Generator, partition_by: str = "label",
+                      class_assignment_mode: Literal["random", "deterministic",
+                                                     "first-deterministic"] = "random",
+                      groups: Any = None) -> list[np.ndarray]:
+    """flwr-datasets' ``PathologicalPartitioner``: each client holds
+    ``num_classes_per_partition`` values of ``partition_by``."""
+    p = _partitioners()
+    return _run_flwr(lambda col: p.PathologicalPartitioner(
+        num_partitions=num_clients, partition_by=col,
+        num_classes_per_partition=num_classes_per_partition,
+        class_assignment_mode=class_assignment_mode, seed=_seed(rng)),
+        labels, groups, partition_by)
+
+
+def flwr_natural_id(labels: Any, rng: np.random.Generator, num_clients: int | None = None,
+                    partition_by: str | None = None, groups: Any = None) -> list[np.ndarray]:
+    """flwr-datasets' ``NaturalIdPartitioner``: one client per natural id (default: the
+    column given as ``data.options.partition_by``), in sorted id order; ``num_clients``
+    keeps the first ones."""
+    p = _partitioners()
+    parts = _run_flwr(lambda col: p.NaturalIdPartitioner(partition_by=col), labels, groups,
+                      partition_by or "natural_id")
+    if num_clients is not None:
+        if not 1 <= num_clients <= len(parts):
+            raise ValueError(f"num_clients={num_clients} but there are {len(parts)} natural ids")
+        parts = parts[:num_clients]
+    return parts
+
+
+FLWR_PARTITIONERS: dict[str, Callable[..., list[np.ndarray]]] = {
+    "flwr:iid": flwr_iid,
+    "flwr:dirichlet": flwr_dirichlet,
+    "flwr:pathological": flwr_pathological,
+    "flwr:natural_id": flwr_natural_id,
+}
