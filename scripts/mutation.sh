@@ -36,41 +36,42 @@ CONFIGURED=(src/fedforge/algorithms/*.py src/fedforge/client/*.py src/fedforge/s
             src/fedforge/engine/round.py src/fedforge/experiment/round.py)
 
 # The pytest arguments (test files, -k filters) that exercise one module. Slow Monte Carlo
-# and end-to-end tests are left out; the *_mutants.py files hold the fast exact checks.
+# and end-to-end tests are left out; the *_exact.py and *_factories.py files hold the fast exact
+# checks.
 tests_for() {
   case "$1" in
     src/fedforge/client/nar.py)
-      echo "tests/client/test_nar.py tests/client/test_nar_mutants.py" \
+      echo "tests/client/test_nar.py tests/client/test_nar_exact.py" \
            "tests/algorithms/test_fednar_backbones.py" ;;
     src/fedforge/client/control_variates.py)
       echo "tests/algorithms/test_multiround_sgd.py tests/algorithms/test_multiround_adam.py" \
            "tests/algorithms/test_fedavg_family.py" ;;
     src/fedforge/client/optimizers.py)
-      echo "tests/client/test_optimizers_mutants.py" ;;
+      echo "tests/client/test_optimizers_exact.py" ;;
     src/fedforge/client/*)
       echo "tests/client tests/algorithms/test_fedavg_family.py" ;;
     src/fedforge/core/moments.py)
       echo "tests/client tests/server tests/algorithms/test_fedopt.py" ;;
     src/fedforge/comm/sketch.py)
-      echo "tests/comm/test_sketch.py tests/comm/test_sketch_mutants.py" \
+      echo "tests/comm/test_sketch.py tests/comm/test_sketch_exact.py" \
            "tests/algorithms/test_safl.py -k 'not unbiased_mean_of_RtR'" ;;
     src/fedforge/comm/rng.py)
-      echo "tests/comm/test_rng_mutants.py" ;;
+      echo "tests/comm/test_rng_reference.py" ;;
     src/fedforge/comm/compress.py)
-      echo "tests/comm/test_compress.py tests/comm/test_compress_mutants.py" ;;
+      echo "tests/comm/test_compress.py tests/comm/test_compress_exact.py" ;;
     src/fedforge/comm/codec.py)
-      echo "tests/comm/test_compress.py tests/comm/test_codec_mutants.py" \
+      echo "tests/comm/test_compress.py tests/comm/test_codec_exact.py" \
            "tests/algorithms/test_multiround_compressed.py" \
            "tests/algorithms/test_safl.py -k 'not baselines_run'" ;;
     src/fedforge/comm/*)
       echo "tests/comm tests/algorithms/test_safl.py" \
            "tests/algorithms/test_multiround_compressed.py -k 'not unbiased_mean_of_RtR'" ;;
     src/fedforge/server/chain.py)
-      echo "tests/server/test_chain_mutants.py tests/algorithms/test_fedexp.py" \
+      echo "tests/server/test_chain_exact.py tests/algorithms/test_fedexp.py" \
            "tests/algorithms/test_multiround_sgd.py::test_fedavgm_server_momentum" \
            "tests/algorithms/test_multiround_sgd.py::test_feddyn_four_rounds" ;;
     src/fedforge/server/buffered.py)
-      echo "tests/server/test_buffered.py tests/server/test_buffered_mutants.py" ;;
+      echo "tests/server/test_buffered.py tests/server/test_buffered_exact.py" ;;
     src/fedforge/server/*)
       echo "tests/algorithms/test_fedopt.py tests/server" \
            "tests/algorithms/test_multiround_sgd.py" ;;
@@ -80,49 +81,49 @@ tests_for() {
     src/fedforge/algorithms/momentum.py)
       echo "tests/algorithms/test_multiround_adam.py::test_fedavg_m_four_rounds" \
            "tests/algorithms/test_multiround_adam.py::test_scaffold_m_four_rounds" \
-           "tests/algorithms/test_momentum_mutants.py tests/algorithms/test_defaults.py" ;;
+           "tests/algorithms/test_momentum_exact.py tests/algorithms/test_defaults.py" ;;
     src/fedforge/algorithms/fadamgc.py)
       echo "tests/algorithms/test_fadamgc.py tests/algorithms/test_multiround_adam.py" \
-           "tests/algorithms/test_fadamgc_mutants.py tests/algorithms/test_defaults.py" ;;
+           "tests/algorithms/test_fadamgc_exact.py tests/algorithms/test_defaults.py" ;;
     src/fedforge/algorithms/fedavg.py | src/fedforge/algorithms/fedopt.py)
-      echo "tests/algorithms/test_fedopt.py tests/algorithms/test_fedavg_mutants.py" \
+      echo "tests/algorithms/test_fedopt.py tests/algorithms/test_fedavg_factories.py" \
            "tests/algorithms/test_defaults.py" ;;
     src/fedforge/algorithms/fedexp.py)
-      echo "tests/algorithms/test_fedexp.py tests/algorithms/test_fedavg_mutants.py" \
+      echo "tests/algorithms/test_fedexp.py tests/algorithms/test_fedavg_factories.py" \
            "tests/algorithms/test_multiround_sgd.py::test_fedexp_step_size_and_eval_point" \
            "tests/algorithms/test_defaults.py" ;;
     src/fedforge/algorithms/feddyn.py | src/fedforge/algorithms/feddc.py)
-      echo "tests/algorithms/test_feddyn_feddc.py tests/algorithms/test_fedavg_mutants.py" \
+      echo "tests/algorithms/test_feddyn_feddc.py tests/algorithms/test_fedavg_factories.py" \
            "tests/algorithms/test_multiround_sgd.py::test_feddyn_four_rounds" \
            "tests/algorithms/test_multiround_sgd.py::test_feddc_four_rounds" \
            "tests/algorithms/test_defaults.py" ;;
     src/fedforge/algorithms/compressed.py)
       echo "tests/algorithms/test_safl.py tests/algorithms/test_multiround_compressed.py" \
-           "tests/algorithms/test_compressed_mutants.py tests/algorithms/test_defaults.py" \
+           "tests/algorithms/test_compressed_factories.py tests/algorithms/test_defaults.py" \
            "-k 'not baselines_run'" ;;
     src/fedforge/algorithms/base.py)
-      echo "tests/algorithms/test_base_mutants.py tests/algorithms/test_multiround_compressed.py" \
+      echo "tests/algorithms/test_base_exact.py tests/algorithms/test_multiround_compressed.py" \
            "tests/algorithms/test_fadamgc.py::test_full_gradient_init_by_hand" \
            "tests/algorithms/test_multiround_sgd.py::test_feddyn_four_rounds" ;;
     src/fedforge/algorithms/fedptr.py)  # test_fedptr.py's end-to-end runs take minutes
-      echo "tests/algorithms/test_fedptr_mutants.py tests/algorithms/test_fedptr_diagnostics.py" \
+      echo "tests/algorithms/test_fedptr_exact.py tests/algorithms/test_fedptr_diagnostics.py" \
            "tests/algorithms/test_fedptr.py::test_layer_adaptive_prox_gradient_has_norm_lambda_per_layer" \
            "tests/algorithms/test_fedptr.py::test_hparam_errors_name_the_field" \
            "tests/algorithms/test_defaults.py -k 'not a_run_logs_the_diagnostics'" ;;
     src/fedforge/algorithms/uplink_diagnostics.py)
-      echo "tests/comm/test_sketch_diagnostics.py tests/algorithms/test_uplink_diagnostics_mutants.py" \
+      echo "tests/comm/test_sketch_diagnostics.py tests/algorithms/test_uplink_diagnostics_exact.py" \
            "-k 'not in_a_run'" ;;
     src/fedforge/algorithms/*)
       echo "tests/algorithms -k 'not fedptr and not backbone'" ;;
     src/fedforge/sim/allocation.py)  # the dynamic-allocation run takes a minute
-      echo "tests/sim/test_allocation.py tests/sim/test_allocation_mutants.py" \
+      echo "tests/sim/test_allocation.py tests/sim/test_allocation_exact.py" \
            "-k 'not dynamic_allocation'" ;;
     src/fedforge/sim/delays.py | src/fedforge/sim/clock.py | src/fedforge/sim/multitask_sync.py)
       local stem="${1##*/}"
-      echo "tests/sim/test_${stem%.py}.py tests/sim/test_${stem%.py}_mutants.py" ;;
+      echo "tests/sim/test_${stem%.py}.py tests/sim/test_${stem%.py}_exact.py" ;;
     src/fedforge/sim/fedast.py)
       echo "tests/sim/test_allocation.py tests/sim/test_allocation_code.py" \
-           "tests/sim/test_fedast_mutants.py" ;;
+           "tests/sim/test_population.py" ;;
     src/fedforge/sim/*)
       echo "tests/sim" ;;
     src/fedforge/engine/round.py | src/fedforge/experiment/round.py)
