@@ -234,3 +234,24 @@ def test_missing_extra_names_it(made, monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)
     with pytest.raises(DatasetError, match=r"fedforge\[huggingface\]"):
         huggingface.load_huggingface(str(made["csv"]))
+
+
+# ----------------------------------------------------------------------------- the docs
+
+
+def test_the_documented_example_runs(tmp_path, monkeypatch):
+    """docs/huggingface.md's script, config and Python snippet run as written (2 rounds)."""
+    import re
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "huggingface.md").read_text()
+    python = re.findall(r"```python\n(.*?)```", page, re.S)
+    toml = re.findall(r"```toml\n(.*?)```", page, re.S)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(python[0], "docs/huggingface.md", "exec"), {})  # noqa: S102 (our own page)
+    (tmp_path / "hf_toy.toml").write_text(toml[0])
+    res = CliRunner().invoke(app, ["run", "hf_toy.toml", "--out", "runs/hf_toy", "--quiet",
+                                   "rounds=2"])
+    assert res.exit_code == 0, res.output
+    last = json.loads((tmp_path / "runs/hf_toy/metrics.jsonl").read_text().splitlines()[-1])
+    assert "client_mean_accuracy" in last
+    exec(compile(python[1], "docs/huggingface.md", "exec"), {})  # noqa: S102

@@ -142,15 +142,22 @@ def _pick(dsets: dict[str, Any], split: str, test_split: str | None, path: Path
 # ----------------------------------------------------------------------------- columns
 
 
+def _columns(ds: Any, names: list[str], key: str, path: Path) -> list[np.ndarray]:
+    """The named columns as numpy arrays (decoded images included), read in one pass."""
+    for name in names:
+        if name not in ds.column_names:
+            raise DatasetError(f"data.options.{key}: no column {name!r} in {path} (columns: "
+                               f"{', '.join(ds.column_names)})")
+    batch = ds.with_format("numpy", columns=names)[0:len(ds)]
+    for name in names:
+        if batch[name].dtype == object:
+            raise DatasetError(f"data.options.{key}: column {name!r} of {path} has rows of "
+                               "different shapes (resize the images to one size)")
+    return [batch[name] for name in names]
+
+
 def _column(ds: Any, name: str, key: str, path: Path) -> np.ndarray:
-    if name not in ds.column_names:
-        raise DatasetError(f"data.options.{key}: no column {name!r} in {path} (columns: "
-                           f"{', '.join(ds.column_names)})")
-    values = ds.with_format("numpy", columns=[name])[0:len(ds)][name]
-    if values.dtype == object:
-        raise DatasetError(f"data.options.{key}: column {name!r} of {path} has rows of "
-                           "different shapes (resize the images to one size)")
-    return values
+    return _columns(ds, [name], key, path)[0]
 
 
 def _feature_columns(ds: Any, features: str | list[str] | None, label: str,
@@ -166,7 +173,7 @@ def _inputs(ds: Any, columns: list[str], path: Path) -> np.ndarray:
     """Raw inputs: images ``[N, C, H, W]`` (one image column) or numbers ``[N, D]``."""
     if not columns:
         raise DatasetError("data.options.features: no feature columns")
-    arrays = [_column(ds, c, "features", path) for c in columns]
+    arrays = _columns(ds, columns, "features", path)
     for name, a in zip(columns, arrays):
         if a.dtype.kind not in "biuf":
             raise DatasetError(f"data.options.features: column {name!r} of {path} holds "

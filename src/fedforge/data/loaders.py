@@ -75,7 +75,7 @@ _REGISTRY: dict[str, DatasetEntry] = {
         "FedProx Synthetic(alpha, beta) logistic data, 60 features, 10 classes, no files"),
     "huggingface": DatasetEntry(
         load_huggingface, "your local Hugging Face dataset (Arrow, Parquet, CSV, image folder) "
-        "at data.options.path; needs fedforge[huggingface]"),
+        "at data.options.path (the huggingface extra)"),
 }
 _ALIASES = {"fmnist": "fashion_mnist", "fashion-mnist": "fashion_mnist", "cifar-10": "cifar10"}
 
