@@ -3,6 +3,7 @@ algorithms | datasets | models."""
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Annotated
 
@@ -224,6 +225,25 @@ def _multitask(config: Path) -> bool:
         _fail(str(exc))
 
 
+Bands = Annotated[str | None, typer.Option(
+    "--bands", metavar="alpha|off|panels",
+    help="95 % interval over seeds: shaded (alpha, default), off, or one panel per method")]
+Legend = Annotated[str | None, typer.Option(
+    "--legend", metavar="best|outside|off",
+    help="best (default): inside where it hides no line or band, else outside the axes")]
+
+
+def _figure_options(bands: str | None, legend: str | None) -> AbstractContextManager:
+    """The figure options context of --bands and --legend; a bad value exits naming it."""
+    from fedforge.experiment.plots import FigureOptions, figure_options
+
+    try:
+        FigureOptions(bands or "alpha", legend or "best")
+    except ValueError as exc:
+        _fail(f"--{exc}")
+    return figure_options(bands, legend)
+
+
 @app.command()
 def compare(
     config: Annotated[Path, typer.Argument(help="TOML or YAML run config")],
@@ -243,6 +263,8 @@ def compare(
     plugin: Plugins = None,
     allow_config_plugins: AllowConfigPlugins = False,
     data_root: DataRootOption = None,
+    bands: Bands = None,
+    legend: Legend = None,
 ) -> None:
     r"""Run several algorithms on identical data, partition and seeds; table and figures.
 
@@ -255,6 +277,7 @@ def compare(
 
     _setup(plugin, data_root)
     _config_plugins(config, allow_config_plugins)
+    styled = _figure_options(bands, legend)
     names = [a.strip() for a in algorithms.split(",") if a.strip()]
     if not names:
         _fail("--algorithms: expected a comma-separated list, e.g. fedavg,scaffold")
@@ -265,8 +288,9 @@ def compare(
         try:
             mcfgs = {n: load_config(config, [*(overrides or []), f"method={n}"])
                      for n in names}
-            table_rows, plot = run_multitask_comparison(mcfgs, out, progress=not quiet,
-                                                        overwrite=overwrite)
+            with styled:
+                table_rows, plot = run_multitask_comparison(mcfgs, out, progress=not quiet,
+                                                            overwrite=overwrite)
         except (ConfigError, ValueError, OSError) as exc:
             _fail(str(exc))
         _print_rows(table_rows, out)
@@ -283,8 +307,9 @@ def compare(
     except ConfigError as exc:
         _fail(str(exc))
     try:
-        table_rows, plot = run_comparison(cfgs, out, target=target, progress=not quiet,
-                                          overwrite=overwrite)
+        with styled:
+            table_rows, plot = run_comparison(cfgs, out, target=target, progress=not quiet,
+                                              overwrite=overwrite)
     except (ValueError, OSError, FloatingPointError) as exc:
         _fail(str(exc))
     _print_rows(table_rows, out)
@@ -415,15 +440,19 @@ def plot(
     per_seed: Annotated[bool, typer.Option(
         "--per-seed", help="one line per run instead of the mean over seeds")] = False,
     logx: Annotated[bool, typer.Option("--logx", help="logarithmic x axis")] = False,
+    bands: Bands = None,
+    legend: Legend = None,
 ) -> None:
     """Plot a metric of runs against rounds (or another metric): one line per algorithm,
     the mean over its seeds with a shaded 95 % interval; a PDF and the plotted numbers
     (JSON) are written beside the PNG."""
     from fedforge.experiment.plots import load_run_list, plot_runs
 
+    styled = _figure_options(bands, legend)
     try:
-        path = plot_runs(load_run_list(run_dirs), out, y=metric, x=x, logx=logx,
-                         average=not per_seed)
+        with styled:
+            path = plot_runs(load_run_list(run_dirs), out, y=metric, x=x, logx=logx,
+                             average=not per_seed)
     except (OSError, ValueError) as exc:  # missing/damaged metrics file, unknown metric
         _fail(str(exc))
     console.print(f"wrote {path} and {path.with_suffix('.pdf')}")
@@ -435,13 +464,17 @@ def report(
     out: Annotated[Path | None, typer.Option(
         "--out", "-o", help="HTML file to write (default FOLDER/report.html)",
         parser=_out_path, metavar="PATH")] = None,
+    bands: Bands = None,
+    legend: Legend = None,
 ) -> None:
     """Write one self-contained HTML page (no external files): config, partition
     statistics, curves and the final table."""
     from fedforge.experiment.report import write_report
 
+    styled = _figure_options(bands, legend)
     try:
-        path = write_report(folder, out)
+        with styled:
+            path = write_report(folder, out)
     except (OSError, ValueError) as exc:
         _fail(str(exc))
     console.print(f"wrote {path}")

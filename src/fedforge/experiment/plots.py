@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import matplotlib
@@ -25,6 +29,14 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from fedforge.experiment.labels import axis_label  # noqa: E402
 from fedforge.experiment.partition_stats import load_partition_stats  # noqa: E402
 from fedforge.experiment.rundir import save_figure, write_text  # noqa: E402
+from fedforge.experiment.styles import (  # noqa: E402
+    BAND_STYLES,
+    LEGEND_PLACES,
+    LINESTYLES,
+    MethodStyle,
+    styles_for,
+    wrap_to_width,
+)
 from fedforge.reproduce.stats import t_interval  # noqa: E402
 
 if sys.version_info >= (3, 11):
@@ -34,13 +46,8 @@ else:  # pragma: no cover
 
 logger = logging.getLogger(__name__)
 
-# Okabe & Ito's colour-blind-safe palette, darkest first (yellow last: weak on white)
-PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000",
-           "#F0E442")
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
-LINESTYLES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 2)),
-              (0, (8, 2, 2, 2)))
 BAND_ALPHA = 0.2
+BAND_NOTE = "shaded: 95 % t-interval over seeds"
 # sections that do not change what a run computes: runs differing only there (and in the
 # seed) are seeds of one method
 _NOT_METHOD = ("seed", "name", "rounds", "eval", "checkpoint", "engine", "compare", "logging",
@@ -189,6 +196,7 @@ class Curve:
     ci_low: list[float | None]
     ci_high: list[float | None]
     n: list[int]
+    method: str = ""  # the group's name: what its colour and marker are keyed by
 
 
 def curves(runs: list[Run], y: str, x: str = "round", average: bool = True) -> list[Curve]:
@@ -207,9 +215,17 @@ def curves(runs: list[Run], y: str, x: str = "round", average: bool = True) -> l
                        for r, tail in zip(group, tails)]
         for name, rs in members:
             curve = _mean_curve(name, rs, y, x)
+            curve.method = _method_key(label)
             if curve.x:
                 out.append(curve)
     return out
+
+
+def _method_key(label: str) -> str:
+    """A group's label as a style key: ``fedavg [fedavg]`` (a compare folder named after
+    its algorithm, beside a named variant) is ``fedavg``."""
+    name, _, tail = label.partition(" [")
+    return name if tail == f"{name}]" else label
 
 
 def _mean_curve(label: str, runs: list[Run], y: str, x: str) -> Curve:
@@ -286,16 +302,59 @@ def _cohort(run: Run) -> str | None:
     return f"{server['clients_per_round']}{of} clients per round"
 
 
+@dataclass(frozen=True)
+class FigureOptions:
+    """How method figures show the seeds' spread and name the lines.
+
+    ``bands``: ``alpha`` (shaded 95 % interval), ``off`` (means only) or ``panels`` (one
+    panel per method, its band shaded, the other methods in grey). ``legend``: ``best``
+    (inside the axes where it covers no line or band, else outside), ``outside`` (right of
+    the axes) or ``off``."""
+
+    bands: str = "alpha"
+    legend: str = "best"
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (("bands", self.bands, BAND_STYLES),
+                                     ("legend", self.legend, LEGEND_PLACES)):
+            if value not in allowed:
+                raise ValueError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
+
+
+_OPTIONS: ContextVar[FigureOptions | None] = ContextVar("figure_options", default=None)
+
+
+def current_options(bands: str | None = None, legend: str | None = None) -> FigureOptions:
+    """The enclosing :func:`figure_options` (default: alpha bands, legend ``best``), with
+    the given values in place of its own."""
+    given = {k: v for k, v in (("bands", bands), ("legend", legend)) if v is not None}
+    return replace(_OPTIONS.get() or FigureOptions(), **given)
+
+
+@contextmanager
+def figure_options(bands: str | None = None, legend: str | None = None
+                   ) -> Iterator[FigureOptions]:
+    """Options for every figure drawn inside the block (``compare`` draws several)."""
+    opts = current_options(bands, legend)
+    token = _OPTIONS.set(opts)
+    try:
+        yield opts
+    finally:
+        _OPTIONS.reset(token)
+
+
 def plot_runs(
     runs: list[Run], out: Path, y: str = "test_accuracy", x: str = "round",
     title: str | None = None, logx: bool = False, average: bool = True,
+    bands: str | None = None, legend: str | None = None,
 ) -> Path:
     """Draw ``y`` against ``x`` -> the PNG path (a PDF and the plotted numbers as JSON beside).
 
     ``x="bytes_up", logx=True``: accuracy against cumulative uplink bytes. A metric no record
     has is a ``ValueError`` listing the available ones (no empty plot is written). Multi-task
-    runs are drawn per task against simulated time (rounds differ per task)."""
-    fig, data = draw(runs, y, x, title, logx, average)
+    runs are drawn per task against simulated time (rounds differ per task). ``bands`` and
+    ``legend``: see :class:`FigureOptions` (default: the enclosing :func:`figure_options`)."""
+    fig, data = draw(runs, y, x, title, logx, average, bands, legend)
     out = Path(out)
     try:
         for name in (out.name, out.with_suffix(".pdf").name):
@@ -308,9 +367,11 @@ def plot_runs(
 
 def draw(
     runs: list[Run], y: str = "test_accuracy", x: str = "round", title: str | None = None,
-    logx: bool = False, average: bool = True,
+    logx: bool = False, average: bool = True, bands: str | None = None,
+    legend: str | None = None,
 ) -> tuple[Figure, dict]:
     """The figure of :func:`plot_runs` (the caller saves and closes it) and its numbers."""
+    opts = current_options(bands, legend)
     if x == "round" and any("task" in r for run in runs for r in run.records):
         x = "sim_time_s"
     keys = metric_keys(runs)
@@ -320,36 +381,157 @@ def draw(
                              f"{', '.join(keys) or 'none (no records)'}")
     drawn = curves(runs, y, x, average)
     title = figure_title(runs) if title is None else title
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=150)
-    colors = []
-    for i, c in enumerate(drawn):
-        color = PALETTE[i % len(PALETTE)]
-        colors.append(color)
-        ax.plot(c.x, c.mean, label=plain_text(c.label), color=color,
-                marker=MARKERS[i % len(MARKERS)],
-                linestyle=LINESTYLES[i % len(LINESTYLES)], markersize=4, linewidth=1.5,
-                markevery=max(1, len(c.x) // 12))
-        band = [(xv, lo, hi) for xv, lo, hi in zip(c.x, c.ci_low, c.ci_high) if lo is not None]
-        if band:
-            bx, lo, hi = zip(*band)
-            ax.fill_between(bx, lo, hi, color=color, alpha=BAND_ALPHA, linewidth=0)
+    styles = curve_styles(drawn)
+    if opts.bands == "panels" and drawn:
+        fig, placed = _draw_panels(drawn, styles, x, y, logx, title), "off"
+    else:
+        fig, placed = _draw_single(drawn, styles, x, y, logx, title, opts)
+    data = {"x": x, "y": y, "title": title, "bands": opts.bands, "band_alpha": BAND_ALPHA,
+            "legend": placed,
+            "curves": [{**c.__dict__, "color": st.color, "marker": st.marker}
+                       for c, st in zip(drawn, styles)]}
+    return fig, data
+
+
+def curve_styles(drawn: list[Curve]) -> list[MethodStyle]:
+    """Each curve in its method's style; a method's seeds drawn one by one (``--per-seed``)
+    keep its colour and marker and differ in line style."""
+    by_method = styles_for(c.method for c in drawn)
+    out, seen = [], {}
+    for c in drawn:
+        style, k = by_method[c.method], seen.get(c.method, 0)
+        seen[c.method] = k + 1
+        if k:
+            step = (LINESTYLES.index(style.linestyle) + k) % len(LINESTYLES)
+            style = style._replace(linestyle=LINESTYLES[step])
+        out.append(style)
+    return out
+
+
+def _draw_single(drawn: list[Curve], styles: list[MethodStyle], x: str, y: str, logx: bool,
+                 title: str, opts: FigureOptions) -> tuple[Figure, str]:
+    """Every method on one axes -> the figure and where its legend went."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=150, layout="constrained")
+    for c, style in zip(drawn, styles):
+        _line(ax, c, style)
+        if opts.bands == "alpha":
+            _band(ax, c, style.color)
+    _axes(ax, x, y, logx)
+    set_title(fig, title)
+    if not drawn or opts.legend == "off":
+        return fig, "off"
+    note = BAND_NOTE if opts.bands == "alpha" and any(max(c.n) > 1 for c in drawn) else None
+    return fig, place_legend(fig, ax, opts.legend, title=note, refit_title=title)
+
+
+def _draw_panels(drawn: list[Curve], styles: list[MethodStyle], x: str, y: str, logx: bool,
+                 title: str) -> Figure:
+    """Small multiples: one panel per method with its band, the others thin and grey for
+    reference, shared axes so the panels compare at a glance."""
+    ncols = _panel_columns(len(drawn))
+    nrows = math.ceil(len(drawn) / ncols)
+    fig, grid = plt.subplots(nrows, ncols, figsize=(0.6 + 2.6 * ncols, 0.9 + 2.3 * nrows),
+                             dpi=150, sharex=True, sharey=True, squeeze=False,
+                             layout="constrained")
+    for i, ax in enumerate(grid.flat):
+        if i >= len(drawn):
+            ax.set_visible(False)
+            continue
+        if i + ncols >= len(drawn):  # no panel below: this one shows the x tick labels
+            ax.xaxis.set_tick_params(labelbottom=True)
+        for other in drawn:
+            if other is not drawn[i]:
+                ax.plot(other.x, other.mean, color="0.78", linewidth=0.8, zorder=1)
+        _line(ax, drawn[i], styles[i])
+        _band(ax, drawn[i], styles[i].color)
+        _axes(ax, x, y, logx, labels=False)
+        label = wrap_to_width(fig, plain_text(drawn[i].label), 0.9 * fig.bbox.width / ncols,
+                              fontsize="small")
+        ax.set_title(label, fontsize="small", color=styles[i].color)
+    fig.supxlabel(plain_text(axis_label(x)), fontsize="medium")
+    fig.supylabel(plain_text(axis_label(y)), fontsize="medium")
+    set_title(fig, title, note="shaded: 95 % t-interval over seeds; grey: the other methods"
+              if any(max(c.n) > 1 for c in drawn) else "grey: the other methods")
+    return fig
+
+
+def _panel_columns(n: int) -> int:
+    """One row up to 3 panels, 2 x 2 for 4 (not 3 + 1), then rows of 3."""
+    return n if n <= 3 else 2 if n == 4 else 3
+
+
+def _line(ax, c: Curve, style: MethodStyle) -> None:
+    ax.plot(c.x, c.mean, label=plain_text(c.label), color=style.color, marker=style.marker,
+            linestyle=style.linestyle, markersize=4, linewidth=1.5,
+            markevery=max(1, len(c.x) // 12), zorder=3)
+
+
+def _band(ax, c: Curve, color: str) -> None:
+    band = [(xv, lo, hi) for xv, lo, hi in zip(c.x, c.ci_low, c.ci_high) if lo is not None]
+    if band:
+        bx, lo, hi = zip(*band)
+        ax.fill_between(bx, lo, hi, color=color, alpha=BAND_ALPHA, linewidth=0, zorder=2)
+
+
+def _axes(ax, x: str, y: str, logx: bool, labels: bool = True) -> None:
     if logx:
         ax.set_xscale("log")
     if x in ("round", "updates"):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel(plain_text(axis_label(x)))
-    ax.set_ylabel(plain_text(axis_label(y)))
+    if labels:
+        ax.set_xlabel(plain_text(axis_label(x)))
+        ax.set_ylabel(plain_text(axis_label(y)))
     ax.grid(alpha=0.3)
-    if drawn:
-        ax.legend(fontsize="small", title=("shaded: 95 % t-interval over seeds"
-                                           if any(max(c.n) > 1 for c in drawn) else None),
-                  title_fontsize="x-small")
-    if title:
-        ax.set_title(plain_text(title), fontsize="medium")
-    fig.tight_layout()
-    data = {"x": x, "y": y, "title": title, "band_alpha": BAND_ALPHA,
-            "curves": [{**c.__dict__, "color": col} for c, col in zip(drawn, colors)]}
-    return fig, data
+
+
+def set_title(fig: Figure, title: str | None, note: str | None = None) -> None:
+    """The figure's title, wrapped to the figure's width (never clipped at its edge), with
+    an optional smaller note line under it."""
+    if not title and not note:
+        return
+    width = 0.96 * fig.bbox.width
+    lines = [wrap_to_width(fig, plain_text(title), width, fontsize="medium")] if title else []
+    if note:
+        lines.append(wrap_to_width(fig, note, width, fontsize="medium"))
+    fig.suptitle("\n".join(lines), fontsize="medium")
+
+
+def place_legend(fig: Figure, ax, where: str, title: str | None = None,
+                 refit_title: str | None = None) -> str:
+    """A legend that hides no data -> where it went (``best`` or ``outside``).
+
+    ``best`` keeps matplotlib's best spot inside the axes only if the legend then covers
+    no line and no band; otherwise, and for ``outside``, the legend goes right of the axes
+    and the figure grows by its width (``refit_title`` is then re-wrapped to the width)."""
+    kw = {"fontsize": "small", "title": title, "title_fontsize": "x-small"}
+    if where == "best":
+        legend = ax.legend(loc="best", **kw)
+        if not legend_hides_data(fig, ax, legend):
+            return "best"
+        legend.remove()
+    legend = ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, **kw)
+    fig.canvas.draw()
+    fig.set_figwidth(fig.get_figwidth() + legend.get_window_extent().width / fig.dpi + 0.1)
+    if refit_title:
+        set_title(fig, refit_title)
+    return "outside"
+
+
+def legend_hides_data(fig: Figure, ax, legend) -> bool:
+    """Whether the drawn legend's box crosses a plotted line (its markers included) or
+    covers part of a shaded band."""
+    fig.canvas.draw()
+    box = legend.get_window_extent().padded(3.0)
+    for line in ax.get_lines():
+        path = line.get_transform().transform_path(line.get_path())
+        if len(path.vertices) and path.intersects_bbox(box, filled=False):
+            return True
+    for coll in ax.collections:
+        transform = coll.get_transform()
+        if any(transform.transform_path(p).intersects_bbox(box, filled=True)
+               for p in coll.get_paths()):
+            return True
+    return False
 
 
 def plain_text(text: object) -> str:

@@ -21,9 +21,18 @@ from fedforge.experiment.compare import format_cell, summary
 from fedforge.experiment.labels import metric
 from fedforge.experiment.metrics import evaluated
 from fedforge.experiment.partition_stats import partition_summary
-from fedforge.experiment.plots import PALETTE, Run, draw, figure_title, group_runs, load_run
+from fedforge.experiment.plots import (
+    Run,
+    draw,
+    figure_options,
+    figure_title,
+    group_runs,
+    load_run,
+    set_title,
+)
 from fedforge.experiment.rundir import write_text
 
+PARTITION_COLOR = "0.35"  # grey: no method's colour, which would suggest a method
 CURVES = (("test_accuracy", "round"), ("test_loss", "round"), ("train_loss", "round"),
           ("test_accuracy", "sim_time_s"), ("test_accuracy", "bytes_up"))
 _STYLE = """body{font-family:system-ui,sans-serif;max-width:960px;margin:2em auto;padding:0 1em;
@@ -49,13 +58,19 @@ def find_runs(folder: Path) -> list[Path]:
     return found
 
 
-def write_report(folder: str | Path, out: str | Path | None = None) -> Path:
-    """Write the page for ``folder`` (default ``folder/report.html``) -> its path."""
+def write_report(folder: str | Path, out: str | Path | None = None, bands: str | None = None,
+                 legend: str | None = None) -> Path:
+    """Write the page for ``folder`` (default ``folder/report.html``) -> its path.
+
+    ``bands`` and ``legend`` style the curves as in ``fedforge plot``
+    (:class:`fedforge.experiment.plots.FigureOptions`)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: no such folder")
     target = folder / "report.html" if out is None else Path(out)
-    return write_text(target.parent, target.name, render(folder))
+    with figure_options(bands, legend):
+        page = render(folder)
+    return write_text(target.parent, target.name, page)
 
 
 def render(folder: Path) -> str:
@@ -152,35 +167,77 @@ def _curves(runs: list[Run]) -> str:
 
 
 def _partition(runs: list[Run]) -> str:
-    run = next((r for r in runs if r.partition), None)
-    if run is None:
+    """Every distinct partition of the runs (each seed draws its own): a line of numbers,
+    the client sizes and the label-by-client heatmap of each."""
+    groups = _distinct_partitions(runs)
+    if not groups:
         return "<p>No partition.json (runs from before it was recorded).</p>"
-    part = _checked_partition(run)
-    sizes = part["sizes"]
-    html_parts = [f"<p>{_e(part.get('dataset', ''))}: {_e(partition_summary(part))} "
-                  f"(from {_e(run.path)})</p>"]
-    fig, ax = plt.subplots(figsize=(6.4, 2.6), dpi=120)
-    ax.bar(range(len(sizes)), sizes, color=PALETTE[0], width=1.0)
-    ax.set_xlabel("client")
-    ax.set_ylabel("training samples")
-    ax.set_title("client sizes", fontsize="medium")
-    fig.tight_layout()
-    html_parts.append(_png(fig))
-    counts = part.get("label_counts")
-    if counts and counts[0]:
-        arr = np.asarray(counts, dtype=float)
-        fig, ax = plt.subplots(figsize=(6.4, 3.2), dpi=120)
-        im = ax.imshow(arr.T, aspect="auto", cmap="viridis", interpolation="nearest")
-        ax.set_xlabel("client")
-        ax.set_ylabel("label")
-        ax.set_title("training samples per label and client", fontsize="medium")
-        fig.colorbar(im, ax=ax, label="samples")
-        fig.tight_layout()
-        html_parts[-1] = f'<div class="figs">{html_parts[-1]}{_png(fig)}</div>'
+    items = "".join(f"<li>{_e(label)}: {_e(part.get('dataset', ''))}, "
+                    f"{_e(partition_summary(part))} (from {_e(group[0].path)})</li>"
+                    for label, part, group in groups)
+    figs = [_png(_sizes_figure(groups))]
+    if all(part.get("label_counts") and part["label_counts"][0] for _, part, _ in groups):
+        figs.append(_png(_heatmap_figure(groups)))
+        note = ""
     else:
-        html_parts.append('<p class="note">No label histogram (next-token task: the labels '
-                          "are the vocabulary).</p>")
-    return "\n".join(html_parts)
+        note = ('<p class="note">No label histogram (next-token task: the labels are the '
+                "vocabulary).</p>")
+    return (f'<ul id="partitions">{items}</ul><div class="figs">{"".join(figs)}</div>{note}')
+
+
+def _distinct_partitions(runs: list[Run]) -> list[tuple[str, dict, list[Run]]]:
+    """(label, partition, runs) per distinct ``partition.json``, labelled by the seeds
+    that drew it (methods of one comparison share a seed's partition)."""
+    found: dict[str, tuple[dict, list[Run]]] = {}
+    for run in runs:
+        if run.partition:
+            part = _checked_partition(run)
+            found.setdefault(json.dumps(part, sort_keys=True), (part, []))[1].append(run)
+    return [(_seeds_label(group), part, group) for part, group in found.values()]
+
+
+def _seeds_label(group: list[Run]) -> str:
+    seeds = sorted({r.seed for r in group if isinstance(r.seed, int)})
+    if not seeds:
+        return group[0].path.name
+    return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+
+
+def _sizes_figure(groups: list[tuple[str, dict, list[Run]]]):
+    """Client sizes, one row per partition, on shared axes."""
+    n = len(groups)
+    fig, axes = plt.subplots(n, 1, figsize=(6.4, 1.2 + 1.4 * n), dpi=120, sharex=True,
+                             sharey=True, squeeze=False, layout="constrained")
+    for ax, (label, part, _) in zip(axes.flat, groups):
+        ax.bar(range(len(part["sizes"])), part["sizes"], color=PARTITION_COLOR, width=1.0)
+        ax.set_title(label, fontsize="small", loc="left")
+    fig.supxlabel("client", fontsize="medium")
+    fig.supylabel("training samples", fontsize="medium")
+    set_title(fig, "client sizes")
+    return fig
+
+
+def _heatmap_figure(groups: list[tuple[str, dict, list[Run]]]):
+    """Training samples per label and client, one panel per partition, one colour scale."""
+    arrays = [np.asarray(part["label_counts"], dtype=float).T for _, part, _ in groups]
+    ncols = min(3, len(groups))
+    nrows = -(-len(groups) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.4 if ncols == 1 else 3.0 * ncols + 0.8,
+                                                    0.8 + 2.6 * nrows), dpi=120,
+                             squeeze=False, layout="constrained")
+    vmax = max(float(a.max()) for a in arrays) or 1.0
+    for i, ax in enumerate(axes.flat):
+        if i >= len(groups):
+            ax.set_visible(False)
+            continue
+        im = ax.imshow(arrays[i], aspect="auto", cmap="viridis", interpolation="nearest",
+                       vmin=0.0, vmax=vmax)
+        ax.set_title(groups[i][0], fontsize="small", loc="left")
+    fig.supxlabel("client", fontsize="medium")
+    fig.supylabel("label", fontsize="medium")
+    fig.colorbar(im, ax=axes, label="samples")
+    set_title(fig, "training samples per label and client")
+    return fig
 
 
 def _checked_partition(run: Run) -> dict:

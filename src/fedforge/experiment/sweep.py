@@ -747,5 +747,10 @@ def _plot_key(ax: Any, rows: list[dict], p: Param, metric: str) -> None:
         xs = [r[p.key] for r in rows]
         if p.kind.startswith("log"):
             ax.set_xscale("log")
-    ax.scatter(xs, [r[metric] for r in rows], color="C0")
+    from fedforge.experiment.styles import style_for
+
+    # a method keeps its colour of every other figure; other keys' points are all blue
+    colors = ([style_for(str(r[p.key])).color for r in rows] if p.key == "algorithm.name"
+              else "C0")
+    ax.scatter(xs, [r[metric] for r in rows], color=colors)
     ax.set(xlabel=p.key, title=f"per value of {p.key}")
