@@ -33,7 +33,7 @@ TIMEOUT_X="${MUTATION_TIMEOUT_MULTIPLIER:-5}"
 # modules mutation testing is configured for (globs relative to the repository root)
 CONFIGURED=(src/fedforge/algorithms/*.py src/fedforge/client/*.py src/fedforge/server/*.py
             src/fedforge/comm/*.py src/fedforge/sim/*.py src/fedforge/core/moments.py
-            src/fedforge/engine/round.py src/fedforge/experiment/round.py)
+            src/fedforge/engine/round.py)
 
 # The pytest arguments (test files, -k filters) that exercise one module. Slow Monte Carlo
 # and end-to-end tests are left out; the *_exact.py and *_factories.py files hold the fast exact
@@ -126,7 +126,7 @@ tests_for() {
            "tests/sim/test_population.py" ;;
     src/fedforge/sim/*)
       echo "tests/sim" ;;
-    src/fedforge/engine/round.py | src/fedforge/experiment/round.py)
+    src/fedforge/engine/round.py)
       echo "tests/algorithms tests/engine/test_parity.py -k 'not fedptr'" ;;
     *)
       echo "" ;;

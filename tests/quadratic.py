@@ -10,7 +10,7 @@ import torch
 
 from fedforge.core.store import ClientStore
 from fedforge.engine import LoopEngine, VmapEngine
-from fedforge.experiment.round import federated_round
+from fedforge.engine.round import federated_round
 
 
 def quadratic_loss(params, x, y, w):

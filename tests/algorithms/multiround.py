@@ -24,7 +24,7 @@ import torch
 from fedforge.core.store import ClientStore
 from fedforge.core.tree import flatten_dict
 from fedforge.engine import LoopEngine
-from fedforge.experiment.round import federated_round
+from fedforge.engine.round import federated_round
 from tests.quadratic import quadratic_loss
 
 A = np.array([1.0, 3.0, 2.0, 0.5, 1.5])

@@ -13,7 +13,7 @@ import torch
 from fedforge.algorithms import build_algorithm
 from fedforge.algorithms.fadamgc import num_tracking, sample_tracking
 from fedforge.core.store import ClientStore
-from fedforge.experiment.round import federated_round
+from fedforge.engine.round import federated_round
 from tests.quadratic import ENGINES, quadratic_loss
 
 F64 = torch.float64

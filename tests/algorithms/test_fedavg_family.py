@@ -72,7 +72,7 @@ def test_scaffold_second_round_uses_correction():
     algo1 = build_algorithm("scaffold", local_lr=0.1)
     from fedforge.core.store import ClientStore
     from fedforge.engine import LoopEngine
-    from fedforge.experiment.round import federated_round
+    from fedforge.engine.round import federated_round
     from tests.quadratic import make_clients, quadratic_loss
 
     params, server_state, cohort = hist[0]

@@ -94,7 +94,7 @@ def test_multi_round_partial_participation_matches_numpy(rule):
     """3 clients, 2 sampled per round (ids vary), 3 local steps, 4 rounds."""
     from fedforge.core.store import ClientStore
     from fedforge.engine import LoopEngine
-    from fedforge.experiment.round import federated_round
+    from fedforge.engine.round import federated_round
     from tests.quadratic import make_clients, quadratic_loss
 
     rows = [[1.0, 2.0, 0.0], [2.0, 0.0, 4.0], [0.5, -1.0, 1.0]]

@@ -11,9 +11,9 @@ from fedforge.client.transforms import RoundContext
 from fedforge.core.store import ClientStore
 from fedforge.core.tree import flatten_dict, tree_nbytes
 from fedforge.engine import LoopEngine, VmapEngine, classification_loss
+from fedforge.engine.round import federated_round
 from fedforge.experiment.config import apply_overrides, validate
 from fedforge.experiment.labels import without_wall_clock
-from fedforge.experiment.round import federated_round
 from fedforge.experiment.runner import run_experiment
 from fedforge.models import build_model
 

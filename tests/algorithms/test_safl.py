@@ -14,7 +14,7 @@ from fedforge.algorithms.base import Algorithm
 from fedforge.client.optimizers import local_optimizer
 from fedforge.core.store import ClientStore
 from fedforge.engine import LoopEngine
-from fedforge.experiment.round import federated_round
+from fedforge.engine.round import federated_round
 from fedforge.server.optimizers import server_adam
 from tests.quadratic import ENGINES, make_clients, quadratic_loss, run_rounds
 

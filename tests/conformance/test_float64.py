@@ -16,8 +16,8 @@ from fedforge.algorithms import ALGORITHMS, build_algorithm
 from fedforge.core.store import ClientStore
 from fedforge.core.tree import flatten_dict, tree_leaves
 from fedforge.engine.local import classification_loss
+from fedforge.engine.round import federated_round
 from fedforge.experiment.config import load_config
-from fedforge.experiment.round import federated_round
 from fedforge.experiment.runner import Experiment, sample_round
 
 ROOT = Path(__file__).resolve().parents[2]

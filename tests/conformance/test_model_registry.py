@@ -21,7 +21,7 @@ from fedforge.algorithms import build_algorithm
 from fedforge.core.store import ClientStore
 from fedforge.engine import LoopEngine, VmapEngine, classification_loss
 from fedforge.engine.randomness import keyed_layers
-from fedforge.experiment.round import federated_round
+from fedforge.engine.round import federated_round
 from fedforge.models import MODELS, build_model
 from tests.models.test_models import CASES
 

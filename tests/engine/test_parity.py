@@ -15,7 +15,7 @@ from fedforge.core.tree import flatten_dict
 from fedforge.engine import LoopEngine, VmapEngine, classification_loss
 from fedforge.engine.local import autograd_grad_and_value
 from fedforge.engine.randomness import KeyedRandomness
-from fedforge.experiment.round import federated_round
+from fedforge.engine.round import federated_round
 from fedforge.models import build_model
 
 MODELS = {

@@ -23,8 +23,8 @@ from fedforge.core.store import ClientStore
 from fedforge.engine import LoopEngine, ProcessEngine, build_engine, classification_loss
 from fedforge.engine.base import CohortInputs
 from fedforge.engine.procs import default_workers, pickle_for_workers
+from fedforge.engine.round import federated_round
 from fedforge.experiment.labels import without_wall_clock
-from fedforge.experiment.round import federated_round
 from fedforge.experiment.runner import run_experiment
 from fedforge.models import build_model
 from fedforge.robust import Attack, RobustRound, build_aggregator

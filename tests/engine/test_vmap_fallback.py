@@ -12,7 +12,7 @@ import torch
 from fedforge.algorithms import build_algorithm
 from fedforge.core.store import ClientStore
 from fedforge.engine import VmapEngine, classification_loss
-from fedforge.experiment.round import federated_round
+from fedforge.engine.round import federated_round
 from fedforge.models import MODELS, build_model
 from tests.models.test_models import CASES as SMALL
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from fedforge.engine.base import ChunkedEngine
+from fedforge.engine.round import federated_round
 from fedforge.experiment.config import apply_overrides, dump_config, validate
 from fedforge.experiment.labels import without_wall_clock
-from fedforge.experiment.round import federated_round
 from fedforge.experiment.runner import (
     Experiment,
     resolve_config,

@@ -23,7 +23,7 @@ from fedforge.core.store import ClientStore
 from fedforge.engine import LoopEngine, ProcessEngine, VmapEngine, classification_loss
 from fedforge.engine.procs import WorkerPool
 from fedforge.engine.randomness import KeyedRandomness, RandomLayerError, client_keys
-from fedforge.experiment.round import federated_round
+from fedforge.engine.round import federated_round
 from fedforge.models import build_model
 
 SHAPE, CLASSES, CLIENTS, STEPS, BATCH, SEED = (3, 16, 16), 10, 5, 2, 4, 11

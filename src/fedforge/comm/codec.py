@@ -1,7 +1,7 @@
 """Uplink codecs: how a client's delta becomes a message and how the server reads the mean.
 
 The hook (wired in :mod:`fedforge.engine.local`, :mod:`fedforge.engine.base` and
-:mod:`fedforge.experiment.round`) is, per round t::
+:mod:`fedforge.engine.round`) is, per round t::
 
     client i:  message_i, state_i = codec.encode(delta_i, state_i, ctx)   # inside local_update
     engine:    mean_message = sum_i w_i message_i                          # aggregation weights

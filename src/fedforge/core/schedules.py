@@ -1,7 +1,7 @@
 """Per-round schedules for hyper-parameters (learning rates, weight decay, ε, clip threshold).
 
 A schedule maps the round index ``t`` (1-based, a 0-d float tensor broadcast by
-:func:`fedforge.experiment.round.federated_round` as ``ctx.round``) to a value, using tensor
+:func:`fedforge.engine.round.federated_round` as ``ctx.round``) to a value, using tensor
 ops only, so it works unchanged under ``vmap``, needs no Python state and no recompilation,
 and a run resumed at round ``k`` continues the schedule exactly where it was (the position
 *is* the round).

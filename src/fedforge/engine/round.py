@@ -3,7 +3,7 @@
 This is the only place that wires the engine, the client store and the algorithm's server
 step together, so the runner, the multi-task drivers, the tests and the benchmarks run the
 same round. It sits in ``engine/`` (not ``experiment/``) so the schedulers in ``sim/`` can
-run rounds without importing the runner; ``fedforge.experiment.round`` re-exports it.
+run rounds without importing the runner.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The robust-aggregation step of a round: poison the attackers' updates, then aggregate.
 
-:class:`RobustRound` is what :func:`fedforge.experiment.round.federated_round` calls (its
+:class:`RobustRound` is what :func:`fedforge.engine.round.federated_round` calls (its
 ``robust=`` argument) after local training. It needs the per-client deltas, so the engine
 must run with ``keep_deltas=True`` (the runner sets it when an aggregator or attack is
 configured). Only the model delta is aggregated robustly; algorithm uploads (e.g. SCAFFOLD's
