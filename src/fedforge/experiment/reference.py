@@ -183,7 +183,9 @@ NOTES: dict[str, str] = {
     "data.dataset": "a dataset from `fedforge datasets` (or a plugin's)",
     "data.partition": "how the training set is split over clients: `natural` (the dataset's "
                       "own clients), `iid`, `dirichlet`, `dirichlet_class`, `dirichlet_equal`, "
-                      "`shards`, `quantity_skew` (or a plugin's)",
+                      "`shards`, `quantity_skew`, flwr-datasets' `flwr:iid`, `flwr:dirichlet`, "
+                      "`flwr:pathological`, `flwr:natural_id` (docs/huggingface.md), or a "
+                      "plugin's",
     "data.root": "folder holding the dataset folders; `--data-root` wins over it and it wins "
                  "over `$FEDFORGE_DATA` (default: `./data` in the folder fedforge runs from)",
     "plugins": "your modules (names or `.py` paths) the run needs; never imported from the "
