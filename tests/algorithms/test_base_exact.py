@@ -84,7 +84,7 @@ class Preparing(Part):
         return ({"k": k + 1}, {f"extra_{self.name}": torch.tensor([7.0])},
                 {"prep_s": torch.tensor([0.5])})
 
-    def server_prepare(self, server_state, params, loss_fn):
+    def server_prepare(self, params, server_state, loss_fn):
         self.server_seen.append((params, loss_fn))
         return {"sp": 1}, {"server_prep_s": torch.tensor(0.25)}
 
@@ -126,7 +126,7 @@ def test_part_defaults_are_stateless():
     prep = PrepareInputs(PARAMS, {}, {"plain": {"k": 1}}, {}, None, None, None, None, None)
     assert p.prepare_cohort(prep) == ({"k": 1}, {}, {})
     assert p.prepare_cohort(prep._replace(client_states={})) == ({}, {}, {})
-    assert p.server_prepare({"a": 1}, PARAMS, None) == ({"a": 1}, {})
+    assert p.server_prepare(PARAMS, {"a": 1}, None) == ({"a": 1}, {})
     assert p.adjust_params(PARAMS, {}) is PARAMS
 
 

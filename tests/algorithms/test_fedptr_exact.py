@@ -385,7 +385,7 @@ def test_server_projection(rec):
     syn0 = state["syn_x"]
     for r in (1, 2):  # seen 0 -> 1, 1 -> 2: warm-up, w̃ = w^t
         w = {"w": torch.tensor([float(r), 0.0], requires_grad=True)}
-        state, metrics = part.server_prepare(state, w, LOSS_FN)
+        state, metrics = part.server_prepare(w, state, LOSS_FN)
         assert state["anchor"]["w"].tolist() == [float(r), 0.0]
         assert not state["anchor"]["w"].requires_grad
         assert set(metrics) == {SERVER_PREP_SECONDS, SERVER_PREP_SAMPLES}
@@ -393,7 +393,7 @@ def test_server_projection(rec):
     assert part._projected is None
     rec.ticks = iter([5.0, 6.0, 9.0])
     part._timing = {"fedptr_mtt_s": 9.0, "fedptr_proj_s": 9.0}
-    state, metrics = part.server_prepare(state, {"w": torch.tensor([3.0, 0.0])}, LOSS_FN)
+    state, metrics = part.server_prepare({"w": torch.tensor([3.0, 0.0])}, state, LOSS_FN)
     assert rec.augment == [2]  # the seed is the rounds seen before this one
     assert rec.mtt[0][0][0] is LOSS_FN and rec.descent[0][0] is LOSS_FN
     assert rec.mtt[0][0][1]["w"].tolist() == [2.0, 0.0] and torch.equal(rec.mtt[0][0][3], syn0)

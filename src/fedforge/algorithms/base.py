@@ -133,9 +133,10 @@ class Part:
         return prep.client_states.get(self.name, {}), {}, {}
 
     def server_prepare(
-        self, server_state: dict, params: Params, loss_fn: Callable
+        self, params: Params, server_state: dict, loss_fn: Callable
     ) -> tuple[dict, dict]:
-        """At the start of a round, on the server, seeing the current global model x^t.
+        """At the start of a round, on the server, seeing the current global model x^t
+        (arguments in the order of :meth:`Algorithm.server_prepare` and :meth:`adjust_params`)
 
         -> (this part's new server state, metrics: :data:`SERVER_PREP_SECONDS` and
         :data:`SERVER_PREP_SAMPLES`, 0-d).
@@ -298,7 +299,7 @@ class Algorithm:
         parts, metrics = dict(server_state["parts"]), {}
         for p in self.parts:
             if p.prepares:
-                parts[p.name], m = p.server_prepare(parts[p.name], params, loss_fn)
+                parts[p.name], m = p.server_prepare(params, parts[p.name], loss_fn)
                 metrics.update(m)
         return ServerState({**server_state.stages, "parts": parts}), metrics
 

@@ -334,7 +334,7 @@ class ServerProjection(_Projector):
     def anchor(self, ctx: RoundContext) -> tuple[Params, torch.Tensor]:
         return _server_anchor(self.lam)(ctx)
 
-    def server_prepare(self, server_state, params, loss_fn) -> tuple[dict, dict]:
+    def server_prepare(self, params, server_state, loss_fn) -> tuple[dict, dict]:
         self._start_round()
         seed = int(server_state["seen"])
         state, anchor, active, sec, work = self._advance(server_state, params, loss_fn, seed)
