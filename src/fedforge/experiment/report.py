@@ -16,9 +16,10 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
 from fedforge.experiment.compare import format_cell, summary
-from fedforge.experiment.labels import metric
+from fedforge.experiment.labels import axis_label, metric
 from fedforge.experiment.metrics import evaluated
 from fedforge.experiment.partition_stats import partition_summary
 from fedforge.experiment.plots import (
@@ -94,13 +95,14 @@ def _e(text: object) -> str:
     return html.escape(str(text))
 
 
-def _png(fig) -> str:
-    """An ``<img>`` holding the figure as a base64 PNG; closes the figure."""
+def _png(fig, alt: str = "figure") -> str:
+    """An ``<img>`` holding the figure as a base64 PNG, ``alt`` saying what it shows;
+    closes the figure."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     plt.close(fig)
     data = base64.b64encode(buf.getvalue()).decode("ascii")
-    return f'<img alt="figure" src="data:image/png;base64,{data}">'
+    return f'<img alt="{_e(alt)}" src="data:image/png;base64,{data}">'
 
 
 def _table(folder: Path, runs: list[Run]) -> str:
@@ -159,8 +161,9 @@ def _curves(runs: list[Run]) -> str:
     parts = []
     for y, x in CURVES:
         if y in keys and x in keys:
-            fig, _ = draw(runs, y, x, logx=x == "bytes_up")
-            parts.append(_png(fig))
+            fig, data = draw(runs, y, x, logx=x == "bytes_up")
+            panels = ", one panel per method" if data["bands"] == "panels" else ""
+            parts.append(_png(fig, f"{axis_label(y)} against {axis_label(x)}{panels}"))
     if not parts:
         return "<p>No evaluated round yet.</p>"
     return '<div class="figs">' + "\n".join(parts) + "</div>"
@@ -175,9 +178,9 @@ def _partition(runs: list[Run]) -> str:
     items = "".join(f"<li>{_e(label)}: {_e(part.get('dataset', ''))}, "
                     f"{_e(partition_summary(part))} (from {_e(group[0].path)})</li>"
                     for label, part, group in groups)
-    figs = [_png(_sizes_figure(groups))]
+    figs = [_png(_sizes_figure(groups), "client sizes")]
     if all(part.get("label_counts") and part["label_counts"][0] for _, part, _ in groups):
-        figs.append(_png(_heatmap_figure(groups)))
+        figs.append(_png(_heatmap_figure(groups), "training samples per label and client"))
         note = ""
     else:
         note = ('<p class="note">No label histogram (next-token task: the labels are the '
@@ -211,6 +214,7 @@ def _sizes_figure(groups: list[tuple[str, dict, list[Run]]]):
     for ax, (label, part, _) in zip(axes.flat, groups):
         ax.bar(range(len(part["sizes"])), part["sizes"], color=PARTITION_COLOR, width=1.0)
         ax.set_title(label, fontsize="small", loc="left")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # clients are numbered
     fig.supxlabel("client", fontsize="medium")
     fig.supylabel("training samples", fontsize="medium")
     set_title(fig, "client sizes")
@@ -233,6 +237,8 @@ def _heatmap_figure(groups: list[tuple[str, dict, list[Run]]]):
         im = ax.imshow(arrays[i], aspect="auto", cmap="viridis", interpolation="nearest",
                        vmin=0.0, vmax=vmax)
         ax.set_title(groups[i][0], fontsize="small", loc="left")
+        for axis in (ax.xaxis, ax.yaxis):  # clients and labels are numbered
+            axis.set_major_locator(MaxNLocator(integer=True))
     fig.supxlabel("client", fontsize="medium")
     fig.supylabel("label", fontsize="medium")
     fig.colorbar(im, ax=axes, label="samples")

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from fedforge.experiment.metrics import evaluated
+from fedforge.experiment.rundir import save_figure
 
 
 def final_record(run_dir: str | Path) -> dict:
@@ -70,9 +71,10 @@ def plot_accuracy_vs_epsilon(rows: list[dict], path: str | Path,
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("ε (δ = 1e-5)")
     ax.set_ylabel(metric.replace("_", " "))
-    ax.legend(frameon=False)
+    ax.legend(loc="best")  # framed: a legend over an error bar must not blend into it
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=150)
-    plt.close(fig)
-    return path
+    try:
+        return save_figure(path.parent, path.name, fig, dpi=150)  # the run folder's writer
+    finally:
+        plt.close(fig)

@@ -82,18 +82,22 @@ def plot_requests(records: Sequence[dict], path: Path, title: str = "",
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from fedforge.experiment.rundir import save_figure
+    from fedforge.experiment.styles import wrap_to_width
+
     fig, ax = plt.subplots(figsize=(6.5, 3.6))
     for name, (xs, ys) in requests_over_time(records, key).items():
         if xs:
             ax.step(xs, ys, where="post", label=name)
     ax.set_xlabel("simulated time (s)")
     ax.set_ylabel(f"{key} per task")
-    if title:
-        ax.set_title(title, fontsize=9)
+    if title:  # wrapped to the figure's width: a long title is never clipped
+        ax.set_title(wrap_to_width(fig, title, 0.95 * fig.bbox.width, fontsize=9), fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    try:
+        return save_figure(path.parent, path.name, fig, dpi=100)  # the run folder's writer
+    finally:
+        plt.close(fig)
