@@ -266,13 +266,14 @@ def test_long_titles_wrap_inside_the_figure(tmp_path, bands):
     title = figure_title(runs)
     assert title == ("fashion_mnist · dirichlet partition (α=0.1, min_size=10) · mlp · "
                      "10 of 50 clients per round")
+    options = {} if bands == "alpha" else {"bands": bands}  # alpha: the default
     for text in (title, f"{title} · local_steps=5 · lr=0.05 · 3 seeds · 95 % t-interval"):
-        fig, data = draw(runs, title=text, bands=bands)
+        fig, data = draw(runs, title=text, **options)
         assert _outside_figure(fig) == []
         assert data["title"] == text  # the JSON keeps it whole; only the drawing wraps
         shown = fig.get_suptitle()
         assert "\n" in shown and shown.replace("\n", " ").startswith("fashion_mnist")
-    png = plot_runs(runs, tmp_path / "t.png", title=text, bands=bands)
+    png = plot_runs(runs, tmp_path / "t.png", title=text, **options)
     img = np.asarray(Image.open(png).convert("L"))
     assert img[: img.shape[0] // 5, [0, 1, -2, -1]].min() > 250  # nothing touches the edge
 
