@@ -398,16 +398,27 @@ def reproduce(
         "--scale", help="cpu: run the grid here; paper: print the paper-scale commands")
     ] = "cpu",
     report_only: Annotated[bool, typer.Option(
-        "--report-only", help="regenerate the report from docs/data without running")
+        "--report-only", help="regenerate the report from the raw metrics (--data) without "
+        "running")
     ] = False,
     runs: Annotated[Path, typer.Option("--runs", help="run folders", parser=_nonempty("--runs"),
                                        metavar="PATH")] = Path("runs/reproduce"),
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", parser=_out_path, metavar="PATH",
+        help="where the page (PATH/reproductions/NAME.md) and figures (PATH/img/) go "
+             "[default: reproductions/NAME]; '--out docs' from a source checkout rewrites "
+             "its committed pages")] = None,
+    data: Annotated[Path, typer.Option(
+        "--data", parser=_nonempty("--data"), metavar="PATH",
+        help="raw metrics, one folder per reproduction (a source checkout commits them in "
+             "docs/data); the grid copies each run's metrics.jsonl here")
+    ] = Path("docs/data"),
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
     plugin: Plugins = None,
     data_root: DataRootOption = None,
 ) -> None:
     """Run a paper's reproduction grid (resuming what exists) and write its table, figures
-    and verdict to docs/reproductions/NAME.md (raw metrics in docs/data/NAME/)."""
+    and Holm-corrected verdicts to reproductions/NAME/ in the current folder (--out)."""
     from fedforge.experiment.config import ConfigError
     from fedforge.reproduce import get_reproduction
     from fedforge.reproduce import reproduce as run_reproduction
@@ -424,7 +435,8 @@ def reproduce(
         console.print(paper_scale(spec), highlight=False, soft_wrap=True)
         return
     try:
-        page = run_reproduction(spec, runs=runs, report_only=report_only, progress=not quiet)
+        page = run_reproduction(spec, runs=runs, data=data, out=out, report_only=report_only,
+                                progress=not quiet)
     except (ConfigError, ValueError, OSError, FloatingPointError) as exc:
         _fail(str(exc))
     console.print(f"report: {page}")

@@ -129,7 +129,7 @@ def test_report_only_reads_a_valid_marker(tiny_data):
     (tiny_data / "fast" / "seed0.diverged.json").write_text('{"round": 2, "budget": 2}')
     result = CliRunner().invoke(cli.app, ["reproduce", "tiny", "--report-only", "-q"])
     assert result.exit_code == 0, result.output
-    assert "0†2" in Path("docs/reproductions/tiny.md").read_text()
+    assert "0†2" in Path("reproductions/tiny/reproductions/tiny.md").read_text()
 
 
 class _Ran(Exception):

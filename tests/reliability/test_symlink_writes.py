@@ -72,7 +72,8 @@ def _commands(base: Path) -> list[Command]:
         Command("report", report),
         Command("plot", plot),
         Command("reproduce --report-only",
-                lambda w: (["reproduce", "fedptr", "--report-only", "-q"], w / "docs"),
+                lambda w: (["reproduce", "fedptr", "--report-only", "-q"],
+                           w / "reproductions" / "fedptr"),
                 chdir=True),
     ]
 

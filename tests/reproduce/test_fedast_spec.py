@@ -115,7 +115,7 @@ def test_tiny_multitask_reproduction_end_to_end(tmp_path, monkeypatch):
 
     monkeypatch.setitem(REPRODUCTIONS, "tinymt", spec)
     runs, data, docs = tmp_path / "runs", tmp_path / "data", tmp_path / "docs"
-    page = reproduce("tinymt", root=tmp_path, runs=runs, data=data, docs=docs, progress=False)
+    page = reproduce("tinymt", root=tmp_path, runs=runs, data=data, out=docs, progress=False)
     for cond in ("fedast", "fedast_code", "sync_st"):
         summary = json.loads((data / "tinymt" / cond / "seed0.summary.json").read_text())
         assert set(summary["time_to_target"]) == {"a", "b"}

@@ -58,7 +58,7 @@ def tiny(monkeypatch):
 
 def test_tiny_reproduction_end_to_end(tiny, tmp_path):
     runs, data, docs = tmp_path / "runs", tmp_path / "data", tmp_path / "docs"
-    page = reproduce("tiny", root=ROOT, runs=runs, data=data, docs=docs, progress=False)
+    page = reproduce("tiny", root=ROOT, runs=runs, data=data, out=docs, progress=False)
     for cond in ("fast", "slow"):
         for seed in (0, 1):
             assert (runs / "tiny" / cond / f"seed{seed}" / "metrics.jsonl").is_file()

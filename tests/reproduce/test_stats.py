@@ -11,7 +11,10 @@ from fedforge.reproduce.stats import (
     INCONCLUSIVE,
     REPRODUCED,
     Interval,
+    called,
     detectable_effect,
+    holm,
+    p_value,
     paired_difference,
     t_interval,
     t_quantile,
@@ -94,3 +97,49 @@ def test_detectable_effect_by_hand():
 def test_a_signed_format_signs_the_mean_only():
     assert Interval(0.08, 0.08, 3, 0.1).format("{:+.1%}") == "+8.0% ± 8.0%"
     assert Interval(-21.8, 20.9, 3, 8.4).format() == "-21.8 ± 20.9"
+
+
+# ------------------------------------------------------------------ Holm's correction
+
+def test_holm_by_hand():
+    """p = [0.01, 0.04, 0.03, 0.005], m = 4, α = 0.05. Sorted: 0.005 ≤ 0.05/4 rejects,
+    0.01 ≤ 0.05/3 rejects, 0.03 > 0.05/2 stops. Adjusted: 4·0.005 = 0.02, max(0.02,
+    3·0.01) = 0.03, max(0.03, 2·0.03) = 0.06, max(0.06, 1·0.04) = 0.06. Bonferroni would
+    give [0.04, 0.16, 0.12, 0.02]; unadjusted, all four reject."""
+    adjusted = holm([0.01, 0.04, 0.03, 0.005])
+    assert adjusted == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert [p <= 0.05 for p in adjusted] == [True, False, False, True]
+
+
+def test_holm_rejects_more_than_bonferroni():
+    """p = [0.01, 0.02, 0.03, 0.005]: every step passes (0.005 ≤ .0125, 0.01 ≤ .0167,
+    0.02 ≤ .025, 0.03 ≤ .05), while Bonferroni (α/4 = 0.0125) rejects only two."""
+    adjusted = holm([0.01, 0.02, 0.03, 0.005])
+    assert adjusted == pytest.approx([0.03, 0.04, 0.04, 0.02])
+    assert all(p <= 0.05 for p in adjusted)
+
+
+def test_holm_of_one_p_is_that_p_and_caps_at_one():
+    assert holm([0.03]) == [0.03]
+    assert holm([0.6, 0.7]) == [1.0, 1.0]
+    assert holm([]) == []
+
+
+def test_p_value_matches_the_interval_rule():
+    """[-1, -2, -3]: mean -2, s = 1, t = 2√3 = 3.4641 with 2 df -> two-sided p = 0.07418;
+    the 95 % interval [-4.48, 0.48] contains 0 and p > 0.05: the same answer both ways."""
+    diff = t_interval([-1.0, -2.0, -3.0])
+    assert p_value(diff) == pytest.approx(0.074180, abs=1e-5)
+    assert (p_value(diff) <= 0.05) == (diff.high < 0)
+    shifted = paired_difference([300.0, 500.0, 410.0], [310.0, 512.0, 419.0])
+    assert (p_value(shifted) <= 0.05) == (shifted.high < 0) is True
+    assert p_value(shifted, margin=-10.3) > 0.5  # the margin is the null value
+    assert p_value(t_interval([1.0])) == 1.0
+
+
+def test_called_follows_the_corrected_p():
+    diff = Interval(-2.0, 1.0, 3, 0.5)
+    assert called(diff, "<", 0.01) == REPRODUCED
+    assert called(diff, ">", 0.01) == CONTRADICTED
+    assert called(diff, "<", 0.06) == INCONCLUSIVE
+    assert called(diff, "<", 0.01, margin=-3.0) == CONTRADICTED

@@ -3,8 +3,11 @@
 A reproduction (:class:`~fedforge.reproduce.spec.Reproduction`) names a claim, a grid of
 conditions × seeds, a target and the paired comparisons to report. :func:`reproduce` runs the
 missing runs (resuming unfinished ones), copies each run's ``metrics.jsonl`` to
-``docs/data/<name>/``, and regenerates ``docs/reproductions/<name>.md`` and its figures from
-those files. See docs/reproducing.md for the protocol.
+``<data>/<name>/``, and writes ``<out>/reproductions/<name>.md`` and its figures
+(``<out>/img/``) from those files. The output folder defaults to ``reproductions/<name>``
+below the current folder, never the installed package; a maintainer rewrites the
+repository's committed pages with ``out=Path("docs")``. See docs/reproducing.md for the
+protocol.
 """
 
 from __future__ import annotations
@@ -22,25 +25,30 @@ from fedforge.reproduce.spec import (
 )
 
 __all__ = ["REPRODUCTIONS", "Comparison", "Condition", "Reproduction", "Sweep",
-           "get_reproduction", "register", "reproduce"]
+           "default_out", "get_reproduction", "register", "reproduce"]
+
+
+def default_out(name: str) -> Path:
+    """``./reproductions/<name>``: results land beside the user, never in the package."""
+    return Path.cwd() / "reproductions" / name
 
 
 def reproduce(
     spec: Reproduction | str, *, root: Path = Path("."), runs: Path | None = None,
-    data: Path | None = None, docs: Path | None = None, report_only: bool = False,
+    data: Path | None = None, out: Path | None = None, report_only: bool = False,
     progress: bool = True,
 ) -> Path:
     """Run the grid (unless ``report_only``) and write the report; -> the report page.
 
-    Defaults, relative to ``root`` (the repository): runs in ``runs/reproduce``, raw
-    metrics in ``docs/data``, the page and figures in ``docs``."""
+    Defaults: runs in ``<root>/runs/reproduce``, raw metrics in ``<root>/docs/data`` (where
+    a source checkout commits them), the page and figures in :func:`default_out`."""
     from fedforge.reproduce.grid import run_grid
     from fedforge.reproduce.report import write_report
 
     spec = get_reproduction(spec) if isinstance(spec, str) else spec
     runs = runs or root / "runs" / "reproduce"
     data = data or root / "docs" / "data"
-    docs = docs or root / "docs"
+    out = out or default_out(spec.name)
     if not report_only:
         run_grid(spec, root=root, runs=runs, data=data, progress=progress)
-    return write_report(spec, data, docs, command=f"fedforge reproduce {spec.name}")
+    return write_report(spec, data, out, command=f"fedforge reproduce {spec.name}")

@@ -1,8 +1,11 @@
 """Tables, figures and the verdict of a reproduction, from the committed raw metrics.
 
 Reads ``<data>/<name>/<condition>/seed<k>.jsonl`` only, so ``--report-only`` regenerates
-everything on a machine that never ran the grid. Writes ``docs/reproductions/<name>.md``
-(included by ``docs/reproductions.md``) and ``docs/img/<name>_*.png``. A multi-task spec
+everything on a machine that never ran the grid. Writes ``<out>/reproductions/<name>.md``
+and ``<out>/img/<name>_*.png``; ``out`` = the repository's ``docs`` rewrites the committed
+page (linked from ``docs/reproductions.md``). The verdicts are Holm-corrected across the
+page's comparisons, and a censored time never carries a call it could overturn (see
+docs/reproducing.md, section 5). A multi-task spec
 also reads ``seed<k>.summary.json`` (time to each task's target, idle share) and reports
 simulated time to *every* target, per-task times and the paired gain over its baseline.
 """
@@ -23,7 +26,10 @@ from fedforge.reproduce.stats import (
     INCONCLUSIVE,
     REPRODUCED,
     Interval,
+    called,
     detectable_effect,
+    holm,
+    p_value,
     paired_difference,
     t_interval,
     verdict,
@@ -35,6 +41,7 @@ METRICS = {  # key -> (column title, format, higher is better)
     "final_acc": ("final acc. (mean of last 5 evals)", "{:.4f}", True),
 }
 FINAL_EVALS = 5
+ALPHA = 0.05  # family-wise error rate of a page's verdicts
 
 
 @dataclass
@@ -272,16 +279,29 @@ def _save(fig, path: Path, dpi: int) -> Path:
         plt.close(fig)
 
 
-def compare(spec: Reproduction, runs: dict, comp: Comparison) -> tuple[Interval, str, float]:
-    """Paired difference over the seeds both conditions finished -> (CI, verdict, MDE)."""
+def _paired(runs: dict, comp: Comparison) -> tuple[Interval, list[int]]:
+    """Paired difference over the seeds both conditions finished."""
     a, b = runs.get(comp.a, {}), runs.get(comp.b, {})
     seeds = sorted(set(a) & set(b))
-    diff = paired_difference([getattr(a[s], comp.metric) for s in seeds],
-                             [getattr(b[s], comp.metric) for s in seeds])
+    return paired_difference([getattr(a[s], comp.metric) for s in seeds],
+                             [getattr(b[s], comp.metric) for s in seeds]), seeds
+
+
+def _censored_sides(runs: dict, comp: Comparison, seeds: list[int]) -> tuple[bool, bool]:
+    """Whether a / b has a run that never reached the target (times only)."""
+    if comp.metric not in ("rounds", "sim_time"):
+        return False, False
+    a, b = runs.get(comp.a, {}), runs.get(comp.b, {})
+    return any(not a[s].reached for s in seeds), any(not b[s].reached for s in seeds)
+
+
+def compare(spec: Reproduction, runs: dict, comp: Comparison) -> tuple[Interval, str, float]:
+    """One comparison on its own (uncorrected 95 %, censoring applied) -> (CI, verdict,
+    MDE); the page's verdicts come from :func:`judge`, which corrects across the family."""
+    diff, seeds = _paired(runs, comp)
     call = verdict(diff, comp.expect, comp.margin)
-    if comp.metric in ("rounds", "sim_time") and call != INCONCLUSIVE:
-        call = _censored_call(call, comp.expect, any(not a[s].reached for s in seeds),
-                              any(not b[s].reached for s in seeds))
+    if call != INCONCLUSIVE:
+        call = _censored_call(call, comp.expect, *_censored_sides(runs, comp, seeds))
     return diff, call, detectable_effect(diff)
 
 
@@ -295,19 +315,104 @@ def _censored_call(call: str, expect: str, a_censored: bool, b_censored: bool) -
     return call
 
 
+@dataclass(frozen=True)
+class Judgement:
+    """One comparison as the page reports it, with everything its verdict rests on."""
+
+    comp: Comparison
+    diff: Interval
+    p: float  # two-sided paired t-test of a − b = margin
+    p_holm: float | None  # Holm-adjusted within the family; None: exploratory
+    call: str  # after the correction and the censoring rule
+    uncorrected: str  # the call at an uncorrected 5 % (censoring applied)
+    mde: float  # at the family's strictest level (α/m), 80 % power
+    censored: str  # "FedAdam ≥ 150 in 3 of 3 seeds" or ""
+    overturned: bool  # censoring made a call inconclusive
+
+
+def family(spec: Reproduction) -> list[int]:
+    """Indices of the corrected family: the primary comparisons if any are named, else all."""
+    primary = [i for i, c in enumerate(spec.comparisons) if c.primary]
+    return primary or list(range(len(spec.comparisons)))
+
+
+def _censoring(spec: Reproduction, runs: dict, comp: Comparison, seeds: list[int]) -> str:
+    """``"FedAdam ≥ 150 in 3 of 3 seeds"``: the sides whose time is only a lower bound."""
+    parts = []
+    for side, flag in zip((comp.a, comp.b), _censored_sides(runs, comp, seeds), strict=True):
+        if flag:
+            cut = sorted({getattr(runs[side][s], comp.metric) for s in seeds
+                          if not runs[side][s].reached})
+            k = sum(not runs[side][s].reached for s in seeds)
+            bound = "/".join(f"{v:.3g}" if comp.metric == "sim_time" else f"{v:g}" for v in cut)
+            parts.append(f"{spec.condition(side).title} ≥ {bound} in {k} of {len(seeds)} seeds")
+    return "; ".join(parts)
+
+
+def judge(spec: Reproduction, runs: dict, alpha: float = ALPHA) -> list[Judgement]:
+    """Every comparison of the page, Holm-corrected across its family, then the censoring
+    rule: a call a censored run could overturn is not made."""
+    fam = family(spec)
+    pairs = [_paired(runs, c) for c in spec.comparisons]
+    ps = [p_value(d, c.margin) for (d, _), c in zip(pairs, spec.comparisons, strict=True)]
+    adjusted = dict(zip(fam, holm([ps[i] for i in fam]), strict=True))
+    out = []
+    for i, (comp, (diff, seeds)) in enumerate(zip(spec.comparisons, pairs, strict=True)):
+        sides = _censored_sides(runs, comp, seeds)
+        raw = called(diff, comp.expect, ps[i], comp.margin, alpha)
+        call = called(diff, comp.expect, adjusted.get(i, ps[i]), comp.margin, alpha)
+        kept = _censored_call(call, comp.expect, *sides) if call != INCONCLUSIVE else call
+        level = 1 - alpha / len(fam) if i in adjusted else 1 - alpha
+        out.append(Judgement(
+            comp, diff, ps[i], adjusted.get(i), kept,
+            _censored_call(raw, comp.expect, *sides) if raw != INCONCLUSIVE else raw,
+            detectable_effect(diff, level=level), _censoring(spec, runs, comp, seeds),
+            kept != call))
+    return out
+
+
+def correction_note(spec: Reproduction, alpha: float = ALPHA) -> str:
+    """The sentence that states the family and its correction."""
+    m, fam = len(spec.comparisons), len(family(spec))
+    pct = f"{alpha:.0%}".replace("%", " %")
+    noun = "comparison" if m == 1 else "comparisons"
+    if fam == m:
+        return (f"{m} {noun}; Holm-corrected at family-wise {pct}: a verdict needs a "
+                f"Holm-adjusted p ≤ {alpha:g}. The intervals are per comparison (95 %); the "
+                f"detectable effect is at level {alpha:g}/{m} (Holm's strictest step), 80 % "
+                "power.")
+    return (f"{m} {noun}, {fam} primary (named before the grid ran); the primary "
+            f"{'claim is' if fam == 1 else 'claims are'} Holm-corrected at family-wise {pct}, "
+            f"and the other {m - fam} are exploratory (uncorrected {pct}, marked as such).")
+
+
+def _verdict_cell(j: Judgement) -> str:
+    text = f"**{j.call}**" if j.call != INCONCLUSIVE else j.call
+    if j.overturned:
+        text += " (censored)"
+    if j.p_holm is None:
+        text += " (exploratory)"
+    return text
+
+
+def _p(p: float | None) -> str:
+    return "–" if p is None else f"{p:.2g}" if p >= 0.001 else "< 0.001"
+
+
 def comparison_table(spec: Reproduction, runs: dict) -> str:
     timed = any(c.metric == "sim_time" for c in spec.comparisons)
+    cens = uses_target(spec)
     head = ["difference (paired by seed)", "metric", "paper's claim (a − b)", "mean ± 95 % CI",
-            *(["relative (b − a) / b"] if timed else []), "seeds", "verdict",
-            "detectable effect"]
+            *(["relative (b − a) / b"] if timed else []), "seeds", "p", "Holm p",
+            *(["censored (≥ budget)"] if cens else []), "verdict", "detectable effect"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for comp in spec.comparisons:
-        diff, call, mde = compare(spec, runs, comp)
+    for j in judge(spec, runs):
+        comp, diff = j.comp, j.diff
         fmt = METRICS[comp.metric][1]
         ci = "–" if diff.n == 0 else diff.format(fmt)
         if diff.n >= 2:
             ci += f" [{fmt.format(diff.low)}, {fmt.format(diff.high)}]"
-        mde_txt = "–" if math.isnan(mde) else fmt.format(mde)
+        mde_txt = "–" if math.isnan(j.mde) else fmt.format(j.mde)
         rel = []
         if timed:
             g = gains(runs.get(comp.b, {}), runs.get(comp.a, {}))
@@ -315,7 +420,8 @@ def comparison_table(spec: Reproduction, runs: dict) -> str:
         rows.append("| " + " | ".join([
             f"{spec.condition(comp.a).title} − {spec.condition(comp.b).title}",
             METRICS[comp.metric][0], f"{comp.expect} {comp.margin:g}", ci, *rel, str(diff.n),
-            f"**{call}**" if call != INCONCLUSIVE else call, mde_txt]) + " |")
+            _p(j.p if diff.n >= 2 else None), _p(j.p_holm if diff.n >= 2 else None),
+            *([j.censored or "–"] if cens else []), _verdict_cell(j), mde_txt]) + " |")
     return "\n".join(rows)
 
 
@@ -512,27 +618,40 @@ def plot_sweep(runs: dict, sweep: Sweep, path: Path) -> Path:
     return _save(fig, path, dpi=110)
 
 
+def _verdict_line(spec: Reproduction, j: Judgement) -> str:
+    """``- a − b, metric: CI over n seeds (b ≥ 150 in 3 of 3 seeds, censored) → call (p)``."""
+    comp, diff = j.comp, j.diff
+    fmt = METRICS[comp.metric][1]
+    cens = f" ({j.censored}, censored)" if j.censored else ""
+    raw = _p(j.p) if j.p < 0.001 else f"= {_p(j.p)}"
+    p = (f"p {raw}, exploratory, uncorrected" if j.p_holm is None
+         else f"p {raw}, Holm-adjusted {_p(j.p_holm)}")
+    notes = []
+    if j.overturned:
+        notes.append("the censored runs could overturn it, so it is not called")
+    elif j.censored and j.call != INCONCLUSIVE:
+        notes.append("the censoring can only widen the gap")
+    if j.call == INCONCLUSIVE and j.uncorrected != INCONCLUSIVE and not j.overturned:
+        notes.append(f"{j.uncorrected} before the correction")
+    if j.call == INCONCLUSIVE and not math.isnan(j.mde):
+        notes.append(f"the design could detect a difference of about {fmt.format(j.mde)}")
+    call = f"**{j.call}**" if j.call != INCONCLUSIVE else j.call
+    return (f"- {spec.condition(comp.a).title} − {spec.condition(comp.b).title}, "
+            f"{METRICS[comp.metric][0]}: {diff.format(fmt)} over {diff.n} seeds{cens} → "
+            f"{call} ({p}){''.join('; ' + n for n in notes)}.")
+
+
 def headline(spec: Reproduction, runs: dict) -> list[str]:
-    lines = []
-    for comp in spec.comparisons:
-        diff, call, mde = compare(spec, runs, comp)
-        if diff.n == 0:
-            continue
-        fmt = METRICS[comp.metric][1]
-        extra = "" if call != INCONCLUSIVE or math.isnan(mde) else (
-            f"; the design could detect a difference of about {fmt.format(mde)}")
-        lines.append(f"- {spec.condition(comp.a).title} − {spec.condition(comp.b).title}, "
-                     f"{METRICS[comp.metric][0]}: {diff.format(fmt)} over {diff.n} seeds "
-                     f"→ **{call}**{extra}.")
-    return lines
+    return [_verdict_line(spec, j) for j in judge(spec, runs) if j.diff.n > 0]
 
 
-def write_report(spec: Reproduction, data: Path, docs: Path, *, command: str = "") -> Path:
-    """Write ``docs/reproductions/<name>.md`` and ``docs/img/<name>_*.png``; -> the page."""
+def write_report(spec: Reproduction, data: Path, out: Path, *, command: str = "") -> Path:
+    """Write ``<out>/reproductions/<name>.md`` and ``<out>/img/<name>_*.png`` (the layout of
+    the repository's ``docs``, so the page's image links hold in both); -> the page."""
     runs = load_runs(spec, data)
     done = sum(len(r) for r in runs.values())
     total = len(spec.conditions) * len(spec.seeds)
-    img = subfolder(docs, "img")  # a link to a folder elsewhere is refused
+    img = subfolder(out, "img")  # a link to a folder elsewhere is refused
     if spec.multitask:
         acc_png = plot_multitask(spec, runs, img / f"{spec.name}_accuracy.png")
         diag_png = plot_allocation(spec, runs, img / f"{spec.name}_diagnostics.png")
@@ -541,43 +660,44 @@ def write_report(spec: Reproduction, data: Path, docs: Path, *, command: str = "
         acc_png = plot_accuracy(spec, runs, img / f"{spec.name}_accuracy.png")
         diag_png = plot_diagnostics(spec, runs, img / f"{spec.name}_diagnostics.png")
         table = condition_table
-    out = [f"<!-- generated by `fedforge reproduce {spec.name}`; do not edit by hand -->",
-           f"### Reproduction `{spec.name}` (generated)", ""]
+    text = [f"<!-- generated by `fedforge reproduce {spec.name}`; do not edit by hand -->",
+            f"### Reproduction `{spec.name}` (generated)", ""]
     if done < total:
-        out += [f"> **incomplete: {done} of {total} runs** finished; the tables use the "
-                "finished ones. Resume with the command below.", ""]
-    out += [f"**Claim.** {spec.claim}", "", spec.notes.strip(), ""]
+        text += [f"> **incomplete: {done} of {total} runs** finished; the tables use the "
+                 "finished ones. Resume with the command below.", ""]
+    text += [f"**Claim.** {spec.claim}", "", spec.notes.strip(), ""]
     if spec.target is None and uses_target(spec) and not spec.multitask:
-        out += ["**Target:** not set yet (rounds and time to target are the run length).", ""]
+        text += ["**Target:** not set yet (rounds and time to target are the run length).", ""]
     censored = ("; \"≥\" marks runs that never reached the target (counted at the budget, so "
                 "the difference is a bound)") if uses_target(spec) else ""
     if any(r.diverged_at for c in runs.values() for r in c.values()):
         censored += ("; \"s†r\" marks seed s stopped by non-finite values in round r: its "
                      "final accuracy is that of its last evaluations before (an upper bound)")
-    out += [f"Seeds {', '.join(map(str, spec.seeds))}; mean ± 95 % t-interval over the seeds "
-            f"that finished{censored}.", "",
-            table(spec, runs, list(spec.curves) or None), ""]
+    text += [f"Seeds {', '.join(map(str, spec.seeds))}; mean ± 95 % t-interval over the seeds "
+             f"that finished{censored}.", "",
+             table(spec, runs, list(spec.curves) or None), ""]
     for title, names in spec.ablations:
-        out += [f"**{title}.**", "", table(spec, runs, list(names)), ""]
+        text += [f"**{title}.**", "", table(spec, runs, list(names)), ""]
     for i, sweep in enumerate(spec.sweeps):
         png = plot_sweep(runs, sweep, img / f"{spec.name}_sweep{i}.png")
-        out += [f"**{sweep.title}.**", "", sweep_table(runs, sweep), "",
-                f"![{sweep.title}](../img/{png.name})", ""]
-    out += ["**Paired comparisons** (same seed = same partition, cohorts and batches).", "",
-            comparison_table(spec, runs), "",
-            "**Verdict.**" if done == total else "**Verdict so far.**", "", *headline(spec, runs),
-            ""]
+        text += [f"**{sweep.title}.**", "", sweep_table(runs, sweep), "",
+                 f"![{sweep.title}](../img/{png.name})", ""]
+    text += ["**Paired comparisons** (same seed = same partition, cohorts and batches). "
+             + correction_note(spec), "", comparison_table(spec, runs), "",
+             "**Verdict.**" if done == total else "**Verdict so far.**", "", *headline(spec, runs),
+             ""]
     if spec.sensitivity:
-        out += ["**Sensitivity to the target (post hoc; the verdict above uses the target "
-                "fixed in advance).** Paired differences in rounds, mean ± 95 % CI.", "",
-                sensitivity_table(spec, data), ""]
-    out += [f"![accuracy](../img/{acc_png.name})", ""]
+        text += ["**Sensitivity to the target (post hoc; the verdict above uses the target "
+                 "fixed in advance).** Paired differences in rounds, mean ± 95 % CI, each "
+                 "judged on its own (uncorrected).", "",
+                 sensitivity_table(spec, data), ""]
+    text += [f"![accuracy](../img/{acc_png.name})", ""]
     if diag_png is not None:
-        out += [f"![diagnostics](../img/{diag_png.name})", ""]
+        text += [f"![diagnostics](../img/{diag_png.name})", ""]
     if command:
-        out += [f"Command: `{command}`", ""]
-    return write_text(docs, Path("reproductions", f"{spec.name}.md"),
-                      "\n".join(out).rstrip() + "\n")
+        text += [f"Command: `{command}`", ""]
+    return write_text(out, Path("reproductions", f"{spec.name}.md"),
+                      "\n".join(text).rstrip() + "\n")
 
 
 def paper_scale(spec: Reproduction) -> str:

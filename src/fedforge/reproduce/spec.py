@@ -37,6 +37,10 @@ class Comparison:
     ``expect="<"``: a is lower (e.g. fewer rounds); ``">"``: a is higher. A non-zero
     ``margin`` turns a sign claim into a closeness claim: ``Comparison(full, compressed,
     "final_acc", "<", margin=0.02)`` reads "compression costs less than two points".
+
+    ``primary``: named before the grid runs as the page's primary claim. When any comparison
+    of a spec is primary, the primary ones form the corrected family (Holm) and the others
+    are reported as exploratory; otherwise every comparison belongs to the family.
     """
 
     a: str
@@ -44,6 +48,7 @@ class Comparison:
     metric: str  # "rounds" | "sim_time" | "final_acc"
     expect: str = "<"
     margin: float = 0.0
+    primary: bool = False
 
     def __post_init__(self) -> None:
         if self.expect not in ("<", ">"):

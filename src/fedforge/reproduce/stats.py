@@ -5,6 +5,11 @@ The verdict follows the reproduction protocol (docs/reproducing.md, section 4):
 *contradicted* when it excludes 0 in the other direction, *inconclusive* otherwise, with the
 smallest effect the design could have detected (two-sided 5 % test, 80 % power, at the
 observed spread).
+
+A page judges several comparisons at once, so its verdicts control the family-wise error
+rate with Holm's step-down correction (:func:`holm`): a comparison is called only when its
+Holm-adjusted p-value (:func:`p_value`, the paired t-test of ``a − b = margin``) is at most
+5 %. With one comparison this is the plain 95 % interval rule.
 """
 
 from __future__ import annotations
@@ -88,3 +93,39 @@ def verdict(diff: Interval, expect: str, margin: float = 0.0) -> str:
     if diff.low > margin:
         return REPRODUCED if expect == ">" else CONTRADICTED
     return INCONCLUSIVE
+
+
+def p_value(diff: Interval, margin: float = 0.0) -> float:
+    """Two-sided paired t-test of ``a − b = margin``: p ≤ α exactly when the ``1 − α``
+    interval excludes ``margin``, so a corrected p keeps the interval rule's meaning."""
+    if diff.n < 2 or math.isnan(diff.sd):
+        return 1.0  # untestable: counts in the family, never rejected
+    gap = abs(diff.mean - margin)
+    if diff.sd == 0.0:
+        return 0.0 if gap > 0.0 else 1.0
+    t = gap / (diff.sd / math.sqrt(diff.n))
+    return float(2.0 * _st.t.sf(t, diff.n - 1))
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input order: the k-th smallest p is
+    multiplied by ``m − k + 1`` and made monotone, so rejecting where the adjusted p ≤ α
+    keeps the chance of any false call among the m comparisons at most α."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: pvalues[i])
+    adjusted = [1.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * float(pvalues[i])))
+        adjusted[i] = running
+    return adjusted
+
+
+def called(diff: Interval, expect: str, p: float, margin: float = 0.0,
+           alpha: float = 0.05) -> str:
+    """The verdict from a (corrected) p-value: the side of ``margin`` the mean lies on
+    decides reproduced or contradicted once ``p ≤ alpha``."""
+    if diff.n < 2 or p > alpha:
+        return INCONCLUSIVE
+    below = diff.mean < margin
+    return REPRODUCED if below == (expect == "<") else CONTRADICTED
