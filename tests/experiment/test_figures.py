@@ -383,3 +383,13 @@ def test_cli_band_and_legend_options(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     data = json.loads((tmp_path / "cmp" / "accuracy.json").read_text())
     assert (data["bands"], data["legend"]) == ("off", "outside")
+
+
+def test_accuracy_band_is_drawn_within_0_and_1(tmp_path):
+    dirs = [_run(tmp_path / f"seed{s}", "fedavg", s, accs)
+            for s, accs in enumerate([[0.0, 0.9], [0.5, 1.0], [0.9, 0.95]])]
+    fig, data = draw(load_run_list(dirs))
+    (curve,) = data["curves"]
+    assert curve["ci_low"][0] < 0 and curve["ci_high"][1] > 1  # the JSON keeps the interval
+    ys = np.concatenate([p.vertices[:, 1] for p in fig.axes[0].collections[0].get_paths()])
+    assert ys.min() >= 0.0 and ys.max() <= 1.0

@@ -415,7 +415,7 @@ def _draw_single(drawn: list[Curve], styles: list[MethodStyle], x: str, y: str, 
     for c, style in zip(drawn, styles):
         _line(ax, c, style)
         if opts.bands == "alpha":
-            _band(ax, c, style.color)
+            _band(ax, c, style.color, y)
     _axes(ax, x, y, logx)
     set_title(fig, title)
     if not drawn or opts.legend == "off":
@@ -443,7 +443,7 @@ def _draw_panels(drawn: list[Curve], styles: list[MethodStyle], x: str, y: str, 
             if other is not drawn[i]:
                 ax.plot(other.x, other.mean, color="0.78", linewidth=0.8, zorder=1)
         _line(ax, drawn[i], styles[i])
-        _band(ax, drawn[i], styles[i].color)
+        _band(ax, drawn[i], styles[i].color, y)
         _axes(ax, x, y, logx, labels=False)
         label = wrap_to_width(fig, plain_text(drawn[i].label), 0.9 * fig.bbox.width / ncols,
                               fontsize="small")
@@ -466,10 +466,14 @@ def _line(ax, c: Curve, style: MethodStyle) -> None:
             markevery=max(1, len(c.x) // 12), zorder=3)
 
 
-def _band(ax, c: Curve, color: str) -> None:
+def _band(ax, c: Curve, color: str, y: str) -> None:
+    """The shaded interval, cut to what the metric can be: a t-interval of a few seeds'
+    accuracies may reach below 0 or above 1, which no run can (the JSON keeps it whole)."""
     band = [(xv, lo, hi) for xv, lo, hi in zip(c.x, c.ci_low, c.ci_high) if lo is not None]
     if band:
         bx, lo, hi = zip(*band)
+        if y.endswith("accuracy"):
+            lo, hi = [max(0.0, v) for v in lo], [min(1.0, v) for v in hi]
         ax.fill_between(bx, lo, hi, color=color, alpha=BAND_ALPHA, linewidth=0, zorder=2)
 
 
