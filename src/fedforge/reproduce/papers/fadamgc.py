@@ -45,7 +45,9 @@ Table 2's order. In the first version of this spec, the SCAFFOLD-M vs LocalAdam 
 wrong sign: it claimed LocalAdam beats SCAFFOLD-M, but the paper has 544 < 590 rounds for
 SCAFFOLD-M. It was corrected to the paper's direction while the baseline seeds were still
 running, and the rows for FAdamGC vs each baseline were added then. The primary rows were
-never changed.
+never changed. They were named primary only after the core runs had finished, so the
+verdicts do not treat them as a pre-registered primary claim: all 16 rows form one family,
+Holm-corrected.
 """
 
 
