@@ -405,9 +405,9 @@ def reproduce(
                                        metavar="PATH")] = Path("runs/reproduce"),
     out: Annotated[Path | None, typer.Option(
         "--out", "-o", parser=_out_path, metavar="PATH",
-        help="where the page (PATH/reproductions/NAME.md) and figures (PATH/img/) go "
-             "[default: reproductions/NAME]; '--out docs' from a source checkout rewrites "
-             "its committed pages")] = None,
+        help="where the page (PATH/reproductions/NAME.md) and figures (PATH/img/) go, by "
+             "default reproductions/NAME in the current folder; '--out docs' from a source "
+             "checkout rewrites its committed pages")] = None,
     data: Annotated[Path, typer.Option(
         "--data", parser=_nonempty("--data"), metavar="PATH",
         help="raw metrics, one folder per reproduction (a source checkout commits them in "
