@@ -1,10 +1,13 @@
-"""Every default is pinned to its source (src/fedforge/algorithms/defaults.py).
+"""Every default is written once, with its source, in ``fedforge.algorithms.defaults``.
 
-A changed default (β2 0.99 -> 0.999, τ 1e-3 -> 1e-8, ...) fails here until the table, and so
-its stated source, is changed with it; a new algorithm, hyper-parameter or multi-task method
-without a table entry fails too.
+The built-in factories carry no default of their own: ``defaults_from`` gives them the
+table's, so a changed default (β2 0.99 -> 0.999, τ 1e-3 -> 1e-8, ...) is a changed table
+entry, with its stated source. A new algorithm, hyper-parameter or multi-task method without
+a table entry fails here, and so does a default written in a factory's signature as well.
 """
 
+import ast
+import inspect
 import re
 from pathlib import Path
 
@@ -21,8 +24,10 @@ from fedforge.algorithms.defaults import (
     PAPER,
     SOURCES,
     all_methods,
+    defaults_from,
     main,
     markdown,
+    ours,
     resolved_hparams,
 )
 from fedforge.experiment.config import AsyncSection, SyncSection
@@ -40,13 +45,83 @@ def _same(a, b) -> bool:
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_factory_defaults_equal_the_table(name):
+    """What ``inspect.signature`` shows (config validation, ``--defaults``) is the table."""
     table = ALGORITHM_DEFAULTS.get(name)
-    assert table is not None, f"{name}: add its defaults to fedforge/algorithms/defaults.py"
+    assert table is not None, f"{name}: add its defaults to fedforge.algorithms.defaults"
     factory = algorithm_hparams(name)
     assert set(table) == set(factory), f"{name}: table keys differ from the factory's"
     wrong = {k: (factory[k], table[k].value) for k in factory if not _same(factory[k],
                                                                           table[k].value)}
     assert not wrong, f"{name}: factory default != table (factory, table): {wrong}"
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_factory_source_states_no_default(name):
+    """A built-in factory's ``def`` has no ``= value``: the table is the only place."""
+    factory = ALGORITHMS[name]
+    tree = ast.parse(inspect.getsource(factory))
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef))
+    assert not fn.args.defaults and not any(fn.args.kw_defaults), (
+        f"{name}: write its defaults in fedforge.algorithms.defaults, not in the signature")
+    if fn.args.args or fn.args.kwonlyargs:  # fedptr_s: **hparams, FedPTR's signature
+        decorators = [ast.unparse(d) for d in fn.decorator_list]
+        assert f"defaults_from('{name}')" in decorators, f"{name}: @defaults_from({name!r})"
+
+
+def test_components_default_to_the_table():
+    """The parts a factory builds default to the same values when built alone."""
+    import dataclasses
+
+    from fedforge.algorithms.fadamgc import GradientTracking
+    from fedforge.algorithms.fedexp import extrapolation
+    from fedforge.algorithms.fedptr import ProjectionConfig
+
+    fedptr = ALGORITHM_DEFAULTS["fedptr"]
+    for f in dataclasses.fields(ProjectionConfig):
+        assert _same(f.default, fedptr[f.name].value), f.name
+    tracking = inspect.signature(GradientTracking).parameters
+    assert _same(tracking["fraction"].default, ALGORITHM_DEFAULTS["fadamgc"]["tracking_fraction"]
+                 .value)
+    assert _same(tracking["init"].default, ALGORITHM_DEFAULTS["fadamgc"]["tracking_init"].value)
+    eps = inspect.signature(extrapolation).parameters["eps"].default
+    assert _same(eps, ALGORITHM_DEFAULTS["fedexp"]["eps"].value)
+
+
+def _toy(monkeypatch, **entries):
+    """A throw-away table entry ``toy`` for the decorator's checks."""
+    monkeypatch.setitem(ALGORITHM_DEFAULTS, "toy",
+                        {k: ours(v, "a test value, long enough to read as a reason")
+                         for k, v in entries.items()})
+
+
+def test_defaults_from_sets_the_defaults_in_parameter_order(monkeypatch):
+    _toy(monkeypatch, b=2.0, a=1, c="x")
+
+    @defaults_from("toy")
+    def toy(a: int, b: float, *, c: str) -> tuple:
+        return a, b, c
+
+    assert toy() == (1, 2.0, "x") and toy(5, c="y") == (5, 2.0, "y")
+    assert [p.default for p in inspect.signature(toy).parameters.values()] == [1, 2.0, "x"]
+
+
+@pytest.mark.parametrize("source, problem", [
+    ("def toy(a, b): ...", "table keys that are not parameters: ['c']"),
+    ("def toy(a, b, c, d): ...", "parameters without a table entry: ['d']"),
+    ("def toy(a, b, c=3): ...", "defaults written in the signature too: ['c']"),
+    ("def toy(a, b, c, *rest): ...", "parameters that cannot take a default: ['rest']"),
+])
+def test_defaults_from_refuses_a_mismatch(monkeypatch, source, problem):
+    _toy(monkeypatch, a=1, b=2, c=3)
+    scope: dict = {}
+    exec(source, scope)  # noqa: S102 (a one-line def)
+    with pytest.raises(TypeError, match=re.escape(problem)):
+        defaults_from("toy")(scope["toy"])
+
+
+def test_defaults_from_needs_a_table_entry():
+    with pytest.raises(TypeError, match="no table entry named 'nosuch'"):
+        defaults_from("nosuch")(lambda a: a)
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))

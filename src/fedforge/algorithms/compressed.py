@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fedforge.algorithms.base import Algorithm
+from fedforge.algorithms.defaults import defaults_from
 from fedforge.algorithms.uplink_diagnostics import UplinkDiagnostics
 from fedforge.client.optimizers import local_optimizer
 from fedforge.comm.codec import (
@@ -58,12 +59,12 @@ def _algorithm(name: str, local_lr, client_optimizer, weight_decay, server, code
                      server, parts=parts, description=description, codec=codec)
 
 
+@defaults_from("safl")
 def safl(
-    local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1e-2, rounds: int | None = None,
-    min_lr: float = 1e-5, b1: float = 0.9, b2: float = 0.99, eps: float = 1e-3,
-    optimizer: str = "amsgrad", sketch: str = "srht", sketch_size: int | None = None,
-    compression: float | None = 100.0, sketch_rows: int = 1, sketch_seed: int = 0,
-    client_optimizer: str = "sgd", weight_decay: ScheduleLike = 0.0, diagnostics_window: int = 0,
+    local_lr: ScheduleLike, server_lr: ScheduleLike, rounds: int | None, min_lr: float,
+    b1: float, b2: float, eps: float, optimizer: str, sketch: str, sketch_size: int | None,
+    compression: float | None, sketch_rows: int, sketch_seed: int, client_optimizer: str,
+    weight_decay: ScheduleLike, diagnostics_window: int,
 ) -> Algorithm:
     """SAFL. ``sketch_size`` (b) overrides ``compression`` (d/b); ``rounds`` turns a numeric
     ``server_lr`` into cosine decay to ``min_lr`` over that many rounds."""
@@ -76,11 +77,12 @@ def safl(
         diagnostics_window)
 
 
+@defaults_from("fetchsgd")
 def fetchsgd(
-    local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1.0, momentum: float = 0.9,
-    sketch_size: int | None = None, compression: float | None = 100.0, sketch_rows: int = 5,
-    k: int | None = None, topk_compression: float | None = None, sketch_seed: int = 0,
-    client_optimizer: str = "sgd", weight_decay: ScheduleLike = 0.0, diagnostics_window: int = 0,
+    local_lr: ScheduleLike, server_lr: ScheduleLike, momentum: float, sketch_size: int | None,
+    compression: float | None, sketch_rows: int, k: int | None, topk_compression: float | None,
+    sketch_seed: int, client_optimizer: str, weight_decay: ScheduleLike,
+    diagnostics_window: int,
 ) -> Algorithm:
     """FetchSGD; top-k size ``k`` or ``d / topk_compression``; default ``cols // 10``
     (heavy hitters are recoverable only for k well below the sketch's column count)."""
@@ -92,12 +94,12 @@ def fetchsgd(
                       "momentum + error, top-k unsketch", diagnostics_window)
 
 
+@defaults_from("topk_ef")
 def topk_ef(
-    local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1e-2, b1: float = 0.9,
-    b2: float = 0.99, eps: float = 1e-3, optimizer: str = "adam", method: str = "topk",
-    k: int | None = None, compression: float | None = 100.0, levels: int = 16,
-    error_feedback: bool = True, seed: int = 0, client_optimizer: str = "sgd",
-    weight_decay: ScheduleLike = 0.0, diagnostics_window: int = 0,
+    local_lr: ScheduleLike, server_lr: ScheduleLike, b1: float, b2: float, eps: float,
+    optimizer: str, method: str, k: int | None, compression: float | None, levels: int,
+    error_feedback: bool, seed: int, client_optimizer: str, weight_decay: ScheduleLike,
+    diagnostics_window: int,
 ) -> Algorithm:
     """Compressed uplink (``method``: topk | randk | qsgd | sign) + optional EF, server Adam."""
     codec = CompressCodec(method, k, None if k is not None else compression, levels,
@@ -108,10 +110,10 @@ def topk_ef(
                       diagnostics_window)
 
 
+@defaults_from("onebit_adam")
 def onebit_adam(
-    local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1e-2, b1: float = 0.9,
-    b2: float = 0.99, eps: float = 1e-3, error_feedback: bool = True,
-    client_optimizer: str = "sgd", weight_decay: ScheduleLike = 0.0,
+    local_lr: ScheduleLike, server_lr: ScheduleLike, b1: float, b2: float, eps: float,
+    error_feedback: bool, client_optimizer: str, weight_decay: ScheduleLike,
 ) -> Algorithm:
     """1-bit-Adam style: scaled-sign uplink with error feedback, server Adam (no warm-up
     phase or frozen variance; see docs/safl.md)."""
@@ -121,11 +123,11 @@ def onebit_adam(
                       "1-bit-Adam-style: scaled sign + EF uplink, server Adam")
 
 
+@defaults_from("marina")
 def marina(
-    local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1.0, optimizer: str = "sgd",
-    b1: float = 0.9, b2: float = 0.99, eps: float = 1e-3, k: int | None = None,
-    compression: float | None = 100.0, sync_prob: float = 0.1, seed: int = 0,
-    client_optimizer: str = "sgd", weight_decay: ScheduleLike = 0.0, diagnostics_window: int = 0,
+    local_lr: ScheduleLike, server_lr: ScheduleLike, optimizer: str, b1: float, b2: float,
+    eps: float, k: int | None, compression: float | None, sync_prob: float, seed: int,
+    client_optimizer: str, weight_decay: ScheduleLike, diagnostics_window: int,
 ) -> Algorithm:
     """MARINA on deltas: unbiased random-k of delta differences, full sync w.p. ``sync_prob``.
 

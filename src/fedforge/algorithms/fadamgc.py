@@ -50,6 +50,7 @@ from fedforge.algorithms.base import (
     Part,
     PrepareInputs,
 )
+from fedforge.algorithms.defaults import defaults_from, table_value
 from fedforge.client.control_variates import option_ii
 from fedforge.client.transforms import (
     RoundContext,
@@ -134,9 +135,9 @@ class GradientTracking(Part):
         self,
         name: str = "tracking",
         mode: str = "gradient",
-        fraction: float = 0.5,
+        fraction: float = table_value("fadamgc", "tracking_fraction"),
         local_lr: float | None = None,
-        init: str = "zeros",
+        init: str = table_value("fadamgc", "tracking_init"),
     ) -> None:
         if mode not in ("gradient", "model_change"):
             raise ValueError(
@@ -310,9 +311,10 @@ def _local_adam(
     return chain(*pre, adam, *post, scale_by_learning_rate(local_lr))
 
 
+@defaults_from("fadamgc")
 def fadamgc(
-    local_lr: float = 1e-3, server_lr: float = 1.0, b1: float = 0.9, b2: float = 0.99,
-    eps: float = 1e-8, tracking_fraction: float = 0.5, tracking_init: str = "zeros",
+    local_lr: float, server_lr: float, b1: float, b2: float, eps: float,
+    tracking_fraction: float, tracking_init: str,
 ) -> Algorithm:
     """FAdamGC (Algorithm 1): correction ``y - y_i`` on the raw gradient before local AMSGrad."""
     tracking = GradientTracking("tracking", "gradient", tracking_fraction, init=tracking_init)
@@ -327,9 +329,10 @@ def fadamgc(
     )
 
 
+@defaults_from("fa_nt")
 def fa_nt(
-    local_lr: float = 1e-3, server_lr: float = 1.0, b1: float = 0.9, b2: float = 0.99,
-    eps: float = 1e-8, tracking_fraction: float = 0.5, tracking_init: str = "zeros",
+    local_lr: float, server_lr: float, b1: float, b2: float, eps: float,
+    tracking_fraction: float, tracking_init: str,
 ) -> Algorithm:
     """FA-NT (Algorithm 2): local AMSGrad, correction added to the Adam direction afterwards."""
     tracking = GradientTracking("tracking", "model_change", tracking_fraction, local_lr=local_lr,
@@ -345,9 +348,10 @@ def fa_nt(
     )
 
 
+@defaults_from("localadam")
 def localadam(
-    local_lr: float = 1e-3, server_lr: float = 1.0, b1: float = 0.9, b2: float = 0.99,
-    eps: float = 1e-8, amsgrad: bool = True, bias_correction: bool = False, carry_v: bool = True,
+    local_lr: float, server_lr: float, b1: float, b2: float, eps: float, amsgrad: bool,
+    bias_correction: bool, carry_v: bool,
 ) -> Algorithm:
     """LocalAdam: FAdamGC without correction (defaults: AMSGrad, no bias correction, v_i kept)."""
     v_part = CarriedSecondMoment() if carry_v else None

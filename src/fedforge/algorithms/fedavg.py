@@ -10,16 +10,18 @@ References:
 from __future__ import annotations
 
 from fedforge.algorithms.base import Algorithm
+from fedforge.algorithms.defaults import defaults_from
 from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import add_prox, chain
 from fedforge.core.schedules import ScheduleLike
 from fedforge.server.optimizers import server_sgd
 
 
+@defaults_from("fedavg")
 def fedavg(
-    local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1.0, client_optimizer: str = "sgd",
-    weight_decay: ScheduleLike = 0.0, local_momentum: float = 0.9,
-    max_grad_norm: ScheduleLike | None = None, nar: bool = False,
+    local_lr: ScheduleLike, server_lr: ScheduleLike, client_optimizer: str,
+    weight_decay: ScheduleLike, local_momentum: float, max_grad_norm: ScheduleLike | None,
+    nar: bool,
 ) -> Algorithm:
     """FedAvg: ``x <- x - server_lr * mean_i (x - x_i)`` (server_lr 1 = plain averaging).
 
@@ -36,10 +38,11 @@ def fedavg(
     )
 
 
+@defaults_from("fedavg_server_momentum")
 def fedavgm(
-    local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1.0, server_momentum: float = 0.9,
-    client_optimizer: str = "sgd", weight_decay: ScheduleLike = 0.0,
-    max_grad_norm: ScheduleLike | None = None, nar: bool = False,
+    local_lr: ScheduleLike, server_lr: ScheduleLike, server_momentum: float,
+    client_optimizer: str, weight_decay: ScheduleLike, max_grad_norm: ScheduleLike | None,
+    nar: bool,
 ) -> Algorithm:
     """FedAvgM: server heavy-ball momentum on the pseudo-gradient (Hsu et al. 2019)."""
     return Algorithm(
@@ -52,10 +55,10 @@ def fedavgm(
     )
 
 
+@defaults_from("fedprox")
 def fedprox(
-    local_lr: ScheduleLike = 0.01, mu: float = 0.01, server_lr: ScheduleLike = 1.0,
-    client_optimizer: str = "sgd", weight_decay: ScheduleLike = 0.0,
-    max_grad_norm: ScheduleLike | None = None, nar: bool = False,
+    local_lr: ScheduleLike, mu: float, server_lr: ScheduleLike, client_optimizer: str,
+    weight_decay: ScheduleLike, max_grad_norm: ScheduleLike | None, nar: bool,
 ) -> Algorithm:
     """FedProx: local gradient ``g + mu (x - x^t)`` (Li et al. 2020, Eq. 2)."""
     if mu < 0:

@@ -16,6 +16,7 @@ After K local steps with lr η: ``h_i <- h_i + (θ_i - w)`` and
 from __future__ import annotations
 
 from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
+from fedforge.algorithms.defaults import defaults_from
 from fedforge.client.control_variates import option_ii
 from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import Transform, _stateless, at_round, chain
@@ -73,14 +74,12 @@ class DriftCorrection(Part):
         return tree_add(params, server_state["hbar"])
 
 
+@defaults_from("feddc")
 def feddc(
-    local_lr: ScheduleLike = 0.01,
-    alpha: float = 0.01,
-    client_optimizer: str = "sgd",
-    local_momentum: float = 0.5,
-    weight_decay: ScheduleLike = 0.0,
+    local_lr: ScheduleLike, alpha: float, client_optimizer: str, local_momentum: float,
+    weight_decay: ScheduleLike,
 ) -> Algorithm:
-    """FedDC with drift-penalty coefficient α (the official code's default 0.01)."""
+    """FedDC with drift-penalty coefficient α >= 0."""
     if alpha < 0:
         raise ValueError(f"algorithm.alpha: expected alpha >= 0, got {alpha}")
     return Algorithm(

@@ -17,6 +17,7 @@ client with no data has delta 0 and keeps g_i.
 from __future__ import annotations
 
 from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
+from fedforge.algorithms.defaults import defaults_from
 from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import Transform, _stateless, chain
 from fedforge.core.schedules import ScheduleLike
@@ -62,14 +63,12 @@ class DynamicRegularizer(Part):
         return tree_add(params, server_state["h"], alpha=-1.0 / self.alpha)
 
 
+@defaults_from("feddyn")
 def feddyn(
-    local_lr: ScheduleLike = 0.01,
-    alpha: float = 0.01,
-    client_optimizer: str = "sgd",
-    local_momentum: float = 0.5,
-    weight_decay: ScheduleLike = 0.0,
+    local_lr: ScheduleLike, alpha: float, client_optimizer: str, local_momentum: float,
+    weight_decay: ScheduleLike,
 ) -> Algorithm:
-    """FedDyn with coefficient α (the paper's grid {0.1, 0.01, 0.001}; 0.01 by default)."""
+    """FedDyn with coefficient α > 0 (the paper tunes it over {0.1, 0.01, 0.001})."""
     if alpha <= 0:
         raise ValueError(f"algorithm.alpha: expected alpha > 0, got {alpha}")
     return Algorithm(

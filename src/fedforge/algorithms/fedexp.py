@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
+from fedforge.algorithms.defaults import defaults_from, table_value
 from fedforge.client.optimizers import local_optimizer
 from fedforge.core.schedules import ScheduleLike, as_schedule, value_at
 from fedforge.core.tree import Params, tree_clone, tree_map2, tree_sq_norm
@@ -45,7 +46,10 @@ def fedexp_step_size(
     return torch.clamp(ratio, min=1.0)
 
 
-def extrapolation(eps: ScheduleLike = 1e-3) -> ServerTransform:
+_EPS = table_value("fedexp", "eps")  # the stage alone defaults to FedExP's ε
+
+
+def extrapolation(eps: ScheduleLike = _EPS) -> ServerTransform:
     """FedExP's server stage: ``x <- x - η_g Δ̄``; evaluated at ``(x^{t} + x^{t-1}) / 2``.
 
     State: ``prev`` (the iterate before the last step), ``round`` (server steps done) and
@@ -74,13 +78,12 @@ def extrapolation(eps: ScheduleLike = 1e-3) -> ServerTransform:
     return ServerTransform("opt", init, update, eval_params)
 
 
+@defaults_from("fedexp")
 def fedexp(
-    local_lr: ScheduleLike = 0.01, eps: ScheduleLike = 1e-3, client_optimizer: str = "sgd",
-    weight_decay: ScheduleLike = 0.0, max_grad_norm: ScheduleLike | None = None,
-    nar: bool = False,
+    local_lr: ScheduleLike, eps: ScheduleLike, client_optimizer: str,
+    weight_decay: ScheduleLike, max_grad_norm: ScheduleLike | None, nar: bool,
 ) -> Algorithm:
-    """FedExP; ``eps`` is the ε of ``S ε`` (1e-3 in the FedExP CIFAR configs; the FedNAR
-    release scripts pass 0)."""
+    """FedExP; ``eps`` is the ε of ``S ε`` (the FedNAR release scripts pass 0)."""
     return Algorithm(
         "fedexp",
         local_optimizer(client_optimizer, local_lr, weight_decay=weight_decay,

@@ -1,23 +1,24 @@
 """FedOpt family: local SGD, adaptive server optimizer on the pseudo-gradient.
 
 Reference: Reddi et al., "Adaptive Federated Optimization", ICLR 2021 (Alg. 2: FedAdagrad,
-FedAdam, FedYogi; defaults β1 = 0.9, β2 = 0.99, τ = 1e-3). FedAMS: Wang, Lin & Chen,
+FedAdam, FedYogi; Sec. 5 gives the default β1, β2 and τ). FedAMS: Wang, Lin & Chen,
 "Communication-Efficient Adaptive Federated Learning", ICML 2022 (AMSGrad max at the server).
 """
 
 from __future__ import annotations
 
 from fedforge.algorithms.base import Algorithm
+from fedforge.algorithms.defaults import defaults_from
 from fedforge.client.optimizers import local_optimizer
 from fedforge.core.schedules import ScheduleLike
 from fedforge.server.optimizers import server_adagrad, server_adam, server_yogi
 
 
+@defaults_from("fedadam")
 def fedadam(
-    local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1e-2, b1: float = 0.9,
-    b2: float = 0.99, tau: ScheduleLike = 1e-3, client_optimizer: str = "sgd",
-    weight_decay: ScheduleLike = 0.0, max_grad_norm: ScheduleLike | None = None,
-    nar: bool = False, adam_rule: str = "textbook",
+    local_lr: ScheduleLike, server_lr: ScheduleLike, b1: float, b2: float, tau: ScheduleLike,
+    client_optimizer: str, weight_decay: ScheduleLike, max_grad_norm: ScheduleLike | None,
+    nar: bool, adam_rule: str,
 ) -> Algorithm:
     """FedAdam. ``adam_rule="fednar_code"``: the FedNAR code's variant (v from the momentum,
     ε inside the root; see :func:`fedforge.server.optimizers.server_adam`)."""
@@ -31,11 +32,11 @@ def fedadam(
     )
 
 
+@defaults_from("fedyogi")
 def fedyogi(
-    local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1e-2, b1: float = 0.9,
-    b2: float = 0.99,
-    tau: ScheduleLike = 1e-3, client_optimizer: str = "sgd", weight_decay: ScheduleLike = 0.0,
-    max_grad_norm: ScheduleLike | None = None, nar: bool = False,
+    local_lr: ScheduleLike, server_lr: ScheduleLike, b1: float, b2: float, tau: ScheduleLike,
+    client_optimizer: str, weight_decay: ScheduleLike, max_grad_norm: ScheduleLike | None,
+    nar: bool,
 ) -> Algorithm:
     return Algorithm(
         "fedyogi",
@@ -46,10 +47,10 @@ def fedyogi(
     )
 
 
+@defaults_from("fedadagrad")
 def fedadagrad(
-    local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1e-2, tau: ScheduleLike = 1e-3,
-    client_optimizer: str = "sgd", weight_decay: ScheduleLike = 0.0,
-    max_grad_norm: ScheduleLike | None = None, nar: bool = False,
+    local_lr: ScheduleLike, server_lr: ScheduleLike, tau: ScheduleLike, client_optimizer: str,
+    weight_decay: ScheduleLike, max_grad_norm: ScheduleLike | None, nar: bool,
 ) -> Algorithm:
     return Algorithm(
         "fedadagrad",
@@ -60,11 +61,11 @@ def fedadagrad(
     )
 
 
+@defaults_from("fedams")
 def fedams(
-    local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1e-2, b1: float = 0.9,
-    b2: float = 0.99,
-    eps: float = 1e-8, client_optimizer: str = "sgd", weight_decay: ScheduleLike = 0.0,
-    max_grad_norm: ScheduleLike | None = None, nar: bool = False,
+    local_lr: ScheduleLike, server_lr: ScheduleLike, b1: float, b2: float, eps: float,
+    client_optimizer: str, weight_decay: ScheduleLike, max_grad_norm: ScheduleLike | None,
+    nar: bool,
 ) -> Algorithm:
     """FedAMS: ``v_hat = max(v_hat, v, eps)``, step ``η m / sqrt(v_hat)`` (Wang et al. 2022)."""
     return Algorithm(

@@ -41,6 +41,7 @@ from fedforge.algorithms.base import (
     Part,
     PrepareInputs,
 )
+from fedforge.algorithms.defaults import defaults_from, table_value
 from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import RoundContext, Transform, chain
 from fedforge.core.schedules import ScheduleLike
@@ -81,19 +82,20 @@ def add_layer_prox(anchor_fn: AnchorFn, *, adaptive: bool = True, eps: float = 1
 
 @dataclass(frozen=True)
 class ProjectionConfig:
-    """MTT (Algorithm 1) and projection hyper-parameters; defaults from Sec. 5.1 / MTT."""
+    """MTT (Algorithm 1) and projection hyper-parameters; defaults: FedPTR's, from the table."""
 
-    window: int = 2  # m: match w^{t-m} -> w^t (not given in the paper)
-    ipc: int = 10  # images per class (Table 3: 100 images for 10 classes)
-    outer_steps: int = 20  # H
-    inner_steps: int = 10  # R
-    syn_lr: float = 0.01  # β init
-    lr_img: float = 1000.0
-    lr_lr: float = 1e-5
-    proj_steps: int = 5  # K
-    proj_lr: float = 0.01  # η of the projection steps (plain GD)
-    mtt_every: int = 1  # refit D̃ every this many eligible rounds (Table 7); else reuse it
-    augment: bool = False
+    window: int = table_value("fedptr", "window")  # m: match w^{t-m} -> w^t
+    ipc: int = table_value("fedptr", "ipc")  # images per class
+    outer_steps: int = table_value("fedptr", "outer_steps")  # H
+    inner_steps: int = table_value("fedptr", "inner_steps")  # R
+    syn_lr: float = table_value("fedptr", "syn_lr")  # β init
+    lr_img: float = table_value("fedptr", "lr_img")
+    lr_lr: float = table_value("fedptr", "lr_lr")
+    proj_steps: int = table_value("fedptr", "proj_steps")  # K
+    proj_lr: float = table_value("fedptr", "proj_lr")  # η of the projection steps (plain GD)
+    # refit D̃ every this many eligible rounds; else reuse it
+    mtt_every: int = table_value("fedptr", "mtt_every")
+    augment: bool = table_value("fedptr", "augment")
 
     def __post_init__(self) -> None:
         for key in ("window", "ipc", "inner_steps", "mtt_every"):
@@ -394,28 +396,15 @@ def _build(
     )
 
 
+@defaults_from("fedptr")
 def fedptr(
-    local_lr: ScheduleLike = 0.01,
-    lam: float = 0.05,
-    adaptive: bool = True,
-    client_optimizer: str = "momentum",
-    local_momentum: float = 0.5,
-    weight_decay: ScheduleLike = 0.0,
-    window: int = 2,
-    ipc: int = 10,
-    outer_steps: int = 20,
-    inner_steps: int = 10,
-    syn_lr: float = 0.01,
-    lr_img: float = 1000.0,
-    lr_lr: float = 1e-5,
-    proj_steps: int = 5,
-    proj_lr: float = 0.01,
-    mtt_every: int = 1,
-    augment: bool = False,
-    eval_projected_every: int = 0,
+    local_lr: ScheduleLike, lam: float, adaptive: bool, client_optimizer: str,
+    local_momentum: float, weight_decay: ScheduleLike, window: int, ipc: int, outer_steps: int,
+    inner_steps: int, syn_lr: float, lr_img: float, lr_lr: float, proj_steps: int,
+    proj_lr: float, mtt_every: int, augment: bool, eval_projected_every: int,
 ) -> Algorithm:
-    """FedPTR, client-side (Algorithm 2). Defaults: Sec. 5.1 (SGD 0.01, momentum 0.5, λ 0.05,
-    K 5, H 20, R 10, β₀ 0.01, 10 ipc) and MTT's code (lr_img, lr_lr); ``window`` (m) is ours.
+    """FedPTR, client-side (Algorithm 2); the defaults follow Sec. 5.1 and MTT's code, each
+    with its source in ``fedforge algorithms --params fedptr``.
     ``eval_projected_every = n`` scores the projected model w̃ on the test set every n rounds
     (``fedptr_projected_accuracy``; FedPTR: the cohort's mean w̃_i)."""
     return _build("fedptr", False, **locals())  # locals() here = exactly the parameters

@@ -1,7 +1,7 @@
 """FedAvg-M and SCAFFOLD-M with a broadcast global momentum (the FAdamGC paper's baselines).
 
 Reference: Cheng, Huang, Wu & Yuan, "Momentum Benefits Non-IID Federated Learning Simply and
-Provably", ICLR 2024 (arXiv 2306.16504), as summarised in the FAdamGC spec note. The server
+Provably", ICLR 2024 (arXiv 2306.16504), as summarised in ``docs/fadamgc.md``. The server
 keeps and broadcasts a momentum ``g^t``; client i in round t runs, for k = 1..K::
 
     FedAvg-M:    x_i <- x_i - η_l (β g_i(x_i) + (1 - β) g^t)
@@ -15,13 +15,14 @@ client, ``c += (1/n) Σ_{i∈S} (c_i+ - c_i)`` (the FAdamGC tracking part with S
 β weights the fresh gradient (β = 1 is FedAvg / SCAFFOLD). Not to be confused with
 ``fedavg_server_momentum`` (alias ``fedavgm``: server heavy-ball momentum, Hsu et al. 2019).
 Registered as ``fedavg_global_momentum``, alias ``fedavg_m``. Choices (``docs/fadamgc.md``):
-``g^1 = 0``; K per client is the number of steps it took; default β = 0.1 (the FAdamGC paper
-gives no value).
+``g^1 = 0``; K per client is the number of steps it took; β's default is ours (the FAdamGC
+paper gives no value; :mod:`fedforge.algorithms.defaults`).
 """
 
 from __future__ import annotations
 
 from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
+from fedforge.algorithms.defaults import defaults_from
 from fedforge.algorithms.fadamgc import GradientTracking
 from fedforge.client.transforms import Transform, add_correction, chain, scale_by_learning_rate
 from fedforge.core.tree import Params, tree_zeros_like
@@ -74,7 +75,8 @@ def _check_beta(beta: float) -> None:
         raise ValueError(f"algorithm.beta: expected 0 < beta <= 1, got {beta}")
 
 
-def fedavg_m(local_lr: float = 1e-2, server_lr: float = 1.0, beta: float = 0.1) -> Algorithm:
+@defaults_from("fedavg_global_momentum")
+def fedavg_m(local_lr: float, server_lr: float, beta: float) -> Algorithm:
     """FedAvg-M (Cheng et al. 2023): local SGD on ``β g + (1-β) g^t``."""
     _check_beta(beta)
     mom = GlobalMomentum(local_lr)
@@ -88,7 +90,8 @@ def fedavg_m(local_lr: float = 1e-2, server_lr: float = 1.0, beta: float = 0.1) 
     )
 
 
-def scaffold_m(local_lr: float = 1e-2, server_lr: float = 1.0, beta: float = 0.1) -> Algorithm:
+@defaults_from("scaffold_m")
+def scaffold_m(local_lr: float, server_lr: float, beta: float) -> Algorithm:
     """SCAFFOLD-M (Cheng et al. 2023): ``β (g - c_i + c) + (1-β) g^t``, c_i = mean raw grads."""
     _check_beta(beta)
     mom = GlobalMomentum(local_lr)

@@ -10,6 +10,7 @@ Server:     ``x <- x + η_g mean_i (x_i - x)``,  ``c <- c + (|S|/N) mean_i (c_i+
 from __future__ import annotations
 
 from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
+from fedforge.algorithms.defaults import defaults_from
 from fedforge.client.control_variates import option_ii
 from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import add_correction, at_round, chain
@@ -46,10 +47,10 @@ class ControlVariates(Part):
         return {"c": population_mean_step(server_state["c"], mean_uploads["dc"], agg)}
 
 
+@defaults_from("scaffold")
 def scaffold(
-    local_lr: ScheduleLike = 0.01, server_lr: ScheduleLike = 1.0,
-    weight_decay: ScheduleLike = 0.0, max_grad_norm: ScheduleLike | None = None,
-    nar: bool = False,
+    local_lr: ScheduleLike, server_lr: ScheduleLike, weight_decay: ScheduleLike,
+    max_grad_norm: ScheduleLike | None, nar: bool,
 ) -> Algorithm:
     """SCAFFOLD; with ``max_grad_norm``/``nar`` the correction ``c - c_i`` sits inside the clip
     (it is part of the local loss's gradient, as in the FedNAR code)."""
