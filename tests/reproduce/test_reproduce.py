@@ -243,13 +243,27 @@ def test_figures_pair_the_two_sides_of_a_one_to_one_comparison():
 
     nar = line_styles(get_reproduction("fednar"), ["fedavg_nar", "fedavg_vanilla",
                                                    "fedprox_nar", "fedprox_vanilla"])
-    assert nar["fedavg_nar"] == (nar["fedavg_vanilla"][0], "-")
-    assert nar["fedavg_vanilla"][1] == "--"
-    assert nar["fedprox_nar"][0] != nar["fedavg_nar"][0]
+    assert nar["fedavg_nar"] == {**nar["fedavg_vanilla"], "ls": "-"}
+    assert nar["fedavg_vanilla"]["ls"] == "--"
+    assert nar["fedprox_nar"]["color"] != nar["fedavg_nar"]["color"]
     fedptr = get_reproduction("fedptr")
     assert {"c10_fedptr", "c10_fedavg"} <= {c.name for c in fedptr.conditions}
     ptr = line_styles(fedptr, ["c10_fedptr", "c10_fedavg"])
-    assert {s[1] for s in ptr.values()} == {"-"} and len({s[0] for s in ptr.values()}) == 2
+    assert {s["ls"] for s in ptr.values()} == {"-"}
+    assert len({(s["color"], s["marker"]) for s in ptr.values()}) == 2
+
+
+def test_reproduction_figures_colour_a_method_as_every_other_figure_does():
+    """A condition that runs an algorithm unchanged takes that algorithm's fedforge look."""
+    from fedforge.experiment.styles import styles_for
+    from fedforge.reproduce.report import method_looks
+
+    spec = get_reproduction("fadamgc")
+    plain = [c for c in spec.conditions if not c.overrides]
+    looks = method_looks(spec, [c.name for c in plain])
+    styles = styles_for(c.algorithm for c in plain)
+    assert plain and all(looks[c.name]["color"] == styles[c.algorithm].color for c in plain)
+    assert len({(v["color"], v["marker"]) for v in looks.values()}) == len(plain)
 
 
 def test_a_paired_sweep_tables_and_plots_the_difference_per_value(tmp_path):

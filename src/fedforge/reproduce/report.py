@@ -12,7 +12,6 @@ simulated time to *every* target, per-task times and the paired gain over its ba
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 from dataclasses import dataclass, field, replace
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from fedforge.experiment.metrics import evaluated
 from fedforge.experiment.rundir import save_figure, subfolder, write_text
+from fedforge.experiment.styles import styles_for
 from fedforge.reproduce.grid import diverged_path, read_marker, read_metrics, summary_path
 from fedforge.reproduce.spec import Comparison, Reproduction, Sweep
 from fedforge.reproduce.stats import (
@@ -454,23 +454,32 @@ def _mean_curve(runs: dict[int, RunSummary], key: str) -> tuple[list[float], lis
     return xs, [sum(by_round[x]) / len(by_round[x]) for x in xs]
 
 
-def line_styles(spec: Reproduction, names: list[str]) -> dict[str, tuple[str, str]]:
-    """(colour, line style) per condition: the two sides of a one-to-one comparison (a
-    condition in no other comparison, e.g. "X + NAR" against "X") share a colour, b dashed."""
+def line_styles(spec: Reproduction, names: list[str]) -> dict[str, dict]:
+    """``ax.plot`` keywords (colour, marker, line style) per condition: the two sides of a
+    one-to-one comparison (a condition in no other comparison, e.g. "X + NAR" against "X")
+    share a colour and marker, b dashed."""
     uses: dict[str, int] = {}
     for c in spec.comparisons:
         for side in (c.a, c.b):
             uses[side] = uses.get(side, 0) + 1
-    colours = (f"C{i % 10}" for i in itertools.count())  # matplotlib's cycle, in order
-    styles: dict[str, tuple[str, str]] = {}
+    looks = method_looks(spec, names)
+    styles: dict[str, dict] = {}
     for c in spec.comparisons:
         if c.a in names and c.b in names and uses[c.a] == uses[c.b] == 1:
-            colour = next(colours)
-            styles[c.a], styles[c.b] = (colour, "-"), (colour, "--")
+            styles[c.a], styles[c.b] = looks[c.a], {**looks[c.a], "ls": "--"}
     for name in names:
-        if name not in styles:
-            styles[name] = (next(colours), "-")
+        styles.setdefault(name, looks[name])
     return styles
+
+
+def method_looks(spec: Reproduction, names: list[str]) -> dict[str, dict]:
+    """Each condition's colour and marker, keyed by its method as in every other fedforge
+    figure: the algorithm for a condition that runs it unchanged, else the condition's own
+    name. Markers (every tenth point) keep apart two methods that share a colour."""
+    keys = {n: (c.algorithm if not (c := spec.condition(n)).overrides else n) for n in names}
+    styles = styles_for(keys.values())
+    return {n: {"color": styles[k].color, "marker": styles[k].marker, "markevery": 0.1,
+                "markersize": 4, "ls": "-"} for n, k in keys.items()}
 
 
 def plot_accuracy(spec: Reproduction, runs: dict, path: Path) -> Path:
@@ -483,7 +492,7 @@ def plot_accuracy(spec: Reproduction, runs: dict, path: Path) -> Path:
     panels = spec.panels or (("", tuple(spec.curves or [c.name for c in spec.conditions])),)
     fig, grid = plt.subplots(1, len(panels), figsize=(7 if len(panels) == 1 else 5.2 *
                                                        len(panels), 4.2), squeeze=False)
-    colours: dict[str, str] = {}  # one colour per method across the panels
+    looks = method_looks(spec, sorted({n for _, ns in panels for n in ns}))
     styles = {} if spec.panels else line_styles(spec, [n for n in panels[0][1] if runs.get(n)])
     for ax, (title, names) in zip(grid.flat, panels, strict=True):
         for name in names:
@@ -497,9 +506,8 @@ def plot_accuracy(spec: Reproduction, runs: dict, path: Path) -> Path:
             label = spec.condition(name).title
             if title:  # the panel names the regime: drop a "regime: " prefix
                 label = label.split(": ", 1)[-1]
-            colour, ls = styles.get(name) or (colours.setdefault(label, f"C{len(colours) % 10}"),
-                                              "-")
-            ax.plot(xs, ys, color=colour, ls=ls, label=f"{label} ({len(runs[name])} seeds)")
+            ax.plot(xs, ys, **(styles.get(name) or looks[name]),
+                    label=f"{label} ({len(runs[name])} seeds)")
         if spec.target is not None:
             ax.axhline(spec.target, color="grey", ls="--", lw=0.8,
                        label=f"target {spec.target:g}")
@@ -539,13 +547,13 @@ def plot_diagnostics(spec: Reproduction, runs: dict, path: Path) -> Path | None:
         if not any(k in last for last in lasts for k in keys):
             continue
         title = spec.condition(name).title
-        colour, ls = styles[name]
+        look = styles[name]
         xs, ys = _mean_curve(cond_runs, spec.metric)
-        axes[0].plot(xs, ys, color=colour, ls=ls, label=title)
+        axes[0].plot(xs, ys, **look, label=title)
         for ax, key in zip(axes[1:], keys, strict=True):
             xs, ys = _mean_curve(cond_runs, key)
             if xs:
-                ax.plot(xs, ys, color=colour, ls=ls, label=title)
+                ax.plot(xs, ys, **look, label=title)
     axes[0].set_title(spec.metric, fontsize=9)
     for ax, key in zip(axes[1:], keys, strict=True):
         ax.set_title(key, fontsize=9)
