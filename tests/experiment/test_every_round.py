@@ -16,9 +16,9 @@ from fedforge.experiment.config import load_config
 from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.metrics import evaluated, is_evaluated
 from fedforge.experiment.plots import curves, load_run_list
+from fedforge.experiment.privacy_plots import final_record
 from fedforge.experiment.report import render
 from fedforge.experiment.runner import Experiment, run_experiment
-from fedforge.privacy.plot import final_record
 from fedforge.reproduce.report import summarize
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,7 +7,11 @@ import math
 
 import pytest
 
-from fedforge.privacy.plot import accuracy_table, plot_accuracy_vs_epsilon, table_markdown
+from fedforge.experiment.privacy_plots import (
+    accuracy_table,
+    plot_accuracy_vs_epsilon,
+    table_markdown,
+)
 
 
 def _run(path, acc, eps, rounds=10):

@@ -6,18 +6,15 @@ import math
 
 import pytest
 
+from fedforge.experiment.stats import Interval, paired_difference, t_interval, t_quantile
 from fedforge.reproduce.stats import (
     CONTRADICTED,
     INCONCLUSIVE,
     REPRODUCED,
-    Interval,
     called,
     detectable_effect,
     holm,
     p_value,
-    paired_difference,
-    t_interval,
-    t_quantile,
     verdict,
 )
 

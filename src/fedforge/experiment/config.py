@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from fedforge.errors import ConfigError
 from fedforge.experiment.config_io import (
     MAX_CONFIG_BYTES,
     MAX_DEPTH,
@@ -26,19 +27,6 @@ from fedforge.experiment.config_io import (
 )
 from fedforge.privacy.config import PrivacyConfig
 from fedforge.sim.population import FEDAST_SPEED_CLASSES
-
-
-class ConfigError(ValueError):
-    """A bad configuration; the message starts with the field's dotted path.
-
-    The message is always one printable line (line breaks and control characters are
-    escaped), so a hostile value can neither break the CLI's one-line error nor send
-    terminal escape sequences.
-    """
-
-    def __init__(self, message: object) -> None:
-        text = str(message)
-        super().__init__("".join(c if c.isprintable() else repr(c)[1:-1] for c in text))
 
 
 class _Section(BaseModel):

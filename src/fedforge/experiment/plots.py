@@ -4,7 +4,7 @@ matplotlib with the Agg backend (works headless). Every figure is written three 
 a vector PDF beside it, and a JSON file with the plotted numbers (``<name>.json``: each curve's
 x, mean, interval and number of seeds), so a figure can be checked or redrawn without the
 runs. Runs are grouped by their resolved config without the seed; a group of several seeds is
-drawn as its mean with the t-based 95 % interval of :mod:`fedforge.reproduce.stats`.
+drawn as its mean with the t-based 95 % interval of :mod:`fedforge.experiment.stats`.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from fedforge.experiment.labels import axis_label  # noqa: E402
 from fedforge.experiment.partition_stats import load_partition_stats  # noqa: E402
 from fedforge.experiment.rundir import save_figure, write_text  # noqa: E402
+from fedforge.experiment.stats import t_interval  # noqa: E402
 from fedforge.experiment.styles import (  # noqa: E402
     BAND_STYLES,
     LEGEND_PLACES,
@@ -37,7 +38,6 @@ from fedforge.experiment.styles import (  # noqa: E402
     styles_for,
     wrap_to_width,
 )
-from fedforge.reproduce.stats import t_interval  # noqa: E402
 
 if sys.version_info >= (3, 11):
     import tomllib

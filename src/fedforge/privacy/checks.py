@@ -12,6 +12,7 @@ import torch
 
 from fedforge.algorithms.base import NEEDS, Algorithm
 from fedforge.core.tree import Params
+from fedforge.errors import ConfigError
 from fedforge.privacy.config import PrivacyConfig
 
 WEAK_SIGMA = 0.3  # below this a noise multiplier gives a guarantee that means little
@@ -83,8 +84,6 @@ def check_run(run) -> None:
 def check_privacy(run, algorithm: Algorithm) -> None:
     """Every privacy refusal for RunConfig ``run`` whose algorithm is ``algorithm``, raised
     as the config's one-line error."""
-    from fedforge.experiment.config import ConfigError  # noqa: PLC0415 (imports this module)
-
     if not run.privacy.on:
         return
     try:

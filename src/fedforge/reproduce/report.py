@@ -19,19 +19,17 @@ from pathlib import Path
 
 from fedforge.experiment.metrics import evaluated
 from fedforge.experiment.rundir import save_figure, subfolder, write_text
+from fedforge.experiment.stats import Interval, paired_difference, t_interval
 from fedforge.experiment.styles import styles_for
 from fedforge.reproduce.grid import diverged_path, read_marker, read_metrics, summary_path
 from fedforge.reproduce.spec import Comparison, Reproduction, Sweep
 from fedforge.reproduce.stats import (
     INCONCLUSIVE,
     REPRODUCED,
-    Interval,
     called,
     detectable_effect,
     holm,
     p_value,
-    paired_difference,
-    t_interval,
     verdict,
 )
 
