@@ -538,11 +538,12 @@ def bench(
 
     dev = torch.device(device)
     if workload in ("w1", "w2"):
-        from fedforge.bench.throughput import W1, W1_HEADER, W2, run_w1
+        from fedforge.bench.throughput import W1_HEADER, run_w1
+        from fedforge.bench.workload import W1, W2
 
         work = W1 if workload == "w1" else W2
         if model is not None:
-            from fedforge.bench.throughput import for_model
+            from fedforge.bench.workload import for_model
             from fedforge.models import MODELS
 
             if model not in MODELS:

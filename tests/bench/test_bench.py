@@ -6,18 +6,15 @@ from typer.testing import CliRunner
 
 from fedforge.bench import append_results
 from fedforge.bench.throughput import (
-    W1,
     W1_HEADER,
-    Workload,
     check_engine_name,
     flops_per_update,
-    for_model,
-    make_data,
     peak_gflops,
     plain_warmup,
     run_w1,
 )
 from fedforge.bench.time_to_accuracy import first_reaching
+from fedforge.bench.workload import W1, Workload, for_model, make_data
 from fedforge.models import build_model
 
 TINY = Workload("T", "logreg", (1, 28, 28), steps=2, batch=4)

@@ -7,7 +7,7 @@ import torch
 from torch.testing import assert_close
 
 from fedforge.bench.procs import WorkerPair
-from fedforge.bench.throughput import Workload, fedforge_round, make_data, plain_loop
+from fedforge.bench.workload import Workload, fedforge_round, make_data, plain_loop
 from fedforge.engine import LoopEngine
 from fedforge.models import build_model
 

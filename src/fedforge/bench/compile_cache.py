@@ -36,7 +36,8 @@ def one_process(model: str, cohort: int) -> dict[str, float]:
     cache hits torch counted (zero in a process that found the cache empty)."""
     from torch._dynamo.utils import counters
 
-    from fedforge.bench.throughput import W1, check_engine_name, make_data, runner
+    from fedforge.bench.throughput import check_engine_name, runner
+    from fedforge.bench.workload import W1, make_data
     from fedforge.models import build_model
 
     work = replace(W1, model=model)

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from fedforge.bench.throughput import train_client
+from fedforge.bench.workload import train_client
 
 INSTALL = 'pip install "fedforge[bench]"'
 

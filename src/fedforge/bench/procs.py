@@ -28,6 +28,7 @@ from torch import nn
 
 from fedforge.algorithms import build_algorithm
 from fedforge.algorithms.base import Algorithm
+from fedforge.bench.workload import LR, make_engine, plain_sum
 from fedforge.engine import CohortInputs, CohortOutput, classification_loss
 from fedforge.engine.base import combine_shards, sum_trees
 from fedforge.engine.distributed import shard_bounds
@@ -98,8 +99,6 @@ class _BenchWorker:
 
     def __init__(self, engine: str, chunk: int | str, half: int, model: nn.Module,
                  x_all: torch.Tensor, y_all: torch.Tensor, precision: str) -> None:
-        from fedforge.bench.throughput import LR, make_engine  # it imports this module
-
         self.eng = None if engine == "plain" else make_engine(engine, chunk, cohort=half)
         self.algorithm = build_algorithm("fedavg", local_lr=LR)
         # its own copy: both workers got the same shared-memory model, which plain_sum trains
@@ -108,8 +107,6 @@ class _BenchWorker:
         self.model, self.x_all, self.y_all, self.precision = model, x_all, y_all, precision
 
     def __call__(self, task: str, payload: Any) -> Any:
-        from fedforge.bench.throughput import plain_sum
-
         if task == "round":
             assert self.eng is not None
             return self.eng.run_cohort(self.algorithm, self.loss_fn, self.x_all, self.y_all,
