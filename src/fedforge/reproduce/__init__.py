@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fedforge.reproduce.papers import get_reproduction
 from fedforge.reproduce.spec import (
     REPRODUCTIONS,
     Comparison,
     Condition,
     Reproduction,
     Sweep,
-    get_reproduction,
     register,
 )
 

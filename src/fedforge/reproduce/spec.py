@@ -143,12 +143,3 @@ def register(name: str) -> Callable:
         return fn
 
     return wrap
-
-
-def get_reproduction(name: str) -> Reproduction:
-    """The registered spec ``name`` (built-in specs are imported on first use)."""
-    from fedforge.reproduce import papers  # noqa: F401  (registers the built-in specs)
-
-    if name not in REPRODUCTIONS:
-        raise KeyError(f"unknown reproduction {name!r}; known: {', '.join(sorted(REPRODUCTIONS))}")
-    return REPRODUCTIONS[name]()
