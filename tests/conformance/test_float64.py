@@ -17,8 +17,9 @@ from fedforge.core.store import ClientStore
 from fedforge.core.tree import flatten_dict, tree_leaves
 from fedforge.engine.local import classification_loss
 from fedforge.engine.round import federated_round
+from fedforge.experiment.build import sample_round
 from fedforge.experiment.config import load_config
-from fedforge.experiment.runner import Experiment, sample_round
+from fedforge.experiment.runner import Experiment
 
 ROOT = Path(__file__).resolve().parents[2]
 SLOW = {"fedptr", "fedptr_s"}

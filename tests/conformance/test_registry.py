@@ -28,8 +28,9 @@ from fedforge.core.tree import flatten_dict
 from fedforge.engine.base import ChunkedEngine
 from fedforge.experiment.checkpoint import load_checkpoint
 from fedforge.experiment.config import ConfigError, load_config
+from fedforge.experiment.drivers import RoundsDriver, RunFolder, read_checkpoint
 from fedforge.experiment.labels import without_wall_clock
-from fedforge.experiment.runner import Experiment, restore_or_init, run_experiment
+from fedforge.experiment.runner import Experiment, run_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUNDS, CLIENTS = 4, 8
@@ -116,9 +117,11 @@ def test_checkpoint_round_trip_keeps_parameter_order(tmp_path, name):
     run_experiment(_cfg(name, "rounds=2"), run, progress=False)
     exp = Experiment.from_config(_cfg(name))
     params = exp.initial_params()
-    store = _store(exp, params)
-    loaded, server, store, meta = restore_or_init(exp, run / "checkpoints", store)
-    assert meta["round"] == 2
+    driver = RoundsDriver(exp, RunFolder(run, run / "checkpoints"), verbose=False)
+    driver.load_state_dict(*read_checkpoint(driver))
+    driver.start()
+    loaded, server, store = driver.params, driver.server_state, driver.store
+    assert driver.state.round == 2
     assert list(loaded) == list(params)  # the model's order, not the file's
     fresh = exp.algorithm.server_init(params)
     assert list(flatten_dict(server)) == list(flatten_dict(fresh))

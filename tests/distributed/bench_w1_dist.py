@@ -13,7 +13,7 @@ import torch
 
 from fedforge.bench.throughput import W1, fedforge_round, make_data, timed
 from fedforge.engine.distributed import DistributedEngine, init_distributed, is_main_rank
-from fedforge.experiment.runner import resolve_device
+from fedforge.experiment.build import resolve_device
 from fedforge.models import build_model
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from fedforge.engine.scatter import serve_jobs
-from fedforge.experiment import async_runner
+from fedforge.experiment import drivers
 from fedforge.experiment.config import load_config
 from fedforge.experiment.runner import run_experiment
 from tests.experiment.test_async_runner import CONFIG
@@ -34,7 +34,7 @@ def _worker(rank, port, cfg_path, method, out):
         (Path(out) / "served_by_rank1.txt").write_text(str(served))
         return served
 
-    async_runner.serve_jobs = serve_and_count
+    drivers.serve_jobs = serve_and_count
     run_experiment(cfg, out, progress=False)
     dist.barrier()
     dist.destroy_process_group()

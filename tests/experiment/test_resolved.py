@@ -10,8 +10,9 @@ import torch
 
 from fedforge.algorithms import ALIASES, build_algorithm
 from fedforge.algorithms.defaults import resolved_hparams
+from fedforge.experiment.build import resolve_config, sample_round
 from fedforge.experiment.config import load_config
-from fedforge.experiment.runner import Experiment, resolve_config, run_experiment, sample_round
+from fedforge.experiment.runner import Experiment, run_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "examples/quickstart.toml"
@@ -30,7 +31,7 @@ def test_resolved_config_records_every_default(tmp_path):
 def test_a_run_builds_its_algorithm_once(tmp_path, monkeypatch):
     """Resolving the config and building the run share one build (the loaded config was
     validated before, which builds it for its own checks)."""
-    from fedforge.experiment import runner
+    from fedforge.experiment import build
 
     calls = []
 
@@ -39,7 +40,7 @@ def test_a_run_builds_its_algorithm_once(tmp_path, monkeypatch):
         return build_algorithm(name, **kwargs)
 
     cfg = load_config(QUICK, ["rounds=1", "algorithm.name=scaffold"])
-    monkeypatch.setattr(runner, "build_algorithm", counted)
+    monkeypatch.setattr(build, "build_algorithm", counted)
     run_experiment(cfg, tmp_path / "run", progress=False)
     assert calls == ["scaffold"]
     saved = tomllib.loads((tmp_path / "run/config.resolved.toml").read_text())

@@ -13,8 +13,9 @@ pytest.importorskip("dp_accounting", reason="needs the privacy extra (dp-account
 from fedforge.core.store import ClientStore  # noqa: E402
 from fedforge.engine.local import classification_loss  # noqa: E402
 from fedforge.engine.round import federated_round  # noqa: E402
+from fedforge.experiment.build import sample_round  # noqa: E402
 from fedforge.experiment.config import ConfigError, load_config  # noqa: E402
-from fedforge.experiment.runner import Experiment, run_experiment, sample_round  # noqa: E402
+from fedforge.experiment.runner import Experiment, run_experiment  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ["data.options.num_clients=12", "server.clients_per_round=4", "client.batch_size=8"]

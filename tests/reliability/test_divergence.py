@@ -14,14 +14,10 @@ import torch
 
 from fedforge.engine.base import ChunkedEngine
 from fedforge.engine.round import federated_round
+from fedforge.experiment.build import resolve_config, sample_round
 from fedforge.experiment.config import apply_overrides, dump_config, validate
 from fedforge.experiment.labels import without_wall_clock
-from fedforge.experiment.runner import (
-    Experiment,
-    resolve_config,
-    run_experiment,
-    sample_round,
-)
+from fedforge.experiment.runner import Experiment, run_experiment
 from fedforge.robust.divergence import DivergenceError
 
 BASE = {

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import fedforge.experiment.drivers as drivers
 import fedforge.experiment.runner as runner
 from fedforge.experiment.config import apply_overrides, validate
 from fedforge.experiment.metrics import evaluated
@@ -41,14 +42,14 @@ def _rss_mb() -> float:
 
 def _soak(tmp_path, monkeypatch, rounds: int, warmup: int = 50) -> list[float]:
     samples: list[float] = []
-    original = runner.federated_round
+    original = drivers.federated_round
 
     def measured(*args, **kwargs):
         out = original(*args, **kwargs)
         samples.append(_rss_mb())
         return out
 
-    monkeypatch.setattr(runner, "federated_round", measured)
+    monkeypatch.setattr(drivers, "federated_round", measured)
     cfg = validate(apply_overrides(BASE, [f"rounds={rounds}"]))
     history = runner.run_experiment(cfg, tmp_path / "soak", progress=False)
     assert len(history) == len(samples) == rounds  # one record per round

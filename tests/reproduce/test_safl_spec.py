@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from fedforge.algorithms import build_algorithm
-from fedforge.experiment.runner import algorithm_kwargs
+from fedforge.experiment.config import algorithm_kwargs
 from fedforge.reproduce import get_reproduction
 from fedforge.reproduce.grid import grid_plan
 

@@ -138,7 +138,7 @@ def test_config_wires_attack_and_aggregator(tmp_path):
 
 def test_attackers_are_independent_of_round_sampling():
     """Regression: the attacker draw once shared its seed with round 11's cohort draw."""
-    from fedforge.experiment.runner import round_generator
+    from fedforge.experiment.build import round_generator
 
     for seed in range(3):
         att = attacker_ids(50, 0.2, seed)

@@ -30,9 +30,9 @@ import torch
 from fedforge.core.malloc import keep_freed_memory
 from fedforge.engine import classification_loss
 from fedforge.engine.round import federated_round
-from fedforge.experiment.async_runner import build_driver, build_tasks
+from fedforge.experiment.build import build_scheduler, build_tasks, sample_round
 from fedforge.experiment.config import load_config
-from fedforge.experiment.runner import Experiment, sample_round
+from fedforge.experiment.runner import Experiment
 
 ASYNC_OVERRIDES = ["tasks.1.name=mnist-mlp-2", "tasks.1.data.dataset=mnist",
                    "tasks.1.model.name=mlp", "tasks.1.step_time=0.148",
@@ -45,7 +45,7 @@ def time_async(path: str, updates: int = 1000, warmup: int = 100) -> dict[str, f
     cfg = load_config(path, ASYNC_OVERRIDES)
     dev = torch.device("cpu")
     tasks = build_tasks(cfg, dev)
-    driver = build_driver(cfg, tasks, dev)
+    driver = build_scheduler(cfg, tasks)
     driver.start()
     driver.run(lambda m, r: None, max_updates=warmup)
 

@@ -34,8 +34,8 @@ from torch import nn
 from fedforge.algorithms import canonical_name
 from fedforge.algorithms.defaults import resolved_hparams
 from fedforge.data import FederatedDataset, build_federated_dataset, client_batches, load_dataset
+from fedforge.experiment.build import resolve_device, round_generator
 from fedforge.experiment.config import RunConfig, algorithm_kwargs
-from fedforge.experiment.runner import resolve_device, round_generator
 from fedforge.models import build_model
 from fedforge.models.init_from import init_network
 

@@ -26,9 +26,10 @@ import time
 from pathlib import Path
 
 from fedforge.bench.plain_fl import W3Result, baseline_lr, run_plain
+from fedforge.experiment.build import resolve_device
 from fedforge.experiment.config import RunConfig, load_config
 from fedforge.experiment.metrics import evaluated
-from fedforge.experiment.runner import resolve_device, run_experiment
+from fedforge.experiment.runner import run_experiment
 
 W3_ENGINES = ("fedforge", "plain", "flower")
 W3_HEADER = ["engine", "config", "target", "round reached", "wall s to target", "final acc",

@@ -223,8 +223,6 @@ def run_multitask_comparison(
     """Multi-task methods on identical tasks and seed: time to target per task, time to
     finish all tasks, and FedAST's gain ``(T_baseline - T)/T_baseline`` against ``baseline``.
     Runs already in ``out`` are resumed unless ``overwrite`` (as in :func:`run_comparison`)."""
-    from fedforge.experiment.async_runner import gain
-
     check_outputs(out)
     summaries = {}
     for i, (name, cfg) in enumerate(configs.items(), 1):
@@ -246,3 +244,10 @@ def run_multitask_comparison(
     plot = plot_runs(load_run_list([out / name for name in configs]), out / "accuracy.png",
                      x="sim_time_s")
     return rows, plot
+
+
+def gain(t_baseline: float | None, t_method: float | None) -> float | None:
+    """FedAST's gain: ``(T_baseline - T_method) / T_baseline`` (None if either never finished)."""
+    if t_baseline is None or t_method is None or t_baseline <= 0:
+        return None
+    return (t_baseline - t_method) / t_baseline

@@ -20,9 +20,10 @@ from flwr.serverapp import Grid
 
 from fedforge.algorithms.base import NEEDS, check_support
 from fedforge.core.tree import Params, flatten_dict, tree_nbytes, unflatten_dict
+from fedforge.experiment.build import round_generator, sample_round
 from fedforge.experiment.config import RunConfig
 from fedforge.experiment.evaluate import evaluate
-from fedforge.experiment.runner import Experiment, round_generator, sample_round
+from fedforge.experiment.runner import Experiment
 from fedforge.flower.checks import (
     check_metrics,
     check_partition_claim,
