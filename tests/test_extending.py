@@ -23,11 +23,11 @@ from fedforge.core.store import ClientStore
 from fedforge.data import PARTITIONERS, DatasetError, load_dataset
 from fedforge.data import loaders as dataset_registry
 from fedforge.engine import LoopEngine, VmapEngine
-from fedforge.engine.jobs import SYNC_MULTITASK_SERVES
 from fedforge.engine.round import federated_round
 from fedforge.experiment.config import ConfigError, load_config
 from fedforge.models import MODELS
 from fedforge.server.optimizers import server_sgd
+from fedforge.sim.serves import SYNC_MULTITASK_SERVES
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = ROOT / "examples" / "plugins"

@@ -24,11 +24,11 @@ import torch
 
 from fedforge.algorithms import ALGORITHMS, build_algorithm
 from fedforge.core.tree import flatten_dict
-from fedforge.engine.jobs import driver_serves
 from fedforge.experiment.checkpoint import load_checkpoint
 from fedforge.experiment.config import ConfigError, load_config
 from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.runner import run_experiment
+from fedforge.sim.serves import driver_serves
 
 UPDATES, EVERY = 30, 5  # total client updates; a checkpoint every EVERY updates
 CONFIG = f"""

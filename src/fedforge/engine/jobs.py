@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -27,7 +27,18 @@ from fedforge.engine.base import ChunkedEngine, CohortInputs, _cat
 from fedforge.engine.local import LossFn, make_local_update
 from fedforge.engine.randomness import CLIENT_KEY, check_random_layers, is_keyed, job_keys
 from fedforge.engine.vmap import VmapEngine, refusing_random
-from fedforge.sim.clock import Job
+
+
+class Job(Protocol):
+    """What the executor reads of a dispatched job (the simulator's clock makes them)."""
+
+    job_id: int
+    client: int
+    version: int  # the model version it was sent
+
+    def key(self) -> tuple[float, int]:
+        """Its place in arrival order: the executor trains the soonest first."""
+        ...
 
 
 class JobInputs(NamedTuple):
@@ -81,44 +92,6 @@ def job_generator(seed: int, task: int, job_id: int) -> torch.Generator:
     """The job's mini-batch RNG: a function of (seed, task, job id) only."""
     state = np.random.SeedSequence([seed, 7919, task, job_id]).generate_state(1)[0]
     return torch.Generator().manual_seed(int(state))
-
-
-ASYNC_SERVES: frozenset[str] = frozenset()
-"""What a buffered asynchronous server serves besides deltas and broadcasts: nothing else.
-No per-client state (a client may hold several jobs at once), no uploads or codec messages (a
-buffer mixes jobs sent at different rounds, so round-keyed codecs cannot decode it), no
-per-cohort preparation or per-client round inputs (there is no cohort)."""
-
-SYNC_MULTITASK_SERVES: frozenset[str] = frozenset({"uploads", "codec"})
-"""Synchronous multi-task rounds (sync_st, ...) run whole cohorts through the round, but keep
-no per-client state in checkpoints and draw no per-client round inputs."""
-
-
-def driver_serves(method: str) -> tuple[str, frozenset[str]]:
-    """A multi-task ``method`` -> (its driver's name, what that driver serves)."""
-    from fedforge.sim.fedast import ASYNC_METHODS  # noqa: PLC0415 (sim.task imports us)
-
-    if method in ASYNC_METHODS:
-        return "asynchronous driver", ASYNC_SERVES
-    return "synchronous multi-task driver", SYNC_MULTITASK_SERVES
-
-
-def check_model_mixing(algorithm: Algorithm, method: str, field: str) -> None:
-    """FedAsync mixes the client's model into the server's (``x <- (1 - a) x + a x_i``) in
-    place of the server step, so it can only stand for a plain server SGD step: refuse a
-    server optimizer with state (momentum, Adam, FedExP, ...) that it would silently drop."""
-    from fedforge.server.optimizers import ServerOptimizer  # noqa: PLC0415
-
-    if method != "fedasync":
-        return
-    opt = algorithm.server_optimizer
-    plain = (isinstance(opt, ServerOptimizer) and opt.name == "sgd"
-             and "v" not in opt.init({"w": torch.zeros(1)}))
-    if not plain:
-        raise ValueError(
-            f"{field}: '{algorithm.name}' has a server optimizer ({opt.name}) that FedAsync's "
-            f"model mixing replaces; use method = 'fedbuff' or 'fedast', or a plain-SGD "
-            f"algorithm such as 'fedavg'")
 
 
 class TaskExecutor:
@@ -178,7 +151,7 @@ class TaskExecutor:
         includes it if needed."""
         if job.job_id not in self.results:
             rest = sorted((j for j in self.waiting.values() if j.job_id != job.job_id),
-                          key=Job.key)  # the jobs needed soonest go first
+                          key=lambda j: j.key())  # the jobs needed soonest go first
             self._compute([job, *rest[: self.max_batch - 1]])
         out = self.results.pop(job.job_id)
         self._release(job.version)  # versions live until their jobs' results are consumed

@@ -14,13 +14,19 @@ alike; on GPUs this host round trip is the price of keeping the simulator on one
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch.distributed as dist
 
 from fedforge.core.tree import tree_to
 from fedforge.engine.distributed import shard_bounds
-from fedforge.engine.jobs import TaskExecutor
-from fedforge.sim.clock import Job
-from fedforge.sim.task import Task
+from fedforge.engine.jobs import Job, TaskExecutor
+
+
+class Task(Protocol):
+    """What the ranks need of a multi-task run's task: its executor."""
+
+    executor: TaskExecutor
 
 
 def _exchange(executors: list[TaskExecutor], messages: list[dict] | None) -> tuple[bool, list]:

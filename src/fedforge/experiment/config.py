@@ -621,7 +621,7 @@ def _check_tasks(cfg: RunConfig) -> None:
 
     from fedforge.algorithms import build_algorithm  # noqa: PLC0415
     from fedforge.algorithms.base import check_support  # noqa: PLC0415
-    from fedforge.engine.jobs import check_model_mixing, driver_serves  # noqa: PLC0415
+    from fedforge.sim.serves import check_model_mixing, driver_serves  # noqa: PLC0415
 
     method = cfg.method or "fedast"
     driver, serves = driver_serves(method)
