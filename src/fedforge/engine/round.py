@@ -19,7 +19,7 @@ from fedforge.core.tree import Params
 from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput
 from fedforge.engine.local import LossFn
 from fedforge.engine.randomness import CLIENT_KEY, client_keys, is_keyed
-from fedforge.robust.divergence import check_model, rerun_fn, screen_cohort
+from fedforge.engine.screening import check_model, rerun_fn, screen_cohort
 from fedforge.server.chain import Aggregate, ServerState
 
 
@@ -59,7 +59,7 @@ def federated_round(
       info: per-client round inputs (from ``algorithm.round_info``).
       round_: the round index t (1-based); broadcast as ``broadcast["round"]`` for schedules.
       divergence: NaN/Inf policy (``stop | skip_client | rollback``, see
-        :mod:`fedforge.robust.divergence`); ``None`` skips the screening.
+        :mod:`fedforge.engine.screening`); ``None`` skips the screening.
       robust: attack + robust aggregator applied to the per-client deltas
         (:class:`fedforge.robust.RobustRound`; the engine must keep deltas).
       sample_counts: ``[C]`` the clients' training-sample counts n_i; needed by an algorithm

@@ -1,5 +1,6 @@
 """Reliability and security: robust aggregation, attack simulation, divergence handling."""
 
+from fedforge.engine.screening import POLICIES, DivergenceError, screen_cohort
 from fedforge.robust.aggregators import (
     AGGREGATORS,
     Aggregator,
@@ -11,7 +12,6 @@ from fedforge.robust.aggregators import (
     weighted_mean,
 )
 from fedforge.robust.attacks import ATTACKS, Attack, attacker_ids, flip_labels, poison_updates
-from fedforge.robust.divergence import POLICIES, DivergenceError, screen_cohort
 from fedforge.robust.hook import RobustRound
 from fedforge.robust.setup import build_robust
 
