@@ -7,7 +7,8 @@ run's ``metrics.jsonl`` is copied to ``<data>/<name>/<condition>/seed<k>.jsonl``
 report reads. A multi-task spec
 (``spec.multitask``: a config with ``[[tasks]]``, ``Condition.algorithm`` names the method)
 also writes ``seed<k>.summary.json``: the run's ``summary.json`` (time to target per task and
-overall) plus the share of available client time left idle (``fedforge.sim.diagnostics``).
+overall) plus the share of available client time left idle
+(``fedforge.experiment.multitask_diagnostics``).
 """
 
 from __future__ import annotations
@@ -174,7 +175,7 @@ def run_grid(
         metrics = out / "metrics.jsonl"  # absent: diverged before its first record
         _put(data, dest, metrics.read_bytes() if metrics.is_file() else b"")
         if spec.multitask:
-            from fedforge.sim.diagnostics import run_diagnostics
+            from fedforge.experiment.multitask_diagnostics import run_diagnostics
 
             summary = run_diagnostics(out, _capacity(cfg))
             summary.pop("allocation_log", None)  # in the run folder; long

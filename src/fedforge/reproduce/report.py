@@ -199,7 +199,7 @@ def multitask_table(spec: Reproduction, runs: dict, names: list[str] | None = No
 
 def _tasks(runs: dict) -> list[str]:
     """Task names in task-index order, over every run."""
-    from fedforge.sim.diagnostics import task_names
+    from fedforge.experiment.multitask_diagnostics import task_names
 
     out: list[str] = []
     for r in runs.values():
@@ -242,7 +242,7 @@ def plot_multitask(spec: Reproduction, runs: dict, path: Path) -> Path:
 
 def plot_allocation(spec: Reproduction, runs: dict, path: Path) -> Path | None:
     """Requests per task against simulated time (the lowest seed of each async condition)."""
-    from fedforge.sim.diagnostics import requests_over_time
+    from fedforge.experiment.multitask_diagnostics import requests_over_time
 
     shown = [n for n in (spec.curves or [c.name for c in spec.conditions])
              if runs.get(n) and any("requests" in r for r in runs[n][min(runs[n])].history)]

@@ -11,6 +11,9 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from fedforge.experiment.rundir import save_figure
+from fedforge.experiment.styles import wrap_to_width
+
 
 def task_names(records: Sequence[dict]) -> list[str]:
     """Task names in task-index order, from the records that name them."""
@@ -82,8 +85,6 @@ def plot_requests(records: Sequence[dict], path: Path, title: str = "",
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from fedforge.experiment.rundir import save_figure
-    from fedforge.experiment.styles import wrap_to_width
 
     fig, ax = plt.subplots(figsize=(6.5, 3.6))
     for name, (xs, ys) in requests_over_time(records, key).items():
