@@ -20,6 +20,8 @@ import torch
 
 from fedforge.algorithms.base import Algorithm
 from fedforge.core.tree import Params
+from fedforge.engine.base import CohortOutput
+from fedforge.engine.round import RoundResult
 from fedforge.privacy.accountant import (
     SIGMA_MAX,
     RunEvents,
@@ -150,9 +152,6 @@ class Mechanism:
                     round_: int):
         """A round whose Poisson cohort is empty: no client trains, but the server step still
         runs on a zero sum (central DP releases the noise; the accountant counts the round)."""
-        from fedforge.engine.base import CohortOutput  # noqa: PLC0415 (engine imports us late)
-        from fedforge.engine.round import RoundResult  # noqa: PLC0415
-
         zeros = {k: torch.zeros_like(v) for k, v in params.items()}
         empty = torch.zeros(0, dtype=next(iter(params.values())).dtype)
         uploads = ({"privacy": {"unclipped": empty.new_zeros(())}} if self.cfg.adaptive
