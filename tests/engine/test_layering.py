@@ -52,9 +52,6 @@ KNOWN: dict[tuple[str, str], str] = {
     ("fedforge.server.buffered", "fedforge.algorithms.base"):
         "the buffered server steps an Algorithm; it moves next to sim/task.py once "
         "experiment/build.py imports it from sim",
-    ("fedforge.experiment.compare", "fedforge.reproduce.stats"):
-        "experiment/compare.py must import t_interval from fedforge.experiment.stats "
-        "(then reproduce/stats.py drops its re-export)",
 }
 """(importing module, imported module or package) -> why it is still there."""
 

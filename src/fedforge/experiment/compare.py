@@ -19,7 +19,7 @@ from fedforge.experiment.plots import load_run_list, plot_runs
 from fedforge.experiment.progress import run_position
 from fedforge.experiment.rundir import subfolder, writable_path, write_text
 from fedforge.experiment.runner import run_experiment
-from fedforge.reproduce.stats import t_interval
+from fedforge.experiment.stats import t_interval
 
 
 def rounds_to_target(history: list[dict], target: float, key: str = "test_accuracy") -> int | None:
@@ -154,7 +154,7 @@ def _row(name: str, hists: list[list[dict]], target: float | None) -> dict:
 
 def summary(values: list[float]) -> dict:
     """``{mean, std, n, ci_low, ci_high}``: the 95 % t-interval over seeds
-    (:func:`fedforge.reproduce.stats.t_interval`); std and interval are None below 2 values,
+    (:func:`fedforge.experiment.stats.t_interval`); std and interval are None below 2 values,
     everything but ``n`` is None for none (a target no seed reached)."""
     iv = t_interval(values)
     if iv.n == 0:

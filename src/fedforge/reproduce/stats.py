@@ -20,11 +20,7 @@ from collections.abc import Sequence
 
 from scipy import stats as _st
 
-from fedforge.experiment.stats import (
-    Interval,
-    t_interval,  # noqa: F401 (experiment/compare.py imports it here)
-    t_quantile,
-)
+from fedforge.experiment.stats import Interval, t_quantile
 
 REPRODUCED, CONTRADICTED, INCONCLUSIVE = "reproduced", "contradicted", "inconclusive"
 
