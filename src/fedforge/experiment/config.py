@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from fedforge.algorithms import algorithm_hparams, build_algorithm
 from fedforge.errors import ConfigError
 from fedforge.experiment.config_io import (
     MAX_CONFIG_BYTES,
@@ -25,6 +26,7 @@ from fedforge.experiment.config_io import (
     parse_toml,
     parse_yaml,
 )
+from fedforge.privacy.checks import check_privacy
 from fedforge.privacy.config import PrivacyConfig
 from fedforge.sim.population import FEDAST_SPEED_CLASSES
 
@@ -324,8 +326,6 @@ def algorithm_kwargs(cfg: RunConfig) -> dict[str, Any]:
     A ``client`` setting the algorithm does not take, or one also given under ``algorithm``,
     is an error naming the field.
     """
-    from fedforge.algorithms import algorithm_hparams  # noqa: PLC0415 (registry import cycle)
-
     kwargs = dict(cfg.algorithm.hparams)
     allowed = algorithm_hparams(cfg.algorithm.name) if cfg.algorithm.name else {}
     for key, hparam in CLIENT_TO_HPARAM.items():
@@ -671,8 +671,6 @@ def _check_hparam_names(where: str, algorithm: AlgorithmConfig) -> None:
 
 
 def _check_registries(cfg: RunConfig) -> None:
-    from fedforge.algorithms import build_algorithm  # noqa: PLC0415 (registry import cycle)
-
     _check_data_model("", cfg.data, cfg.model)
     _check_hparam_names("", cfg.algorithm)
     try:
@@ -683,8 +681,6 @@ def _check_registries(cfg: RunConfig) -> None:
         raise ConfigError(str(exc)) from None
     check_participation(cfg, algorithm, cfg.data.num_clients)
     _check_robust(cfg)
-    from fedforge.privacy.checks import check_privacy  # noqa: PLC0415 (imports this module)
-
     check_privacy(cfg, algorithm)
 
 
