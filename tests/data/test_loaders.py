@@ -112,7 +112,7 @@ def test_cifar10(shared_data):  # ~10-15 s: decompressing 85 MB of xz
 
 
 def test_registry_and_root(shared_data, monkeypatch):
-    assert set(DATASETS) == {
+    assert set(DATASETS) >= {  # >=: plugins loaded by earlier tests may have added more
         "mnist",
         "fashion_mnist",
         "cifar10",
