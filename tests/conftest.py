@@ -1,9 +1,9 @@
 """Suite-wide pytest settings.
 
-The default run deselects ``slow`` tests (``addopts = -m 'not slow'``) so a developer's
-``pytest -q`` stays around a minute. CI (``CI=true``, as `.ci/run` is run) also runs them:
-the SIGKILL-many-times resume test, the 500-round soak, the Ray simulation of the Flower
-bridge — about one more minute on 2 cores. An explicit ``-m`` on the command line wins.
+The default run deselects ``slow`` tests (``addopts = -m 'not slow'``): about 8 minutes on 2
+cores. CI (``CI=true``, as `.ci/run` is run) also runs them: kill-and-resume, the soak, the
+golden metrics, localhost Flower deployments, sweeps and real-data examples, about 30
+minutes in all. An explicit ``-m`` on the command line wins.
 """
 
 import os
