@@ -26,35 +26,14 @@ from fedforge.experiment.rundir import (
 )
 from fedforge.reproduce import REPRODUCTIONS
 from fedforge.reproduce.grid import condition_configs, run_grid
+from tests.reliability.test_run_safety import _one_line_error
 from tests.reproduce.test_reproduce import ROOT, tiny_spec
-
-QUICK = str(Path("examples/quickstart.toml").resolve())
-SHORT = ["rounds=2", "eval.every=1", "checkpoint.every=2", "eval.per_client=false"]
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("base") / "run"
-    result = CliRunner().invoke(cli.app, ["run", QUICK, *SHORT, "-q", "--out", str(out)])
-    assert result.exit_code == 0, result.output
-    (out / "run.lock").unlink(missing_ok=True)
-    return out
 
 
 def _copy(run: Path, tmp_path: Path) -> Path:
     dst = tmp_path / "run"
     shutil.copytree(run, dst)
     return dst
-
-
-def _one_line_error(result, *needles: str) -> str:
-    assert result.exit_code == 2, (result.output, result.exception)
-    assert "Traceback" not in result.output
-    line = result.output.split("error:", 1)[1].strip()
-    assert "\n" not in line, line
-    for needle in needles:
-        assert needle in line, line
-    return line
 
 
 # --------------------------------------------------------------------------- report
@@ -65,8 +44,8 @@ def _one_line_error(result, *needles: str) -> str:
     [{"final_acc": {"mean": 0.5, "n": "2"}, "seeds": 3}],
     [1, 2], {"algorithm": "x"}, "text", 5,
 ], ids=["list-mean", "text-interval", "text-n", "not-objects", "object", "string", "number"])
-def test_report_refuses_a_hostile_table_json(finished_run, tmp_path, table):
-    run = _copy(finished_run, tmp_path)
+def test_report_refuses_a_hostile_table_json(quickstart_run, tmp_path, table):
+    run = _copy(quickstart_run, tmp_path)
     (run / "table.json").write_text(json.dumps(table))
     _one_line_error(CliRunner().invoke(cli.app, ["report", str(run)]), "table.json")
     assert not (run / "report.html").exists()
@@ -78,8 +57,8 @@ def test_report_refuses_a_hostile_table_json(finished_run, tmp_path, table):
     {"label_counts": [[1, 2], [3]]}, {"label_counts": [["a"]]}, None,
 ], ids=["mixed", "string", "floats", "negative", "bools", "num-clients", "ragged",
         "text-counts", "not-an-object"])
-def test_report_refuses_partition_numbers_that_are_not_counts(finished_run, tmp_path, change):
-    run = _copy(finished_run, tmp_path)
+def test_report_refuses_partition_numbers_that_are_not_counts(quickstart_run, tmp_path, change):
+    run = _copy(quickstart_run, tmp_path)
     part = json.loads((run / "partition.json").read_text())
     (run / "partition.json").write_text(json.dumps([1, 2] if change is None
                                                    else {**part, **change}))
@@ -87,8 +66,8 @@ def test_report_refuses_partition_numbers_that_are_not_counts(finished_run, tmp_
 
 
 @pytest.mark.parametrize("name", ["$\\frac{$", "$x$ and $", "$\\undefined{1}$", "a$b$c"])
-def test_mathtext_algorithm_names_are_drawn_as_plain_text(finished_run, tmp_path, name):
-    run = _copy(finished_run, tmp_path)
+def test_mathtext_algorithm_names_are_drawn_as_plain_text(quickstart_run, tmp_path, name):
+    run = _copy(quickstart_run, tmp_path)
     cfg = run / "config.resolved.toml"
     cfg.write_text(cfg.read_text().replace('name = "fedavg"', f"name = {json.dumps(name)}"))
     result = CliRunner().invoke(cli.app, ["report", str(run)])
@@ -102,7 +81,7 @@ def test_mathtext_algorithm_names_are_drawn_as_plain_text(finished_run, tmp_path
 # ------------------------------------------------------------------------ reproduce
 
 @pytest.fixture
-def tiny_data(tmp_path, monkeypatch, finished_run) -> Path:
+def tiny_data(tmp_path, monkeypatch, quickstart_run) -> Path:
     """``tmp_path`` as the repository root: committed metrics for every tiny run."""
     monkeypatch.setitem(REPRODUCTIONS, "tiny", tiny_spec)
     monkeypatch.chdir(tmp_path)
@@ -110,7 +89,7 @@ def tiny_data(tmp_path, monkeypatch, finished_run) -> Path:
     for cond in ("fast", "slow"):
         for seed in (0, 1):
             (data / cond).mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(finished_run / "metrics.jsonl", data / cond / f"seed{seed}.jsonl")
+            shutil.copyfile(quickstart_run / "metrics.jsonl", data / cond / f"seed{seed}.jsonl")
     return data
 
 

@@ -21,9 +21,8 @@ import typer
 from typer.testing import CliRunner
 
 from fedforge import cli
+from tests.reliability.conftest import QUICK, SHORT
 
-QUICK = str(Path("examples/quickstart.toml").resolve())
-SHORT = ["rounds=2", "eval.every=1", "checkpoint.every=2", "eval.per_client=false"]
 OUTSIDE = b"outside the folder: must keep these bytes\n"
 
 
@@ -36,15 +35,6 @@ class Command:
     name: str
     setup: Callable[[Path], tuple[list[str], Path]]
     chdir: bool = False
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("base") / "run"
-    result = CliRunner().invoke(cli.app, ["run", QUICK, *SHORT, "-q", "--out", str(out)])
-    assert result.exit_code == 0, result.output
-    (out / "run.lock").unlink(missing_ok=True)
-    return out
 
 
 def _copy_run(base: Path, work: Path) -> Path:
@@ -141,10 +131,10 @@ def _refused(result, where: str) -> None:
 
 
 @pytest.mark.parametrize("name", COMMANDS)
-def test_no_command_writes_through_a_planted_link(finished_run, tmp_path, monkeypatch, name):
+def test_no_command_writes_through_a_planted_link(quickstart_run, tmp_path, monkeypatch, name):
     """One link to an outside file per written name, one run each; then every name at once
     as a dangling link (writing through one would create its target)."""
-    cmd = next(c for c in _commands(finished_run) if c.name == name)
+    cmd = next(c for c in _commands(quickstart_run) if c.name == name)
     written = _written(cmd, tmp_path / "clean", monkeypatch)
     assert written, f"{name}: wrote no file on a clean run"
     outside = tmp_path / "outside"
