@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from fedforge.algorithms import ALGORITHMS, build_algorithm
+from fedforge.core.checkpoint import load_checkpoint
 from fedforge.core.tree import flatten_dict
-from fedforge.experiment.checkpoint import load_checkpoint
 from fedforge.experiment.config import ConfigError, load_config
 from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.runner import run_experiment

@@ -24,9 +24,9 @@ import pytest
 import torch
 
 from fedforge.algorithms import ALGORITHMS, build_algorithm
+from fedforge.core.checkpoint import load_checkpoint
 from fedforge.core.tree import flatten_dict
 from fedforge.engine.base import ChunkedEngine
-from fedforge.experiment.checkpoint import load_checkpoint
 from fedforge.experiment.config import ConfigError, load_config
 from fedforge.experiment.drivers import RoundsDriver, RunFolder, read_checkpoint
 from fedforge.experiment.labels import without_wall_clock

@@ -14,9 +14,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
+from fedforge.core.checkpoint import load_checkpoint
 from fedforge.core.tree import flatten_dict
 from fedforge.engine.distributed import ShardedClientStore
-from fedforge.experiment.checkpoint import load_checkpoint
 from fedforge.experiment.config import load_config
 from fedforge.experiment.runner import run_experiment
 

@@ -46,9 +46,6 @@ KNOWN: dict[tuple[str, str], str] = {
     ("fedforge.algorithms.defaults", "fedforge.sim"):
         "the multi-task methods' defaults read sim's method lists; "
         "algorithms/defaults must take them from the table alone",
-    ("fedforge.models.init_from", "fedforge.experiment.checkpoint"):
-        "reads a run folder's checkpoint; the checkpoint format belongs in core, "
-        "once experiment/runner.py and experiment/drivers.py import it from there",
     ("fedforge.server.buffered", "fedforge.algorithms.base"):
         "the buffered server steps an Algorithm; it moves next to sim/task.py once "
         "experiment/build.py imports it from sim",

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from fedforge.experiment.checkpoint import load_checkpoint
+from fedforge.core.checkpoint import load_checkpoint
 from fedforge.experiment.config import load_config
 from fedforge.experiment.plots import read_metrics
 from fedforge.experiment.runner import Experiment, run_experiment

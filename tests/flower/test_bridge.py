@@ -16,7 +16,7 @@ pytest.importorskip("flwr", reason="the Flower bridge needs `pip install 'fedfor
 
 from flwr.app import ArrayRecord, RecordDict  # noqa: E402
 
-from fedforge.experiment.checkpoint import load_checkpoint  # noqa: E402
+from fedforge.core.checkpoint import load_checkpoint  # noqa: E402
 from fedforge.experiment.config import load_config  # noqa: E402
 from fedforge.experiment.runner import read_metrics, run_experiment  # noqa: E402
 from fedforge.flower import client_app, run_server, validate_reply  # noqa: E402

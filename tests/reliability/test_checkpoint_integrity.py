@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedforge.core.tree import flatten_dict
-from fedforge.experiment.checkpoint import (
+from fedforge.core.checkpoint import (
     CheckpointError,
     load_checkpoint,
     prune_checkpoints,
     save_checkpoint,
 )
+from fedforge.core.tree import flatten_dict
 
 
 def _tensors(scale: float = 1.0) -> dict:
@@ -85,7 +85,7 @@ def test_truncated_tensor_file_is_refused(tmp_path, fix_sha):
     path = tmp_path / "ck/round_00001.safetensors"
     path.write_bytes(path.read_bytes()[:40])
     if fix_sha:  # the recorded hash matches: safetensors itself must refuse, in one line
-        from fedforge.experiment.checkpoint import file_sha256
+        from fedforge.core.checkpoint import file_sha256
 
         meta_path = tmp_path / "ck/round_00001.json"
         meta = json.loads(meta_path.read_text())

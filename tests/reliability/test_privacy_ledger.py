@@ -16,7 +16,7 @@ pytest.importorskip("dp_accounting", reason="needs the privacy extra (dp-account
 import dp_accounting  # noqa: E402
 from dp_accounting.rdp import rdp_privacy_accountant  # noqa: E402
 
-from fedforge.experiment.checkpoint import latest_checkpoint_meta  # noqa: E402
+from fedforge.core.checkpoint import latest_checkpoint_meta  # noqa: E402
 from fedforge.experiment.config import ConfigError, load_config  # noqa: E402
 from fedforge.experiment.runner import run_experiment  # noqa: E402
 from fedforge.privacy.algorithm import resolve  # noqa: E402

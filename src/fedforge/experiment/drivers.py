@@ -34,6 +34,7 @@ from fedforge.algorithms.base import (
     SERVER_PREP_SAMPLES,
     SERVER_PREP_SECONDS,
 )
+from fedforge.core.checkpoint import load_checkpoint
 from fedforge.core.store import ClientStore
 from fedforge.core.tree import restore_like
 from fedforge.engine import classification_loss
@@ -54,7 +55,7 @@ from fedforge.experiment.build import (
     resolve_device,
     sample_round,
 )
-from fedforge.experiment.checkpoint import last_checkpoint_note, load_checkpoint
+from fedforge.experiment.checkpoint import last_checkpoint_note
 from fedforge.experiment.config import RunConfig
 from fedforge.experiment.evaluate import evaluate
 from fedforge.experiment.metrics import MetricsWriter

@@ -19,15 +19,11 @@ from pathlib import Path
 import torch
 
 from fedforge.algorithms import Algorithm
+from fedforge.core.checkpoint import latest_checkpoint_meta, load_checkpoint, save_checkpoint
 from fedforge.core.tree import Params, restore_like
 from fedforge.engine.distributed import barrier, is_main_rank, world_size
 from fedforge.experiment.build import Setup, resolve_config, resolve_run
-from fedforge.experiment.checkpoint import (
-    latest_checkpoint_meta,
-    load_checkpoint,
-    resumable,
-    save_checkpoint,
-)
+from fedforge.experiment.checkpoint import resumable
 from fedforge.experiment.config import RunConfig, dump_config
 from fedforge.experiment.drivers import (
     Driver,

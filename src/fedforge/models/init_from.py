@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from fedforge.core.checkpoint import load_checkpoint
 from fedforge.core.tree import Params
 
 
@@ -37,8 +38,6 @@ def read_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], Path]:
                 return read_weights(model)
             raise InitFromError(f"model.init_from: {src} is a folder without "
                                 "checkpoints/latest.json or model.safetensors")
-        from fedforge.experiment.checkpoint import load_checkpoint  # noqa: PLC0415
-
         tensors, _ = load_checkpoint(ckpt, torch.device("cpu"))
         if "params" not in tensors:
             raise InitFromError(f"model.init_from: {ckpt}: the checkpoint has no 'params'")
