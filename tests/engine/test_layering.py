@@ -46,9 +46,6 @@ KNOWN: dict[tuple[str, str], str] = {
     ("fedforge.algorithms.defaults", "fedforge.sim"):
         "the multi-task methods' defaults read sim's method lists; "
         "algorithms/defaults must take them from the table alone",
-    ("fedforge.server.buffered", "fedforge.algorithms.base"):
-        "the buffered server steps an Algorithm; it moves next to sim/task.py once "
-        "experiment/build.py imports it from sim",
 }
 """(importing module, imported module or package) -> why it is still there."""
 

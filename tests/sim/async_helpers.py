@@ -7,7 +7,7 @@ import torch
 from fedforge.algorithms import build_algorithm
 from fedforge.data.federated import build_index_table
 from fedforge.engine.jobs import TaskExecutor
-from fedforge.server.buffered import BufferedServer
+from fedforge.sim.buffered import BufferedServer
 from fedforge.sim.task import Task
 from tests.quadratic import quadratic_loss
 

@@ -38,8 +38,8 @@ from fedforge.models.init_from import init_network
 from fedforge.robust.divergence import scale_lr
 from fedforge.robust.hook import RobustRound
 from fedforge.robust.setup import build_robust
-from fedforge.server.buffered import BufferedServer
 from fedforge.sim.allocation_code import code_speed_factors
+from fedforge.sim.buffered import BufferedServer
 from fedforge.sim.delays import delay_from
 from fedforge.sim.fedast import ASYNC_METHODS, AsyncDriver, AsyncOptions
 from fedforge.sim.multitask_sync import SyncDriver, SyncOptions

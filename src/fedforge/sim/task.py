@@ -10,7 +10,7 @@ import torch
 from fedforge.algorithms.base import Algorithm
 from fedforge.core.tree import Params
 from fedforge.engine.jobs import TaskExecutor
-from fedforge.server.buffered import BufferedServer
+from fedforge.sim.buffered import BufferedServer
 
 
 @dataclass

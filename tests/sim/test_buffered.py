@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fedforge.algorithms import build_algorithm
-from fedforge.server.buffered import BufferedServer
+from fedforge.sim.buffered import BufferedServer
 
 
 def _server(b, server_lr):

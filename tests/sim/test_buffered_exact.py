@@ -1,4 +1,4 @@
-"""Exact checks of the per-task asynchronous server (src/fedforge/server/buffered.py) beyond
+"""Exact checks of the per-task asynchronous server (src/fedforge/sim/buffered.py) beyond
 the hand examples of test_buffered.py: what the server step is told (S, N, t), FedAsync's
 default exponent, the server optimizer's state across steps and the checkpoint round trip
 (docs/testing.md).
@@ -10,8 +10,8 @@ import torch
 from fedforge.algorithms import build_algorithm
 from fedforge.algorithms.base import Algorithm
 from fedforge.client.optimizers import local_optimizer
-from fedforge.server.buffered import BufferedServer
 from fedforge.server.chain import ServerTransform
+from fedforge.sim.buffered import BufferedServer
 
 F64 = torch.float64
 
