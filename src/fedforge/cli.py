@@ -606,14 +606,14 @@ def list_algorithms(
     """Every method the CLI accepts, with its kind: sync algorithms, async methods and
     multi-task baselines (the last two as a multi-task config's ``method``)."""
     _setup(plugin)
-    from fedforge.algorithms import defaults
+    from fedforge.algorithms import methods
 
     if markdown:
-        typer.echo(defaults.markdown(), nl=False)
+        typer.echo(methods.markdown(), nl=False)
         return
     if params is not None:
         try:
-            rows, kind = defaults.parameter_rows(params), defaults.method_kind(params)
+            rows, kind = methods.parameter_rows(params), methods.method_kind(params)
         except (KeyError, ValueError) as exc:
             _fail(str(exc))
         table = Table(title=f"{params} ({kind}): defaults and their sources")
@@ -626,8 +626,8 @@ def list_algorithms(
     table = Table(title="methods (fedforge algorithms --params NAME for the defaults)")
     for col in ("name", "kind", "description"):
         table.add_column(col)
-    for name, kind in defaults.all_methods().items():
-        table.add_row(name, kind, defaults.describe(name))
+    for name, kind in methods.all_methods().items():
+        table.add_row(name, kind, methods.describe(name))
     console.print(table, highlight=False)
 
 

@@ -15,21 +15,25 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from fedforge.algorithms import ALGORITHMS, ALIASES, algorithm_hparams, build_algorithm
+from fedforge.algorithms import (
+    ALGORITHMS,
+    ALIASES,
+    algorithm_hparams,
+    build_algorithm,
+    resolved_hparams,
+)
 from fedforge.algorithms.defaults import (
     ALGORITHM_DEFAULTS,
     CODE,
     METHOD_DEFAULTS,
+    METHOD_KINDS,
     OURS,
     PAPER,
     SOURCES,
-    all_methods,
     defaults_from,
-    main,
-    markdown,
     ours,
-    resolved_hparams,
 )
+from fedforge.algorithms.methods import all_methods, main, markdown
 from fedforge.experiment.config import AsyncSection, SyncSection
 from fedforge.sim.fedast import ASYNC_METHODS
 from fedforge.sim.multitask_sync import SYNC_METHODS
@@ -173,6 +177,15 @@ def _paths(tree, prefix=""):
 def test_no_table_entry_without_an_algorithm():
     assert set(ALGORITHM_DEFAULTS) <= set(ALGORITHMS)
     assert set(METHOD_DEFAULTS) == set(ASYNC_METHODS) | set(SYNC_METHODS)
+
+
+def test_the_tables_method_kinds_are_the_drivers_method_lists():
+    """The table names each multi-task method's kind itself (it may not import sim); the
+    drivers' own lists must agree with it, order included (``fedforge algorithms`` lists them
+    in that order)."""
+    assert [m for m, k in METHOD_KINDS.items() if k == "async"] == list(ASYNC_METHODS)
+    assert [m for m, k in METHOD_KINDS.items() if k == "multi-task baseline"] == list(SYNC_METHODS)
+    assert list(METHOD_KINDS) == list(METHOD_DEFAULTS)
 
 
 def _entries():

@@ -42,17 +42,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 """Bottom to top. A name is a package (or module) directly under ``fedforge``; ``fedforge``
 itself stands for the package's ``__init__``."""
 
-KNOWN: dict[tuple[str, str], str] = {
-    ("fedforge.algorithms.defaults", "fedforge.sim"):
-        "the multi-task methods' defaults read sim's method lists; "
-        "algorithms/defaults must take them from the table alone",
-}
+KNOWN: dict[tuple[str, str], str] = {}
 """(importing module, imported module or package) -> why it is still there."""
 
 KNOWN_CIRCLES: dict[tuple[str, str], str] = {
-    ("fedforge.algorithms.defaults", "fedforge.algorithms"):
-        "the defaults table looks factories up in the registry that imports the factories "
-        "that read the table; algorithms/defaults must not need the registry",
     ("fedforge.experiment.options", "fedforge.experiment.config"):
         "options formats pydantic errors with config's format_error; it moves to "
         "fedforge/errors.py with experiment/config.py",

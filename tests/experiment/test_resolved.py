@@ -8,8 +8,7 @@ import pytest
 import tomllib
 import torch
 
-from fedforge.algorithms import ALIASES, build_algorithm
-from fedforge.algorithms.defaults import resolved_hparams
+from fedforge.algorithms import ALIASES, build_algorithm, resolved_hparams
 from fedforge.experiment.build import resolve_config, sample_round
 from fedforge.experiment.config import load_config
 from fedforge.experiment.runner import Experiment, run_experiment

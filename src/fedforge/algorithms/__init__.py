@@ -68,6 +68,20 @@ def algorithm_hparams(name: str) -> dict[str, object]:
     }
 
 
+def resolved_hparams(name: str, given: dict) -> dict:
+    """The full hyper-parameter set of algorithm ``name``: ``given`` over every default.
+
+    Unknown names or keys raise the same ``ValueError`` as :func:`build_algorithm`; the
+    order is the factory's (a run records every value it used, not only the given ones).
+    """
+    defaults = algorithm_hparams(name)
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise ValueError(f"algorithm.{unknown[0]}: not a hyper-parameter of {name!r}; "
+                         f"expected one of {sorted(defaults)}")
+    return {key: given.get(key, value) for key, value in defaults.items()}
+
+
 def _factory(name: str) -> Callable[..., Algorithm]:
     name = canonical_name(name)
     if name not in ALGORITHMS:
@@ -95,4 +109,5 @@ def describe_algorithms() -> dict[str, str]:
 
 
 __all__ = ["ALGORITHMS", "ALIASES", "Algorithm", "FinalizeInputs", "Part", "algorithm_hparams",
-           "build_algorithm", "canonical_name", "describe_algorithms", "register"]
+           "build_algorithm", "canonical_name", "describe_algorithms", "register",
+           "resolved_hparams"]

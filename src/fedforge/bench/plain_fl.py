@@ -31,8 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedforge.algorithms import canonical_name
-from fedforge.algorithms.defaults import resolved_hparams
+from fedforge.algorithms import canonical_name, resolved_hparams
 from fedforge.data import FederatedDataset, build_federated_dataset, client_batches, load_dataset
 from fedforge.experiment.build import resolve_device, round_generator
 from fedforge.experiment.config import RunConfig, algorithm_kwargs

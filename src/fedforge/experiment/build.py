@@ -14,8 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedforge.algorithms import Algorithm, build_algorithm, canonical_name
-from fedforge.algorithms.defaults import resolved_hparams
+from fedforge.algorithms import Algorithm, build_algorithm, canonical_name, resolved_hparams
 from fedforge.core.schedules import first_value
 from fedforge.core.tree import Params
 from fedforge.data import FederatedDataset, build_federated_dataset, load_dataset

@@ -294,12 +294,13 @@ def algorithm_rows(name: str) -> list[tuple[str, str, str, str]]:
     """``(hyper-parameter, default, source, where / why)``; an algorithm without an entry in
     ``fedforge.algorithms.defaults`` (a plugin's) gives its factory's defaults."""
     from fedforge.algorithms import algorithm_hparams
-    from fedforge.algorithms import defaults as table
+    from fedforge.algorithms.defaults import show
+    from fedforge.algorithms.methods import parameter_rows
 
     try:
-        return table.parameter_rows(name)
+        return parameter_rows(name)
     except KeyError:
-        return [(k, table.show(v), "factory", "the factory's keyword default (no source "
+        return [(k, show(v), "factory", "the factory's keyword default (no source "
                  "recorded)") for k, v in algorithm_hparams(name).items()]
 
 

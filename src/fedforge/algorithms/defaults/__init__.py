@@ -7,15 +7,17 @@ factories are written without defaults and take them from this table through
 :func:`defaults_from`; ``fedforge algorithms --params NAME`` prints it and
 ``docs/algorithms.md`` is generated from it
 (``python -m fedforge.algorithms.defaults docs/algorithms.md``).
+
+The table imports nothing of fedforge: the factories read it while the registry loads, and
+the queries that need the registry (every method with its kind, the docs page) are
+``fedforge.algorithms.methods``.
 """
 
 from __future__ import annotations
 
 import inspect
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TypeVar
 
 PAPER, CODE, OURS = "paper", "official code", "ours"
@@ -278,7 +280,7 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Default]] = {
 }
 
 
-# --- asynchronous and multi-task methods (experiment/multitask.py) --------------------------
+# --- asynchronous and multi-task methods (a multi-task config's `method`) -------------------
 ASYNC, SYNC_BASELINE = "async", "multi-task baseline"
 
 _REQUESTS = code(96, f"{FEDAST_CODE} fedast_het_demo.json: nb_of_active_works = 96 per task")
@@ -289,7 +291,7 @@ _MAX_BATCH = ours(64, "jobs per vmapped call; changes speed only, never the resu
 _K = paper(30, f"{FEDAST}, App. D.1: the first k = 30 updates per task are kept")
 _PER_ROUND = ours(None, "the availability cap (system.available_fraction of the clients)")
 
-METHOD_DEFAULTS: dict[str, dict[str, Default]] = {
+ASYNC_DEFAULTS: dict[str, dict[str, Default]] = {
     "fedast": {
         "async.requests": _REQUESTS,
         "async.rb_ratio": _RB,
@@ -316,6 +318,10 @@ METHOD_DEFAULTS: dict[str, dict[str, Default]] = {
                                        "(1 + s)^-a, a = 0.5"),
         "async.max_batch": _MAX_BATCH,
     },
+}
+"""The asynchronous methods' ``[async]`` options (``sim/fedast.py`` runs them)."""
+
+BASELINE_DEFAULTS: dict[str, dict[str, Default]] = {
     "sync_st": {"sync.k": _K, "sync.clients_per_round": _PER_ROUND},
     "sync_st_nosm": {"sync.clients_per_round": _PER_ROUND},
     "sync_ucb_st": {
@@ -326,6 +332,12 @@ METHOD_DEFAULTS: dict[str, dict[str, Default]] = {
     },
     "sequential": {"sync.k": _K, "sync.clients_per_round": _PER_ROUND},
 }
+"""The multi-task baselines' ``[sync]`` options (``sim/multitask_sync.py`` runs them)."""
+
+METHOD_DEFAULTS: dict[str, dict[str, Default]] = {**ASYNC_DEFAULTS, **BASELINE_DEFAULTS}
+METHOD_KINDS: dict[str, str] = {**dict.fromkeys(ASYNC_DEFAULTS, ASYNC),
+                                **dict.fromkeys(BASELINE_DEFAULTS, SYNC_BASELINE)}
+"""Every multi-task method -> its kind, in the order ``fedforge algorithms`` lists them."""
 
 METHOD_DESCRIPTIONS = {
     "fedast": "FedAST (Askin et al. 2024): buffered async, dynamic request allocation",
@@ -389,69 +401,6 @@ def table_value(name: str, key: str) -> object:
     return ALGORITHM_DEFAULTS[name][key].value
 
 
-# --- queries --------------------------------------------------------------------------------
-def method_kind(name: str) -> str:
-    """``sync`` (one task, ``fedforge.algorithms``), ``async`` or ``multi-task baseline``."""
-    from fedforge.algorithms import ALGORITHMS, canonical_name
-    from fedforge.sim.fedast import ASYNC_METHODS
-    from fedforge.sim.multitask_sync import SYNC_METHODS
-
-    if canonical_name(name) in ALGORITHMS:
-        return "sync"
-    if name in ASYNC_METHODS:
-        return ASYNC
-    if name in SYNC_METHODS:
-        return SYNC_BASELINE
-    raise ValueError(f"unknown method {name!r}; expected one of {sorted(all_methods())}")
-
-
-def all_methods() -> dict[str, str]:
-    """Every method the CLI accepts -> its kind (algorithms first, then multi-task ones)."""
-    from fedforge.algorithms import ALGORITHMS
-    from fedforge.sim.fedast import ASYNC_METHODS
-    from fedforge.sim.multitask_sync import SYNC_METHODS
-
-    out = {name: "sync" for name in ALGORITHMS}
-    out.update({name: ASYNC for name in ASYNC_METHODS})
-    out.update({name: SYNC_BASELINE for name in SYNC_METHODS})
-    return out
-
-
-def describe(name: str) -> str:
-    from fedforge.algorithms import build_algorithm
-
-    if method_kind(name) == "sync":
-        return build_algorithm(name).description
-    return METHOD_DESCRIPTIONS.get(name, "")
-
-
-def defaults_of(name: str) -> dict[str, Default]:
-    """The table's entries of one method (hyper-parameters or multi-task options)."""
-    from fedforge.algorithms import canonical_name
-
-    table = ALGORITHM_DEFAULTS if method_kind(name) == "sync" else METHOD_DEFAULTS
-    name = canonical_name(name)
-    if name not in table:
-        raise KeyError(f"{name!r} has no entry in fedforge.algorithms.defaults")
-    return table[name]
-
-
-def resolved_hparams(name: str, given: dict) -> dict:
-    """The full hyper-parameter set of algorithm ``name``: ``given`` over every default.
-
-    Unknown names or keys raise the same ``ValueError`` as
-    :func:`fedforge.algorithms.build_algorithm`; the order is the factory's.
-    """
-    from fedforge.algorithms import algorithm_hparams
-
-    defaults = algorithm_hparams(name)
-    unknown = sorted(set(given) - set(defaults))
-    if unknown:
-        raise ValueError(f"algorithm.{unknown[0]}: not a hyper-parameter of {name!r}; "
-                         f"expected one of {sorted(defaults)}")
-    return {key: given.get(key, value) for key, value in defaults.items()}
-
-
 def show(value: object) -> str:
     """A default as a config would spell it."""
     if value is None:
@@ -461,58 +410,3 @@ def show(value: object) -> str:
     if isinstance(value, str):
         return f'"{value}"'
     return repr(value)
-
-
-def parameter_rows(name: str) -> list[tuple[str, str, str, str]]:
-    """``(parameter, default, source, where)`` in the factory's (or section's) order."""
-    from fedforge.algorithms import algorithm_hparams
-
-    table = defaults_of(name)
-    keys = list(algorithm_hparams(name)) if method_kind(name) == "sync" else list(table)
-    return [(k, show(table[k].value), table[k].source, table[k].ref) for k in keys]
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")  # a bare | would end the table cell
-
-
-def markdown() -> str:
-    """``docs/algorithms.md``: every method, its kind, and every default with its source."""
-    methods = all_methods()
-    lines = [
-        "# Algorithms and their defaults",
-        "",
-        "<!-- generated by `python -m fedforge.algorithms.defaults docs/algorithms.md` from",
-        "     the table in fedforge.algorithms.defaults; tests/algorithms/test_defaults.py fails",
-        "     when this page is stale. Do not edit by hand. -->",
-        "",
-        "Every method `fedforge` accepts: `sync` algorithms go in a run config's `[algorithm]`",
-        "table (`fedforge run`, `fedforge compare -a`); `async` methods and `multi-task "
-        "baseline`s",
-        "are the `method` of a multi-task config with a `[[tasks]]` list, whose options live in",
-        "its `[async]` or `[sync]` table. Each default names its source: **paper** (section or",
-        "table), **official code** (repository and file) or **ours** (the reason). Each value",
-        "is written once, in `fedforge.algorithms.defaults`: the algorithms take their",
-        "defaults from it, and it is printed by `fedforge algorithms --params NAME`.",
-        "",
-        "| method | kind | description |",
-        "|---|---|---|",
-    ]
-    lines += [f"| [`{n}`](#{n}) | {kind} | {_cell(describe(n))} |"
-              for n, kind in methods.items()]
-    for n, kind in methods.items():
-        lines += ["", f"## {n}", "", f"{kind}: {describe(n)}", "",
-                  "| parameter | default | source | where / why |", "|---|---|---|---|"]
-        lines += [f"| `{p}` | `{v}` | {s} | {_cell(r)} |" for p, v, s, r in parameter_rows(n)]
-    return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str]) -> int:
-    """``python -m fedforge.algorithms.defaults [PATH]``: write (or print) the docs page."""
-    text = markdown()
-    if argv:
-        Path(argv[0]).write_text(text, encoding="utf-8")
-    else:
-        sys.stdout.write(text)
-    return 0
-

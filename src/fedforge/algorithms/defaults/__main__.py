@@ -1,11 +1,11 @@
 """``python -m fedforge.algorithms.defaults [PATH]``: write (or print) docs/algorithms.md.
 
-A separate entry point because the factories import the table while ``fedforge.algorithms``
-loads; running the table's own module as ``__main__`` would load it a second time.
+The page lists every method with its kind, which needs the registry, so the writer is
+``fedforge.algorithms.methods``; the table's own module stays free of it.
 """
 
 import sys
 
-from fedforge.algorithms.defaults import main
+from fedforge.algorithms.methods import main
 
 raise SystemExit(main(sys.argv[1:]))
