@@ -23,6 +23,7 @@ CASES: dict[str, tuple[tuple[int, ...], int, dict[str, Any], bool, int]] = {
     "cnn": ((3, 32, 32), 10, {"channels": (4, 8), "fc": 16}, False, 0),
     "lenet5": ((1, 28, 28), 10, {}, False, 0),
     "simple_cnn": ((3, 16, 16), 10, {"channels": (4, 8), "fc": 16}, False, 0),
+    "pfl_simple_cnn": ((3, 8, 8), 10, {}, False, 0),
     "resnet18_gn": ((3, 16, 16), 10, {"width": 8, "groups": 2}, False, 0),
     "convnet": ((3, 32, 32), 10, {"width": 8, "depth": 3}, False, 0),
     "char_lstm": ((12,), 30, {"vocab_size": 30, "hidden": 16}, True, 30),
@@ -37,6 +38,7 @@ DEFAULT_INPUTS: dict[str, tuple[tuple[int, ...], int]] = {
     "cnn": ((1, 28, 28), 62),
     "lenet5": ((3, 32, 32), 10),
     "simple_cnn": ((3, 32, 32), 10),
+    "pfl_simple_cnn": ((3, 32, 32), 10),
     "resnet18_gn": ((3, 32, 32), 10),
     "convnet": ((3, 32, 32), 10),
     "char_lstm": ((80,), 80),
@@ -180,6 +182,7 @@ def test_known_parameter_counts() -> None:
     assert num_parameters(build_model("char_lstm", (80,), 80)) == 819_920
     assert num_parameters(build_model("logreg", (1, 28, 28), 10)) == 7_850
     assert num_parameters(build_model("simple_cnn", (3, 32, 32), 10)) == 259_914  # 2 conv, fc 128
+    assert num_parameters(build_model("pfl_simple_cnn", (3, 32, 32), 10)) == 1_626_442
 
 
 def test_image_models_accept_both_sizes() -> None:

@@ -16,7 +16,7 @@ from fedforge.core.memory import check_allocation, module_nbytes
 from .convnet import ConvNet
 from .recurrent import LSTM, CharLSTM
 from .resnet import ResNet18GN
-from .simple import CNN, MLP, LeNet5, LogReg, SimpleCNN
+from .simple import CNN, MLP, LeNet5, LogReg, PflSimpleCNN, SimpleCNN
 from .text import TextClassifier
 from .transformer import TransformerLM, TransformerTiny
 
@@ -25,7 +25,9 @@ MODELS: dict[str, tuple[type[nn.Module], str]] = {
     "mlp": (MLP, "flatten + ReLU MLP, default hidden (200, 200) = FedAvg 2NN"),
     "cnn": (CNN, "FedAvg/LEAF 2-conv CNN (32, 64 channels, fc 512)"),
     "lenet5": (LeNet5, "LeNet-5 (6/16 channels, 120/84 units) for 28x28 or 32x32"),
-    "simple_cnn": (SimpleCNN, "pfl-research simple_cnn: 2 conv 5x5 + max-pool, fc 128, dropout"),
+    "simple_cnn": (SimpleCNN, "2 conv 5x5, each with max-pool, fc 128, dropout"),
+    "pfl_simple_cnn": (PflSimpleCNN, "pfl-research's simple_cnn (PyTorch): 2 conv 3x3, "
+                                     "max-pool, fc 128, dropout 0.25/0.5"),
     "resnet18_gn": (ResNet18GN, "ResNet-18, CIFAR stem, GroupNorm (groups=2)"),
     "convnet": (ConvNet, "dataset-distillation ConvNet: depth x conv-instancenorm-relu-avgpool"),
     "char_lstm": (CharLSTM, "Shakespeare char LSTM: embed 8, 2x LSTM(256), next-char logits"),
@@ -61,6 +63,7 @@ __all__ = [
     "LSTM",
     "MLP",
     "MODELS",
+    "PflSimpleCNN",
     "CharLSTM",
     "ConvNet",
     "LeNet5",

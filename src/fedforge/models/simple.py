@@ -117,8 +117,9 @@ class LeNet5(nn.Module):
 
 
 class SimpleCNN(nn.Module):
-    """pfl-research's ``simple_cnn``: conv5x5(32) - max-pool - conv5x5(64) - max-pool -
-    fc(128) - dropout - fc(classes), valid convolutions, ReLU after each hidden layer.
+    """A small CNN: conv5x5(32) - max-pool - conv5x5(64) - max-pool - fc(128) - dropout -
+    fc(classes), valid convolutions, ReLU after each hidden layer. pfl-research's own
+    ``simple_cnn`` (3x3 convolutions, one pooling) is :class:`PflSimpleCNN`.
 
     The zoo's model with a random layer: its dropout masks are keyed by (seed, round,
     client) in every engine (:mod:`fedforge.engine.randomness`). Dropout is off in
@@ -141,6 +142,37 @@ class SimpleCNN(nn.Module):
         fw = conv_out(conv_out(conv_out(conv_out(w, 5), 2, 2), 5), 2, 2)
         self.classifier = nn.Sequential(
             nn.Linear(c2 * fh * fw, fc), nn.ReLU(), nn.Dropout(dropout), nn.Linear(fc, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x).flatten(1))
+
+
+class PflSimpleCNN(nn.Module):
+    """pfl-research's PyTorch ``simple_cnn`` (its CIFAR-10 benchmark model): conv3x3(32) -
+    conv3x3(64) - max-pool - dropout(0.25) - fc(128) - dropout(0.5) - fc(classes), valid
+    convolutions, ReLU after each hidden layer, Glorot-uniform weights as pfl-research
+    initialises them. 1,626,442 parameters on 32x32 RGB images with 10 classes.
+
+    pfl-research feeds NHWC images and transposes them in the model's first layer; this
+    model takes NCHW images like the rest of the zoo. Its dropout masks are keyed as in
+    every zoo model (:mod:`fedforge.engine.randomness`).
+    """
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int) -> None:
+        super().__init__()
+        c, h, w = image_shape(input_shape, "pfl_simple_cnn")
+        fh, fw = conv_out(conv_out(h, 3), 3) // 2, conv_out(conv_out(w, 3), 3) // 2
+        if fh < 1 or fw < 1:
+            raise ValueError(f"model.input_shape: pfl_simple_cnn needs at least 6x6 pixels, "
+                             f"got {h}x{w}")
+        self.features = nn.Sequential(
+            nn.Conv2d(c, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Dropout(0.25))
+        self.classifier = nn.Sequential(
+            nn.Linear(64 * fh * fw, 128), nn.ReLU(), nn.Dropout(0.5), nn.Linear(128, num_classes))
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d | nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x).flatten(1))
