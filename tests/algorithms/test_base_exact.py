@@ -145,7 +145,25 @@ def test_needs_of_each_kind():
     assert _alg(requires=frozenset({"full_participation"})).needs(PARAMS) == {
         "full_participation"}
     assert set(NEEDS) == {"client_state", "uploads", "codec", "prepare", "round_info",
-                          "full_participation", "weighted_uploads"}
+                          "full_participation", "weighted_uploads", "privacy"}
+
+
+def test_privacy_is_a_declared_need():
+    """A private algorithm carries its mechanism in the typed ``privacy`` field (nothing
+    probes for it) and needs a driver that serves it; the asynchronous driver does not."""
+    from dataclasses import replace
+
+    from fedforge.sim.serves import ASYNC_SERVES
+
+    alg = _alg((Plain(),))
+    assert alg.privacy is None and "privacy" not in alg.needs(PARAMS)
+    private = replace(alg, privacy=object())  # any mechanism: needs asks only whether one is set
+    assert private.needs(PARAMS) == {"privacy"}
+    check_support(private, PARAMS, "f", "d", frozenset({"privacy"}))
+    with pytest.raises(ValueError, match=(
+            r"^method: 'toy' needs clipped and noised updates with a privacy ledger "
+            r"\(differential privacy\), which the fedbuff asynchronous driver cannot serve")):
+        check_support(private, PARAMS, "method", "fedbuff asynchronous driver", ASYNC_SERVES)
 
 
 def test_check_support_names_field_algorithm_driver_and_needs():

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -157,6 +157,7 @@ NEEDS = {
     "round_info": "per-client random inputs drawn each round",
     "full_participation": "every client in every round",
     "weighted_uploads": "part uploads averaged with the clients' sample counts",
+    "privacy": "clipped and noised updates with a privacy ledger (differential privacy)",
 }
 
 UPLOAD_SCALE = "upload_scale"
@@ -173,6 +174,37 @@ def check_support(algorithm: Algorithm, template: Params, field: str, driver: st
         what = ", ".join(NEEDS[n] for n in unserved)
         raise ValueError(f"{field}: {algorithm.name!r} needs {what}, which the {driver} "
                          f"cannot serve; choose another method or algorithm")
+
+
+class PrivacyMechanism(Protocol):
+    """What the engine and the runner ask of a differential-privacy mechanism.
+
+    ``fedforge.privacy`` implements it; it is declared here, with the algorithm that carries
+    it (:attr:`Algorithm.privacy`), so that neither the engine nor the runner imports the
+    privacy package to run a round, and nothing probes an algorithm for it."""
+
+    def sample_cohort(self, generator: torch.Generator) -> torch.Tensor:
+        """The round's cohort (Poisson sampling), sorted client ids."""
+
+    def aggregation_weights(self, weights: torch.Tensor) -> torch.Tensor:
+        """The weights of the cohort's deltas in the mean (central DP: fixed ``1/(qN)``)."""
+
+    def empty_round(self, algorithm: Algorithm, params: Params, server_state: ServerState,
+                    num_clients: int, round_: int) -> object:
+        """The engine's round result of a round whose cohort is empty (the server still
+        steps: central DP releases its noise and the accountant counts the round)."""
+
+    def step_grad(self, grad_and_loss: Callable, loss_fn: Callable, info: dict) -> Callable:
+        """``(params, x, y, w, step) -> (grads, loss)`` of one local step (DP-SGD)."""
+
+    def client_delta(self, delta: Params, broadcast: dict, info: dict) -> tuple[Params, dict]:
+        """The delta a client uploads (clipped, maybe noised) and its privacy uploads."""
+
+    def last_round(self, rounds: int) -> int:
+        """The last round whose spending stays within the target ε."""
+
+    def ledger_meta(self, rounds: int) -> dict:
+        """The checkpoint meta's privacy ledger after ``rounds`` rounds."""
 
 
 @dataclass(frozen=True)
@@ -196,6 +228,9 @@ class Algorithm:
     aggregation: str = "uniform"
     # needs the maths declares rather than the parts show (MARINA: full_participation)
     requires: frozenset[str] = frozenset()
+    # differential privacy (fedforge.privacy sets it on a private run's algorithm); the engine
+    # and the runner read this field, and a driver that cannot serve it refuses the need
+    privacy: PrivacyMechanism | None = None
 
     @property
     def needs_grad_sum(self) -> bool:
@@ -216,6 +251,8 @@ class Algorithm:
             needs.add("prepare")
         if self.round_info(2, torch.Generator().manual_seed(0)):
             needs.add("round_info")
+        if self.privacy is not None:
+            needs.add("privacy")
         return frozenset(needs)
 
     # --- client side -----------------------------------------------------------------

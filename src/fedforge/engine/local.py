@@ -143,7 +143,7 @@ def make_local_update(
                      else autograd_grad_and_value(loss_fn))
     opt = algorithm.local_optimizer
     keep_grad_sum = algorithm.needs_grad_sum
-    privacy = getattr(algorithm, "privacy", None)  # fedforge.privacy: DP-SGD, clipped deltas
+    privacy = algorithm.privacy  # fedforge.privacy: DP-SGD, clipped deltas
     keyed = is_keyed(loss_fn)  # dropout layers: masks from (client key, step, layer)
 
     def randomness(key: torch.Tensor | None, step: int):

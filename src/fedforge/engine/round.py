@@ -72,7 +72,7 @@ def federated_round(
     if agg_weights is None:  # in the model's dtype: a float64 run averages in float64
         agg_weights = torch.full((num_sampled,), 1.0 / max(num_sampled, 1),
                                  dtype=next(iter(params.values())).dtype, device=x_all.device)
-    if (privacy := getattr(algorithm, "privacy", None)) is not None:  # central DP: 1/(qN)
+    if (privacy := algorithm.privacy) is not None:  # central DP: 1/(qN)
         agg_weights = privacy.aggregation_weights(agg_weights)
         if num_sampled == 0:  # an empty Poisson cohort: the server step still runs (noise)
             return privacy.empty_round(algorithm, params, server_state, store.num_clients, round_)

@@ -149,7 +149,7 @@ def sample_round(exp: Setup, round_: int):
     gen = round_generator(cfg.seed, round_)
     num = min(cfg.server.clients_per_round, data.num_clients)
     client_ids = torch.randperm(data.num_clients, generator=gen)[:num].sort().values
-    if (privacy := getattr(exp.algorithm, "privacy", None)) is not None:  # Poisson, rate q
+    if (privacy := exp.algorithm.privacy) is not None:  # Poisson, rate q
         client_ids = privacy.sample_cohort(gen)
         num = len(client_ids)
     sizes = exp.client_sizes[client_ids]  # on the CPU, like the generator

@@ -169,7 +169,7 @@ class RoundsDriver:
         self._stop = False
 
     def load_state_dict(self, tensors: dict, state: RunState) -> None:
-        if getattr(self.exp.algorithm, "privacy", None) is not None:  # continue its ledger
+        if self.exp.algorithm.privacy is not None:  # continue its ledger
             from fedforge.privacy.algorithm import resume  # noqa: PLC0415 (optional extra)
 
             self.exp.algorithm = resume(
@@ -179,7 +179,7 @@ class RoundsDriver:
 
     def start(self) -> None:
         exp, cfg = self.exp, self.cfg
-        self.privacy = getattr(exp.algorithm, "privacy", None)
+        self.privacy = exp.algorithm.privacy
         if self.privacy is not None:  # stop at the target ε
             self.cfg = cfg = cfg.model_copy(update={"rounds": self.privacy.last_round(cfg.rounds)})
         if self.folder.writes:

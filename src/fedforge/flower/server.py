@@ -122,10 +122,11 @@ def _non_finite(view: ServerView) -> list[str]:
             and not bool(torch.isfinite(v).all())]
 
 
-FLOWER_SERVES: frozenset[str] = frozenset(NEEDS) - {"prepare", "weighted_uploads"}
+FLOWER_SERVES: frozenset[str] = frozenset(NEEDS) - {"prepare", "weighted_uploads", "privacy"}
 """The bridge carries client state (in each node's context), uploads, codec messages and
-round inputs; per-cohort preparation (FedPTR's trajectory matching) has no message, and
-uploads are averaged uniformly (no sample-count weighting of part uploads)."""
+round inputs; per-cohort preparation (FedPTR's trajectory matching) has no message,
+uploads are averaged uniformly (no sample-count weighting of part uploads), and updates go
+out plain (differential privacy runs in simulation only)."""
 
 
 def _check_supported(exp: Experiment, options: ServerOptions) -> None:

@@ -222,7 +222,7 @@ def _randn(like: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 class PrivateAlgorithm(Algorithm):
     """``algorithm`` under a privacy :class:`Mechanism` (same parts, one more server stage)."""
 
-    privacy: Mechanism | None = None
+    privacy: Mechanism | None = None  # Algorithm.privacy, narrowed to this package's type
 
     @cached_property
     def server(self) -> ServerChain:
@@ -278,7 +278,7 @@ def privatize(algorithm: Algorithm, mechanism: Mechanism, template: Params) -> P
     """``algorithm`` with ``mechanism`` (refused when DP is ill-defined for it)."""
     check_algorithm(algorithm, template, mechanism.cfg)
     kwargs = {f.name: getattr(algorithm, f.name) for f in fields(algorithm)}
-    return PrivateAlgorithm(**kwargs, privacy=mechanism)
+    return PrivateAlgorithm(**{**kwargs, "privacy": mechanism})
 
 
 def for_run(run, algorithm: Algorithm, num_clients: int, template: Params) -> PrivateAlgorithm:
