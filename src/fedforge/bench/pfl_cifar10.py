@@ -1,0 +1,329 @@
+"""``fedforge bench pfl-cifar10``: pfl-research's CIFAR-10 speed workload, run side by side.
+
+The workload is pfl-research's CIFAR-10 benchmark (its ``cifar10_iid`` baseline): 1000 users
+of 50 training images each, cohorts of 50, one local epoch of batches of 10 (5 SGD steps) at
+local learning rate 0.1, FedAvg with central learning rate 1 (the mean of the clients'
+models), and its ``simple_cnn`` (the zoo's ``pfl_simple_cnn``, 1,626,442 parameters). Each
+framework runs it the way its authors do:
+
+* ``fedforge`` (engine ``auto`` by default, or named engines: ``fedforge:procs``,
+  ``fedforge:loop`` ...): fedforge's FedAvg and engine through ``federated_round``;
+* ``pfl``: pfl-research's ``FederatedAveraging`` on its ``SimulatedBackend`` with a
+  ``PyTorchModel``, NHWC images transposed in the model as its benchmark feeds them, one
+  process using every core through intra-op threads (``--peer-python``: a Python that has
+  ``pfl`` and can import fedforge);
+* ``flower``: Flower's simulation engine, one supernode per user, one CPU and one thread per
+  client actor;
+* ``plain``: the same FedAvg as a hand-written PyTorch loop, split over as many
+  single-threaded worker processes as there are cores.
+
+All use the same users, cohorts (drawn from the seed and the iteration), batches (each
+user's images in order), initial weights and test set. Each framework runs in a fresh
+subprocess per group, and the groups go round-robin with the order rotated, so a slow
+minute of a shared machine falls on every framework alike. Reported: seconds per iteration
+(median over the timed iterations after the warm-up, central evaluation excluded), client
+updates per second, start-up seconds (launch to the first iteration), the first (warm-up)
+iteration, the peak memory of the framework's process tree (the sum of its
+processes' proportional set sizes, :func:`tree_memory`), test accuracy after the last
+iteration, and each ratio to fedforge's row. A framework that is not installed or fails
+gets a row saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+FRAMEWORKS = ("fedforge", "pfl", "flower", "plain")
+FEDFORGE_ENGINES = ("auto", "loop", "vmap", "procs")
+HEADER = ["framework", "runs as", "s / iteration", "client updates / s", "start-up s",
+          "first iteration s", "peak memory MiB", "accuracy", "time ÷ fedforge",
+          "start-up ÷ fedforge", "memory ÷ fedforge"]
+PFL_INSTALL = 'pip install "fedforge[bench]" (into its own environment: --peer-python)'
+
+
+@dataclass(frozen=True)
+class Workload:
+    """pfl-research's CIFAR-10 benchmark settings (``configs/baseline.yaml``)."""
+
+    users: int = 1000
+    per_user: int = 50
+    cohort: int = 50
+    epochs: int = 1
+    batch: int = 10
+    local_lr: float = 0.1
+    central_lr: float = 1.0
+    eval_batch: int = 10000
+    test_size: int = 10000
+    model: str = "pfl_simple_cnn"
+    seed: int = 0
+
+    @property
+    def steps(self) -> int:
+        """Local SGD steps per client: the user's epochs of whole batches."""
+        return self.epochs * (self.per_user // self.batch)
+
+
+PFL_CIFAR10 = Workload()
+QUICK = replace(PFL_CIFAR10, users=16, per_user=20, cohort=4, eval_batch=500, test_size=500)
+
+
+def cohort_ids(work: Workload, iteration: int) -> list[int]:
+    """The users of iteration ``iteration`` (1-based): the same in every framework."""
+    rng = np.random.default_rng([work.seed, iteration])
+    return [int(u) for u in rng.choice(work.users, work.cohort, replace=False)]
+
+
+def user_rows(work: Workload, user: int) -> range:
+    """Rows of the prepared training arrays holding ``user``'s images, in batch order."""
+    return range(user * work.per_user, (user + 1) * work.per_user)
+
+
+# --- data: prepared once per command, read by every subprocess ------------------------------
+
+
+def prepare_data(work: Workload, data_root: str | Path | None, folder: Path,
+                 synthetic_ok: bool) -> dict:
+    """Write the users' training images (uint8, NCHW, user after user), their labels and the
+    test set to ``folder``; returns the per-channel mean and std of the training images
+    (pfl-research normalises with them) and where the data came from. Without CIFAR-10 under
+    the data root (``--data-root``, else ``$FEDFORGE_DATA``), random images when
+    ``synthetic_ok`` (``--quick``), else a one-line error."""
+    from fedforge.data.base import find_dataset_dir
+    from fedforge.data.images import load_cifar_split
+    from fedforge.data.root import resolve_data_root
+
+    try:
+        src = find_dataset_dir(resolve_data_root(data_root).path, "cifar10", "train_labels.npy")
+        tr_x, tr_y = load_cifar_split(src, "train")
+        te_x, te_y = load_cifar_split(src, "test")
+        source = "CIFAR-10"
+    except (OSError, ValueError) as exc:
+        if not synthetic_ok:
+            raise ValueError(f"--data-root: no CIFAR-10 found ({exc})") from None
+        g = np.random.default_rng(work.seed)
+        n = work.users * work.per_user
+        tr_x = g.integers(0, 256, (n, 3, 32, 32), dtype=np.uint8)
+        tr_y = g.integers(0, 10, n).astype(np.uint8)
+        te_x = g.integers(0, 256, (work.test_size, 3, 32, 32), dtype=np.uint8)
+        te_y = g.integers(0, 10, work.test_size).astype(np.uint8)
+        source = "synthetic random images (no CIFAR-10 found)"
+    need = work.users * work.per_user
+    if need > len(tr_x):
+        raise ValueError(f"workload: {work.users} users x {work.per_user} images need {need} "
+                         f"training images, the data has {len(tr_x)}")
+    order = np.random.default_rng(work.seed).permutation(len(tr_x))[:need]  # iid users
+    x = tr_x[order]
+    folder.mkdir(parents=True, exist_ok=True)
+    np.save(folder / "train_x.npy", x)
+    np.save(folder / "train_y.npy", tr_y[order].astype(np.int64))
+    np.save(folder / "test_x.npy", te_x[:work.test_size])
+    np.save(folder / "test_y.npy", te_y[:work.test_size].astype(np.int64))
+    scaled = x.astype(np.float64) / 255.0
+    return {"mean": scaled.mean(axis=(0, 2, 3)).tolist(),
+            "std": scaled.std(axis=(0, 2, 3)).tolist(), "source": source}
+
+
+# --- running the frameworks -----------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """One framework's run in one group, as its subprocess reported it."""
+
+    framework: str
+    label: str = ""
+    iteration_s: list | None = None
+    first_s: float | None = None
+    startup_s: float | None = None
+    accuracy: float | None = None
+    peak_rss: int = 0
+    versions: dict | None = None
+    error: str | None = None
+
+
+def parse_frameworks(text: str) -> list[str]:
+    """``--engines`` for this workload: ``fedforge[:engine]``, ``pfl``, ``flower``,
+    ``plain``; a one-line ``ValueError`` naming the option otherwise."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise ValueError("--engines: no framework given")
+    for name in names:
+        base, _, engine = name.partition(":")
+        if base not in FRAMEWORKS or (engine and (base != "fedforge"
+                                                  or engine not in FEDFORGE_ENGINES)):
+            raise ValueError(f"--engines: unknown entry {name!r}; expected fedforge[:"
+                             f"{'|'.join(FEDFORGE_ENGINES)}], pfl, flower or plain")
+    if len(set(names)) != len(names):
+        raise ValueError(f"--engines: an entry is named twice in {text!r}")
+    return names
+
+
+def missing(framework: str, peer_python: str) -> str | None:
+    """Why ``framework`` cannot run here ("not installed ..."), or None."""
+    if framework == "pfl":
+        probe = subprocess.run([peer_python, "-c", "import pfl, fedforge"],
+                               capture_output=True, text=True, check=False)
+        if probe.returncode != 0:
+            return f"not installed ({peer_python} cannot import pfl and fedforge; "\
+                   f"{PFL_INSTALL})"
+    if framework == "flower":
+        from fedforge.bench.flower_w1 import INSTALL, flower_missing
+
+        if (module := flower_missing()) is not None:
+            return f"not installed (no module {module!r}; {INSTALL})"
+    return None
+
+
+def tree_memory(pid: int) -> int:
+    """Memory of ``pid`` and all its descendants, from ``/proc``: the sum of their
+    proportional set sizes (PSS: a page shared by k processes counts 1/k in each, so data in
+    shared memory counts once), or of their RSS where PSS cannot be read; 0 where absent."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    total, todo = 0, [pid]
+    page = os.sysconf("SC_PAGE_SIZE")
+    while todo:
+        p = todo.pop()
+        todo += children.get(p, [])
+        total += _pss(p) or _rss(p, page)
+    return total
+
+
+def _pss(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _rss(pid: int, page: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def run_one(name: str, spec: dict, folder: Path, python: str, timeout_s: float) -> Run:
+    """``name`` in a fresh subprocess of ``python``; polls its process tree's memory."""
+    spec_path, out_path = folder / f"{name.replace(':', '-')}.spec.json", folder / "result.json"
+    out_path.unlink(missing_ok=True)
+    spec_path.write_text(json.dumps({**spec, "framework": name, "launched": time.time()}))
+    log = folder / f"{name.replace(':', '-')}.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen([python, "-m", "fedforge.bench.pfl_cifar10_run",
+                                 str(spec_path), str(out_path)], stdout=err, stderr=err,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        peak, end = 0, time.monotonic() + timeout_s
+        while proc.poll() is None:
+            peak = max(peak, tree_memory(proc.pid))
+            if time.monotonic() > end:
+                proc.kill()
+                proc.wait()
+                return Run(name, error=f"failed: ran past {timeout_s:.0f} s")
+            time.sleep(0.1)
+    if proc.returncode != 0 or not out_path.is_file():
+        lines = [ln for ln in log.read_text().splitlines() if ln.strip()]
+        return Run(name, error=f"failed: {lines[-1][:160] if lines else proc.returncode}")
+    res = json.loads(out_path.read_text())
+    return Run(name, res["label"], res["iteration_s"], res["first_s"], res["startup_s"],
+               res["accuracy"], peak, res.get("versions", {}))
+
+
+def run_pfl_cifar10(frameworks: list[str], out: Path, *, data_root: str | Path | None = None,
+                    groups: int = 3, warmup: int = 1, iterations: int = 5, quick: bool = False,
+                    precision: str = "fp32", peer_python: str | None = None,
+                    timeout_s: float = 3600.0) -> tuple[list[list[object]], str]:
+    """Rows of :data:`HEADER` and a note (workload, data, load, versions) for the table."""
+    if groups < 1 or warmup < 0 or iterations < 1:
+        raise ValueError("--groups and --iterations must be at least 1, --warmup at least 0")
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"--precision: expected fp32 or bf16, got {precision!r}")
+    work = QUICK if quick else PFL_CIFAR10
+    peer_python = peer_python or sys.executable
+    out.mkdir(parents=True, exist_ok=True)
+    load_before = os.getloadavg()
+    data = prepare_data(work, data_root, out / "data", synthetic_ok=quick)
+    spec = {"work": asdict(work), "data": str((out / "data").resolve()), "mean": data["mean"],
+            "std": data["std"], "warmup": warmup, "iterations": iterations,
+            "precision": precision}
+    why = {f: missing(f, peer_python) for f in {n.partition(":")[0] for n in frameworks}}
+    runs: dict[str, list[Run]] = {n: [] for n in frameworks}
+    for g in range(groups):
+        order = frameworks[g % len(frameworks):] + frameworks[:g % len(frameworks)]
+        for name in order:
+            base = name.partition(":")[0]
+            if why[base] is None:
+                python = peer_python if base == "pfl" else sys.executable
+                runs[name].append(run_one(name, spec, out, python, timeout_s))
+    rows = summarize(frameworks, runs, why, work)
+    versions: dict = {}
+    for group in runs.values():
+        for r in group:
+            versions.update(r.versions or {})
+    note = (f"Workload: {work.users} users x {work.per_user} images, cohort {work.cohort}, "
+            f"{work.epochs} epoch of batch {work.batch} ({work.steps} steps), local lr "
+            f"{work.local_lr}, FedAvg (central lr {work.central_lr}), {work.model}, "
+            f"{precision}; data: {data['source']}, test set {work.test_size}. Groups: "
+            f"{groups}, each ({warmup} warm-up + {iterations} timed iterations) per framework, each "
+            f"in a fresh process, round-robin. Cores: {os.cpu_count()}; load average "
+            f"(1, 5, 15 min) before {_load(load_before)}, after {_load(os.getloadavg())}. "
+            f"Versions: {', '.join(f'{k} {v}' for k, v in sorted(versions.items()))}.")
+    return rows, note
+
+
+def _load(avg: tuple[float, float, float]) -> str:
+    return "/".join(f"{v:.2f}" for v in avg)
+
+
+def summarize(frameworks: list[str], runs: dict[str, list[Run]], why: dict,
+              work: Workload) -> list[list[object]]:
+    """One row per framework: medians over its groups' timed iterations, the peak memory
+    over its groups; ratios to the first fedforge row that ran."""
+    stats: dict[str, dict] = {}
+    for name in frameworks:
+        ok = [r for r in runs[name] if r.error is None]
+        if ok:
+            stats[name] = {
+                "label": ok[-1].label,
+                "it": statistics.median(t for r in ok for t in r.iteration_s or []),
+                "start": statistics.median(r.startup_s for r in ok),
+                "first": statistics.median(r.first_s for r in ok),
+                "rss": max(r.peak_rss for r in ok) / 2**20,
+                "acc": statistics.median(r.accuracy for r in ok)}
+    ref = next((stats[n] for n in frameworks if n.startswith("fedforge") and n in stats), None)
+    rows: list[list[object]] = []
+    for name in frameworks:
+        if name not in stats:
+            base = name.partition(":")[0]
+            errors = [r.error for r in runs[name] if r.error]
+            reason = why.get(base) or (errors[0] if errors else "not run")
+            rows.append([name, reason] + [None] * (len(HEADER) - 2))
+            continue
+        s = stats[name]
+
+        def ratio(key: str, s=s) -> float | None:
+            return None if ref is None or not ref[key] else round(s[key] / ref[key], 2)
+
+        rows.append([name, s["label"], round(s["it"], 3), round(work.cohort / s["it"], 1),
+                     round(s["start"], 2), round(s["first"], 2), round(s["rss"]),
+                     round(s["acc"], 4), ratio("it"), ratio("start"), ratio("rss")])
+    return rows

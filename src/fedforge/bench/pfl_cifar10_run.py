@@ -1,0 +1,371 @@
+"""One framework's run of ``fedforge bench pfl-cifar10``, in its own fresh process.
+
+``python -m fedforge.bench.pfl_cifar10_run SPEC OUT`` reads the spec the parent wrote
+(:mod:`fedforge.bench.pfl_cifar10`), runs the warm-up and timed iterations with the named
+framework and writes ``OUT``: seconds of each timed iteration, of the warm-up (first)
+iteration, start-up seconds (the parent's launch to the first iteration's start), test
+accuracy after the last iteration, what ran and the versions. Central evaluation happens
+after the timed iterations in every framework and is never timed.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedforge.bench.pfl_cifar10 import Workload, cohort_ids, user_rows
+from fedforge.bench.plain_fl import test_accuracy
+from fedforge.models import build_model
+
+
+class Data:
+    """The prepared arrays, normalised with the training set's channel statistics."""
+
+    def __init__(self, spec: dict, train: bool = True) -> None:
+        folder = Path(spec["data"])
+        mean = np.asarray(spec["mean"], np.float32).reshape(1, 3, 1, 1)
+        std = np.asarray(spec["std"], np.float32).reshape(1, 3, 1, 1)
+        self.norm = (mean, std)
+        if train:  # Flower's driver process only evaluates
+            self.x = self.images(np.load(folder / "train_x.npy", mmap_mode="r"))
+            self.y = torch.from_numpy(np.load(folder / "train_y.npy"))
+        self.test_x = self.images(np.load(folder / "test_x.npy", mmap_mode="r"))
+        self.test_y = torch.from_numpy(np.load(folder / "test_y.npy"))
+
+    def images(self, raw: np.ndarray) -> torch.Tensor:
+        mean, std = self.norm
+        return torch.from_numpy(((raw.astype(np.float32) / 255.0 - mean) / std)
+                                .astype(np.float32))
+
+
+def initial_model(work: Workload) -> nn.Module:
+    """The zoo's model with the seed's initial weights: the same in every framework."""
+    torch.manual_seed(work.seed)
+    return build_model(work.model, (3, 32, 32), 10)
+
+
+def batches(work: Workload, user: int) -> list[torch.Tensor]:
+    """The user's local epochs as rows of the training arrays, batch after batch."""
+    rows = torch.arange(user_rows(work, user).start, user_rows(work, user).stop)
+    usable = (work.per_user // work.batch) * work.batch
+    return [b for _ in range(work.epochs) for b in rows[:usable].split(work.batch)]
+
+
+def autocast(precision: str):
+    return torch.autocast("cpu", torch.bfloat16, enabled=precision == "bf16")
+
+
+def train_user(model: nn.Module, data: Data, work: Workload, user: int, precision: str) -> None:
+    """Local SGD over the user's batches, ``torch.optim.SGD`` as most FL code writes it."""
+    opt = torch.optim.SGD(model.parameters(), lr=work.local_lr)
+    model.train()
+    for b in batches(work, user):
+        opt.zero_grad(set_to_none=True)
+        with autocast(precision):
+            logits = model(data.x[b])
+        F.cross_entropy(logits.float(), data.y[b]).backward()
+        opt.step()
+
+
+class Clock:
+    """Stamps at iteration boundaries -> start-up, first and timed iteration seconds."""
+
+    def __init__(self, launched: float) -> None:
+        self.launched = launched
+        self.stamps: list[float] = []  # perf_counter at the start, then after each iteration
+        self.wall0 = 0.0
+
+    def stamp(self) -> None:
+        if not self.stamps:
+            self.wall0 = time.time()
+        self.stamps.append(time.perf_counter())
+
+    def result(self, warmup: int) -> dict:
+        its = np.diff(self.stamps).tolist()
+        return {"startup_s": self.wall0 - self.launched, "first_s": its[0],
+                "iteration_s": its[warmup:] if len(its) > warmup else its[-1:]}
+
+
+# --- the frameworks -------------------------------------------------------------------------
+
+
+def run_fedforge(spec: dict, work: Workload, data: Data, clock: Clock
+                 ) -> tuple[nn.Module, str, dict]:
+    """fedforge's FedAvg (server lr = central lr) and engine through ``federated_round``."""
+    from fedforge.algorithms import build_algorithm
+    from fedforge.core.store import ClientStore
+    from fedforge.engine import AutoEngine, build_engine, classification_loss
+    from fedforge.engine.round import federated_round
+
+    model = initial_model(work)
+    engine_name = spec["framework"].partition(":")[2] or "auto"
+    rounds = spec["warmup"] + spec["iterations"]
+    engine = (AutoEngine(budget_updates=rounds * work.cohort) if engine_name == "auto"
+              else build_engine(engine_name))
+    algo = build_algorithm("fedavg", local_lr=work.local_lr, server_lr=work.central_lr)
+    loss_fn = classification_loss(model, spec["precision"])
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    state = algo.server_init(params)
+    store = ClientStore(work.users, {})
+    weights = torch.ones(work.cohort, work.steps, work.batch)
+    try:
+        clock.stamp()
+        for t in range(1, rounds + 1):
+            ids = cohort_ids(work, t)
+            idx = torch.stack([torch.stack(batches(work, u)) for u in ids])
+            res = federated_round(algo, engine, loss_fn, params, state, store,
+                                  torch.tensor(ids), data.x, data.y, idx, weights, round_=t,
+                                  seed=work.seed)
+            params, state = res.params, res.server_state
+            clock.stamp()
+        label = (engine.report().get("engine_auto", "auto") if engine_name == "auto"
+                 else engine_name)
+    finally:
+        engine.close()
+    model.load_state_dict(params, strict=False)
+    return model, f"{label}, {torch.get_num_threads()} threads", {}
+
+
+def run_plain(spec: dict, work: Workload, data: Data, clock: Clock
+              ) -> tuple[nn.Module, str, dict]:
+    """The hand-written loop over single-threaded worker processes, one per core; the
+    training images reach them once, through shared memory."""
+    from fedforge.engine.distributed import shard_bounds
+    from fedforge.engine.procs import WorkerPool, default_workers
+
+    model = initial_model(work)
+    n = default_workers()
+    with WorkerPool(n, _PlainWorker, spec, data.x, data.y, name="plain worker") as pool:
+        clock.stamp()
+        for t in range(1, spec["warmup"] + spec["iterations"] + 1):
+            ids = cohort_ids(work, t)
+            state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            shards = [ids[lo:hi] for lo, hi in (shard_bounds(len(ids), r, n) for r in range(n))]
+            parts = pool.call("train", [(state, s) for s in shards if s])
+            mean = {k: sum(p[k] for p in parts) / len(ids) for k in state}
+            model.load_state_dict({k: state[k] + work.central_lr * (mean[k] - state[k])
+                                   for k in state})
+            clock.stamp()
+    return model, f"{n} processes x 1 thread", {}
+
+
+class _PlainWorker:
+    """A plain-loop worker: the data and a model; trains the users it is sent."""
+
+    def __init__(self, spec: dict, x: torch.Tensor, y: torch.Tensor) -> None:
+        torch.set_num_threads(1)
+        self.spec, self.work = spec, Workload(**spec["work"])
+        self.data = Data(spec, train=False)
+        self.data.x, self.data.y = x, y
+        self.model = initial_model(self.work)
+
+    def __call__(self, task: str, payload) -> dict:
+        state, users = payload
+        acc = {k: torch.zeros_like(v) for k, v in state.items()}
+        for u in users:
+            self.model.load_state_dict(state)
+            train_user(self.model, self.data, self.work, u, self.spec["precision"])
+            for k, v in self.model.state_dict().items():
+                acc[k] += v.detach()
+        return acc
+
+
+class _NHWC(nn.Module):
+    """pfl-research's benchmark feeds NHWC images and transposes them in the model."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x.permute(0, 3, 1, 2))
+
+    def loss(self, inputs, targets, eval: bool = False):  # noqa: A002 - pfl's signature
+        self.eval() if eval else self.train()
+        return F.cross_entropy(self(inputs), targets.long())
+
+    @torch.no_grad()
+    def metrics(self, inputs, targets, eval: bool = True):  # noqa: A002
+        from pfl.metrics import Weighted
+
+        self.eval() if eval else self.train()
+        logits = self(inputs)
+        correct = float((logits.argmax(-1) == targets.long()).sum())
+        loss = float(F.cross_entropy(logits, targets.long(), reduction="sum"))
+        return {"loss": Weighted(loss, len(inputs)), "accuracy": Weighted(correct, len(inputs))}
+
+
+def run_pfl(spec: dict, work: Workload, data: Data, clock: Clock
+            ) -> tuple[nn.Module, str, dict]:
+    """pfl-research's FedAvg, set up as its image-classification benchmark does."""
+    try:
+        from pfl.aggregate.simulate import SimulatedBackend
+        from pfl.aggregate.weighting import WeightByUser
+        from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
+        from pfl.callback.base import TrainingProcessCallback
+        from pfl.data.federated_dataset import FederatedDataset
+        from pfl.data.sampling import get_user_sampler
+        from pfl.hyperparam import NNEvalHyperParams, NNTrainHyperParams
+        from pfl.metrics import Metrics
+        from pfl.model.pytorch import PyTorchModel
+        from pfl.privacy import CentrallyAppliedPrivacyMechanism, NoPrivacy
+    except ImportError as e:  # the parent checks first; this is for a direct call
+        raise RuntimeError('the pfl row needs pip install "fedforge[bench]"') from e
+
+    net = _NHWC(initial_model(work))
+    rounds = spec["warmup"] + spec["iterations"]
+    x_nhwc = data.x.permute(0, 2, 3, 1).contiguous()
+    rows = [slice(user_rows(work, u).start, user_rows(work, u).stop) for u in range(work.users)]
+    users = {u: [x_nhwc[r], data.y[r]] for u, r in enumerate(rows)}
+    order = iter([u for t in range(1, rounds + 1) for u in cohort_ids(work, t)])
+    train = FederatedDataset.from_slices(users, lambda: next(order))
+    test_nhwc = data.test_x.permute(0, 2, 3, 1).contiguous()
+    val_users = {0: [test_nhwc, data.test_y]}
+    val = FederatedDataset.from_slices(val_users, get_user_sampler("random", [0]))
+    params = [p for p in net.parameters() if p.requires_grad]
+    amp = torch.bfloat16 if spec["precision"] == "bf16" else None
+    model = PyTorchModel(model=net, local_optimizer_create=torch.optim.SGD,
+                         central_optimizer=torch.optim.SGD(params, work.central_lr),
+                         amp_dtype=amp)
+    backend = SimulatedBackend(training_data=train, val_data=val, postprocessors=[
+        WeightByUser(), NoPrivacy(), CentrallyAppliedPrivacyMechanism(NoPrivacy())])
+
+    class Stamps(TrainingProcessCallback):
+        def on_train_begin(self, *, model):
+            clock.stamp()
+            return Metrics()
+
+        def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):
+            clock.stamp()
+            return False, Metrics()
+
+    FederatedAveraging().run(
+        algorithm_params=NNAlgorithmParams(central_num_iterations=rounds,
+                                           evaluation_frequency=10,
+                                           train_cohort_size=work.cohort, val_cohort_size=0),
+        backend=backend, model=model,
+        model_train_params=NNTrainHyperParams(local_learning_rate=work.local_lr,
+                                              local_num_epochs=work.epochs,
+                                              local_batch_size=work.batch),
+        model_eval_params=NNEvalHyperParams(local_batch_size=work.eval_batch),
+        callbacks=[Stamps()])
+    return net.net, f"1 process, {torch.get_num_threads()} threads", {"pfl": md.version("pfl")}
+
+
+_ACTOR: dict = {}  # per Flower actor process: the data and a model, loaded once
+
+
+def run_flower(spec: dict, work: Workload, data: Data, clock: Clock
+               ) -> tuple[nn.Module, str, dict]:
+    """Flower's FedAvg on its simulation engine: one supernode per user, the cohort's
+    nodes trained each round, one CPU and one thread per client actor."""
+    try:
+        from flwr.app import (
+            ArrayRecord,
+            ConfigRecord,
+            Context,
+            Message,
+            MessageType,
+            MetricRecord,
+            RecordDict,
+        )
+        from flwr.clientapp import ClientApp
+        from flwr.serverapp import Grid, ServerApp
+        from flwr.serverapp.strategy import FedAvg
+        from flwr.simulation import run_simulation
+    except ImportError as e:  # the parent checks first; this is for a direct call
+        raise RuntimeError('the flower row needs pip install "fedforge[bench]"') from e
+
+    net = initial_model(work)
+    rounds = spec["warmup"] + spec["iterations"]
+    state: dict = {}
+    client_app = ClientApp()
+
+    def actor() -> tuple[Data, nn.Module]:
+        if not _ACTOR:
+            torch.set_num_threads(1)
+            _ACTOR.update(data=Data(spec), net=initial_model(work))
+        return _ACTOR["data"], _ACTOR["net"]
+
+    @client_app.query()
+    def query(msg: Message, context: Context) -> Message:
+        pid = int(context.node_config["partition-id"])
+        return Message(RecordDict({"config": ConfigRecord({"partition-id": pid})}),
+                       reply_to=msg)
+
+    @client_app.train()
+    def train(msg: Message, context: Context) -> Message:
+        data, cnet = actor()
+        user = int(context.node_config["partition-id"])
+        cnet.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        train_user(cnet, data, work, user, spec["precision"])
+        return Message(RecordDict({"arrays": ArrayRecord(cnet.state_dict()),
+                                   "metrics": MetricRecord({"num-examples": work.per_user})}),
+                       reply_to=msg)
+
+    class CohortFedAvg(FedAvg):
+        """Flower's FedAvg on the nodes of the benchmark's cohort."""
+
+        def configure_train(self, server_round, arrays, config, grid):
+            return [Message(RecordDict({"arrays": arrays, "config": ConfigRecord(
+                        {"server-round": server_round})}), dst_node_id=state["node_of"][u],
+                            message_type=MessageType.TRAIN)
+                    for u in cohort_ids(work, server_round)]
+
+    def evaluate_fn(server_round: int, arrays):
+        clock.stamp()
+        if server_round == rounds:
+            net.load_state_dict(arrays.to_torch_state_dict())
+        return None
+
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid: Grid, context: Context) -> None:
+        nodes: list[int] = []
+        while len(nodes) < work.users:
+            nodes = sorted(grid.get_node_ids())
+            time.sleep(0.05)
+        ask = [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n,
+                       message_type=MessageType.QUERY) for n in nodes]
+        state["node_of"] = {int(m.content["config"]["partition-id"]): m.metadata.src_node_id
+                            for m in grid.send_and_receive(ask) if not m.has_error()}
+        strategy = CohortFedAvg(fraction_evaluate=0.0)
+        strategy.start(grid=grid, initial_arrays=ArrayRecord(net.state_dict()),
+                       num_rounds=rounds, evaluate_fn=evaluate_fn)
+
+    run_simulation(server_app=server_app, client_app=client_app, num_supernodes=work.users,
+                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+    from fedforge.engine.procs import default_workers
+
+    return net, f"{default_workers()} actors x 1 thread", {"flwr": md.version("flwr")}
+
+
+RUNNERS = {"fedforge": run_fedforge, "plain": run_plain, "pfl": run_pfl, "flower": run_flower}
+
+
+def main(spec_path: str, out_path: str) -> None:
+    """Run the spec's framework and write its result (see the module docstring)."""
+    spec = json.loads(Path(spec_path).read_text())
+    work = Workload(**spec["work"])
+    clock = Clock(spec["launched"])
+    framework = spec["framework"].partition(":")[0]
+    data = Data(spec, train=framework != "flower")
+    model, label, versions = RUNNERS[framework](spec, work, data, clock)
+    model.eval()
+    acc = test_accuracy(model, data.test_x, data.test_y, work.eval_batch)
+    Path(out_path).write_text(json.dumps({
+        **clock.result(spec["warmup"]), "label": label, "accuracy": acc,
+        "versions": {"torch": torch.__version__, **versions}}))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
