@@ -14,6 +14,7 @@ from fedforge.algorithms.feddyn import feddyn
 from fedforge.algorithms.fedexp import fedexp
 from fedforge.algorithms.fedopt import fedadagrad, fedadam, fedams, fedyogi
 from fedforge.algorithms.fedptr import fedptr, fedptr_s
+from fedforge.algorithms.personal import PERSONAL_ALGORITHMS
 from fedforge.algorithms.scaffold import scaffold
 
 ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
@@ -40,6 +41,7 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
     "topk_ef": topk_ef,
     "onebit_adam": onebit_adam,
     "marina": marina,
+    **PERSONAL_ALGORITHMS,  # personalised FL (docs/personalised.md)
 }
 
 

@@ -144,6 +144,8 @@ def make_local_update(
     opt = algorithm.local_optimizer
     keep_grad_sum = algorithm.needs_grad_sum
     privacy = algorithm.privacy  # fedforge.privacy: DP-SGD, clipped deltas
+    # personalised FL (fedforge.algorithms.personal): where the round starts, what is sent
+    personal = getattr(algorithm, "personal", None)
     keyed = is_keyed(loss_fn)  # dropout layers: masks from (client key, step, layer)
 
     def randomness(key: torch.Tensor | None, step: int):
@@ -152,33 +154,43 @@ def make_local_update(
     def local_update(global_params, broadcast, client_state, info, xs, ys, ws) -> LocalResult:
         # xs: [steps, batch, ...], ys: [steps, batch], ws: [steps, batch]
         ctx = RoundContext(global_params, broadcast, client_state, info)
-        state = opt.init(global_params, ctx)
-        params = global_params
-        dtype = next(iter(global_params.values())).dtype  # float64 runs count in float64
-        loss_sum = torch.zeros((), dtype=dtype, device=ws.device)
-        steps = torch.zeros((), dtype=dtype, device=ws.device)
-        grad_sum = tree_zeros_like(global_params) if keep_grad_sum else None
         step_grad = None if privacy is None else privacy.step_grad(grad_and_loss, loss_fn, info)
         key = info.get(CLIENT_KEY) if keyed else None
         if keyed and key is None:
             key = no_key(ws.device)
-        for k in range(xs.shape[0]):
-            with randomness(key, k):
-                grads, loss = (grad_and_loss(params, xs[k], ys[k], ws[k]) if step_grad is None
-                               else step_grad(params, xs[k], ys[k], ws[k], k))
-            new_params, new_state = local_step(opt, grads, state, params, ctx)
-            if masked:
-                active = ws[k].sum() > 0
-                params = tree_where(active, new_params, params)
-                state = tree_where(active, new_state, state)
-                a = active.to(loss.dtype)
-            else:
-                params, state, a = new_params, new_state, 1.0
-            loss_sum = loss_sum + a * loss.detach()
-            steps = steps + a
-            if grad_sum is not None:
-                grad_sum = tree_map2(lambda s, g, a=a: s + a * g, grad_sum, grads)
+
+        def train(params, opt, ctx, passes=1):  # the masked step loop, ``passes`` times over
+            state = opt.init(params, ctx)
+            dtype = next(iter(params.values())).dtype  # float64 runs count in float64
+            loss_sum = torch.zeros((), dtype=dtype, device=ws.device)
+            steps = torch.zeros((), dtype=dtype, device=ws.device)
+            grad_sum = tree_zeros_like(params) if keep_grad_sum else None
+            for k in [k for _ in range(passes) for k in range(xs.shape[0])]:
+                with randomness(key, k):
+                    grads, loss = (grad_and_loss(params, xs[k], ys[k], ws[k])
+                                   if step_grad is None
+                                   else step_grad(params, xs[k], ys[k], ws[k], k))
+                new_params, new_state = local_step(opt, grads, state, params, ctx)
+                if masked:
+                    active = ws[k].sum() > 0
+                    params = tree_where(active, new_params, params)
+                    state = tree_where(active, new_state, state)
+                    a = active.to(loss.dtype)
+                else:
+                    params, state, a = new_params, new_state, 1.0
+                loss_sum = loss_sum + a * loss.detach()
+                steps = steps + a
+                if grad_sum is not None:
+                    grad_sum = tree_map2(lambda s, g, a=a: s + a * g, grad_sum, grads)
+            return params, state, loss_sum, steps, grad_sum
+
+        start = global_params
+        if personal is not None:  # the shared leaves + the client's own; earlier phases
+            start, ctx = personal.begin(train, ctx)
+        params, state, loss_sum, steps, grad_sum = train(start, opt, ctx)
         delta = tree_sub(global_params, params)
+        if personal is not None:  # the client's own leaves are never sent
+            delta = personal.shared(delta)
         if privacy is not None:  # clipped (central) or clipped and noised (local) upload
             delta, dp_uploads = privacy.client_delta(delta, broadcast, info)
         fin = FinalizeInputs(ctx, delta, params, state, grad_sum, steps)

@@ -26,6 +26,7 @@ from fedforge.experiment.config_io import (
     parse_toml,
     parse_yaml,
 )
+from fedforge.models import head_patterns
 from fedforge.privacy.checks import check_privacy
 from fedforge.privacy.config import PrivacyConfig
 from fedforge.sim.population import FEDAST_SPEED_CLASSES
@@ -53,6 +54,9 @@ class ModelConfig(_Section):
     options: dict[str, Any] = Field(default_factory=dict)
     # start from saved weights: a .safetensors file or a run folder (docs/safl.md)
     init_from: str | None = None
+    # the head of the body/head split of personalised methods, as parameter-name patterns
+    # ("fc2.*", "re:..."); none: the zoo model's declared head (docs/personalised.md)
+    head: list[str] | None = None
 
 
 class AlgorithmConfig(BaseModel):
@@ -102,6 +106,10 @@ class EvalConfig(_Section):
     per_client: bool = True  # also the mean over clients' own test sets (natural splits)
     # multi-task: n evenly spaced test samples (every N // n-th; some test files are class-sorted)
     max_test_samples: int | None = Field(default=None, ge=1)
+    # population datasets (synthetic_population): evaluate on this many sampled clients
+    # (default 1000), and never train the held_out highest client ids (docs/scale.md)
+    clients: int | None = Field(default=None, ge=1)
+    held_out: int = Field(default=0, ge=0)
 
 
 class EngineConfig(_Section):
@@ -338,6 +346,11 @@ def algorithm_kwargs(cfg: RunConfig) -> dict[str, Any]:
         if hparam in kwargs:
             raise ConfigError(f"client.{key}: also given as algorithm.{hparam}; set one of them")
         kwargs[hparam] = value
+    head = cfg.model.head if cfg.model.head is not None else head_patterns(cfg.model.name)
+    if "head" in allowed and "head" not in kwargs and head is not None:  # the model's split
+        kwargs["head"] = list(head)
+    elif cfg.model.head is not None and "head" not in allowed:
+        raise ConfigError(f"model.head: algorithm {cfg.algorithm.name!r} has no body/head split")
     return kwargs
 
 

@@ -37,6 +37,30 @@ MODELS: dict[str, tuple[type[nn.Module], str]] = {
 }
 
 
+HEADS: dict[str, tuple[str, ...]] = {
+    "logreg": ("linear.*",),
+    "mlp": ("net.4.*",),
+    "cnn": ("classifier.2.*",),
+    "lenet5": ("classifier.4.*",),
+    "simple_cnn": ("classifier.3.*",),
+    "pfl_simple_cnn": ("classifier.3.*",),
+    "resnet18_gn": ("fc.*",),
+    "convnet": ("classifier.*",),
+    "char_lstm": ("fc.*",),
+    "text_classifier": ("mlp.2.*",),
+    "transformer_tiny": ("head.*",),
+    "transformer_lm": ("head.*",),
+}
+"""Each zoo model's head (its final classifier layer) as ``named_parameters`` patterns: the
+body/head split of personalised methods (FedPer, FedRep, ...); ``[model] head`` overrides it."""
+
+
+def head_patterns(name: str) -> tuple[str, ...] | None:
+    """The declared head of zoo model ``name`` (``None`` for a model that declares none)."""
+    return HEADS.get(name)
+
+
+
 def build_model(
     name: str, input_shape: Sequence[int], num_classes: int, **kwargs: Any
 ) -> nn.Module:
@@ -73,6 +97,8 @@ __all__ = [
     "TextClassifier",
     "TransformerLM",
     "TransformerTiny",
+    "HEADS",
     "build_model",
+    "head_patterns",
     "num_parameters",
 ]

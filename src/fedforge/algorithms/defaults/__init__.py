@@ -147,6 +147,13 @@ _COMPRESSION = ours(100.0, "d/b = 100 is the SAFL paper's 99 % compression point
                            "(App. D: b = 4e5 for d ≈ 4e7)")
 _SEED = ours(0, "any fixed seed; shared randomness is rebuilt from (seed, round)")
 
+PFLLIB = "TsingZ0/PFLlib system/"
+FLBENCH = "KarhouTam/FL-bench"
+_HEAD = ours(None, "the model's body/head split: [model] head, else the model's last layer "
+                   "(every zoo model declares it)")
+_FT_STEPS = ours(10, "PFLlib's FedBABU fine-tunes 10 epochs (main.py: fine_tuning_epochs); "
+                     "fedforge counts steps so every client costs the same at evaluation")
+
 ALGORITHM_DEFAULTS: dict[str, dict[str, Default]] = {
     "fedavg": {
         **_sgd_client(),
@@ -276,6 +283,32 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Default]] = {
         "compression": _COMPRESSION,
         "sync_prob": ours(0.1, "a full synchronisation every ~10 rounds on average"),
         "seed": _SEED,
+    },
+    **{  # personalised FL (algorithms/personal, docs/personalised.md)
+        "local_only": _sgd_client(),
+        "fedavg_ft": {**_sgd_client(), "finetune_steps": _FT_STEPS},
+        "ditto": {
+            **_sgd_client(),
+            "lam": code(1.0, f"{FLBENCH} src/server/ditto.py: --lamda 1 (the paper tunes λ "
+                             "per dataset from a grid)"),
+            "personal_passes": code(1, f"{PFLLIB} main.py: plocal_epochs = 1 (Ditto's "
+                                       "personal epochs); FL-bench's pers_epoch = 1"),
+        },
+        "fedper": {**_sgd_client(), "head": _HEAD},
+        "fedrep": {
+            **_sgd_client(),
+            "head_passes": code(1, f"{PFLLIB} main.py: plocal_epochs = 1, the head epochs of "
+                                   "clientrep.py before the body's"),
+            "head": _HEAD,
+        },
+        "fedbabu": {
+            **_sgd_client(),
+            "finetune_steps": _FT_STEPS,
+            "finetune_part": code("all", f"{PFLLIB} clientbabu.py: fine_tune(which_module="
+                                         "['base', 'head']), body and head"),
+            "head": _HEAD,
+        },
+        "lg_fedavg": {**_sgd_client(), "head": _HEAD},
     },
 }
 
