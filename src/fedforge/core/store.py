@@ -7,12 +7,20 @@ and the whole store is checkpointed as flat tensors.
 The store may live in host memory (``storage="cpu"``) while the cohort trains on a GPU:
 only the sampled clients' rows travel to the device each round, so per-client state of
 thousands of clients (e.g. FAdamGC keeps two model copies each) does not occupy GPU memory.
+
+:class:`StateStore` is the interface every store offers (this one, the disk store of
+:mod:`fedforge.core.disk_store`, the ones sharded over torchrun ranks), so rounds, screening,
+robust aggregation and the drivers never ask which store they hold. :func:`choose_store`
+is ``engine.client_store = "auto"``'s rule.
 """
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import torch
 
+from fedforge.core.memory import available_memory, format_bytes
 from fedforge.core.tree import (
     PyTree,
     flatten_dict,
@@ -21,6 +29,66 @@ from fedforge.core.tree import (
     tree_map,
     unflatten_dict,
 )
+
+AUTO_MEMORY_FRACTION = 0.25
+"""``auto`` keeps the clients' state in memory while it needs at most this share of the
+memory available when the run starts; past it, on disk."""
+
+
+@runtime_checkable
+class StateStore(Protocol):
+    """Per-client state of a population, read and written one cohort at a time.
+
+    ``gather``/``scatter`` move the cohort's rows (every rank calls them with the same ids
+    when sharded); a client never written reads as the algorithm's initial state.
+    ``state_dict``/``load_state_dict`` are the whole population in the stacked
+    ``[num_clients, ...]`` layout (the in-memory checkpoint format). ``state`` is every
+    row this process holds, stacked, for evaluation-time diagnostics (``{}`` when that
+    would not fit the store's memory budget)."""
+
+    num_clients: int
+
+    @property
+    def empty(self) -> bool: ...
+
+    @property
+    def state(self) -> PyTree: ...
+
+    def gather(self, client_ids: torch.Tensor) -> PyTree: ...
+
+    def scatter(self, client_ids: torch.Tensor, values: PyTree) -> None: ...
+
+    def nbytes_per_client(self) -> int: ...
+
+    def state_dict(self) -> dict[str, torch.Tensor]: ...
+
+    def load_state_dict(self, flat: dict[str, torch.Tensor]) -> None: ...
+
+
+def template_nbytes(template: dict) -> int:
+    """Bytes of one client's state (the algorithm's one-client template)."""
+    return sum(t.numel() * t.element_size() for t in tree_leaves(template))
+
+
+def choose_store(setting: str, num_clients: int, nbytes_per_client: int,
+                 available: int | None = None) -> tuple[str, str]:
+    """``engine.client_store``'s value -> ``("memory" | "disk", why)``. ``auto``: memory
+    while ``num_clients x nbytes_per_client`` is at most ``AUTO_MEMORY_FRACTION`` of the
+    ``available`` memory (default: what the host has left now; unknown counts as enough)."""
+    if setting in ("memory", "disk"):
+        return setting, "set in the config"
+    if setting != "auto":
+        raise ValueError(f"engine.client_store: expected 'memory', 'disk' or 'auto', got "
+                         f"{setting!r}")
+    need = num_clients * nbytes_per_client
+    free = available_memory() if available is None else available
+    if need == 0:
+        return "memory", "the algorithm keeps no per-client state"
+    if free is None or need <= AUTO_MEMORY_FRACTION * free:
+        room = "unknown free memory" if free is None else f"{format_bytes(free)} available"
+        return "memory", f"{format_bytes(need)} of client state, {room}"
+    return "disk", (f"{format_bytes(need)} of client state is over "
+                    f"{AUTO_MEMORY_FRACTION:.0%} of the {format_bytes(free)} available")
 
 
 class ClientStore:

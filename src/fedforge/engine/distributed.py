@@ -11,18 +11,21 @@ Per-client persistent state is sharded by client id (:class:`ShardedClientStore`
 keeps the rows of clients ``r, r + W, r + 2W, ...``, so the population's state (SCAFFOLD c_i,
 FAdamGC y_i/v_i, error feedback) costs each rank 1/W of the memory. Only the sampled cohort's
 rows travel: assembled on every rank before the round (one SUM all-reduce of owner-filled
-rows) and written back by their owners after it.
+rows) and written back by their owners after it. A disk store
+(:class:`ShardedDiskClientStore`) shards the same way, each rank with its own folder.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from fedforge.algorithms.base import Algorithm
-from fedforge.core.store import ClientStore
+from fedforge.core.disk_store import DiskClientStore
+from fedforge.core.store import ClientStore, StateStore
 from fedforge.core.tree import (
     PyTree,
     flatten_dict,
@@ -116,11 +119,26 @@ class DistributedEngine(VmapEngine):
 
 
 def make_client_store(num_clients: int, template: dict, device: torch.device | str = "cpu",
-                      storage: torch.device | str | None = None) -> ClientStore:
-    """A :class:`ShardedClientStore` under a multi-rank process group, else a plain store."""
-    if world_size() > 1:
-        return ShardedClientStore(num_clients, template, device, storage)
-    return ClientStore(num_clients, template, device, storage)
+                      storage: torch.device | str | None = None, *, kind: str = "memory",
+                      directory: str | Path | None = None, cache_mb: int = 256,
+                      root: str | Path | None = None) -> StateStore:
+    """The one factory of client stores: ``kind`` ``"memory"`` (:class:`ClientStore`) or
+    ``"disk"`` (:class:`DiskClientStore` in ``directory``, inside the run folder ``root``),
+    sharded by client id over the ranks under a multi-rank process group."""
+    if kind not in ("memory", "disk"):
+        raise ValueError(f"engine.client_store: expected 'memory' or 'disk', got {kind!r}")
+    sharded = world_size() > 1
+    if kind == "memory":
+        cls = ShardedClientStore if sharded else ClientStore
+        return cls(num_clients, template, device, storage)
+    if directory is None:
+        raise ValueError("a disk client store needs a folder inside the run folder")
+    directory = Path(directory)
+    if sharded:  # each rank its own folder
+        return ShardedDiskClientStore(num_clients, template,
+                                      directory / f"rank{dist.get_rank()}", device, cache_mb,
+                                      root if root is not None else directory)
+    return DiskClientStore(num_clients, template, directory, device, cache_mb, root)
 
 
 class ShardedClientStore(ClientStore):
@@ -143,33 +161,20 @@ class ShardedClientStore(ClientStore):
         return len(range(self.rank if rank is None else rank, self.num_clients, self.world))
 
     def _comm_device(self) -> torch.device:
-        # NCCL moves CUDA tensors only; gloo moves CPU tensors (and CUDA ones through the host)
-        return self.compute_device if dist.get_backend() == "nccl" else torch.device("cpu")
-
-    def _owned(self, client_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (positions in ``client_ids`` this rank owns, their rows in this shard)."""
-        ids = client_ids.cpu()
-        pos = torch.nonzero(ids % self.world == self.rank).flatten()
-        return pos, ids[pos] // self.world
+        return _comm_device(self.compute_device)
 
     def gather(self, client_ids: torch.Tensor) -> PyTree:
         if self.empty:
             return {}
-        pos, rows = self._owned(client_ids)
-        dev, comm = self.compute_device, self._comm_device()
-
-        def assemble(s: torch.Tensor) -> torch.Tensor:
-            full = torch.zeros((client_ids.numel(), *s.shape[1:]), dtype=s.dtype, device=comm)
-            full[pos.to(comm)] = s[rows.to(s.device)].to(comm)
-            dist.all_reduce(full, op=dist.ReduceOp.SUM)  # one owner per row: the sum is a copy
-            return full.to(dev, non_blocking=True)
-
-        return tree_map(assemble, self.state)
+        pos, rows = _owned(client_ids)
+        local = tree_map(lambda s: s[rows.to(s.device)], self.state)
+        return _assemble(local, pos, client_ids.numel(), self._comm_device(),
+                         self.compute_device)
 
     def scatter(self, client_ids: torch.Tensor, values: PyTree) -> None:
         if self.empty:
             return
-        pos, rows = self._owned(client_ids)
+        pos, rows = _owned(client_ids)
         flat_store, flat_new = flatten_dict(self.state), flatten_dict(values)
         for name, dst in flat_store.items():
             new = flat_new[name][pos.to(flat_new[name].device)]
@@ -177,26 +182,105 @@ class ShardedClientStore(ClientStore):
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Full layout on rank 0 (``{}`` on the others); every rank must call it."""
-        comm, full = self._comm_device(), {}
-        per_rank = -(-self.num_clients // self.world)  # shards padded to equal length
-        for name, shard in flatten_dict(self.state).items():
-            padded = torch.zeros((per_rank, *shard.shape[1:]), dtype=shard.dtype, device=comm)
-            padded[: shard.shape[0]] = shard.to(comm)
-            parts = ([torch.empty_like(padded) for _ in range(self.world)]
-                     if self.rank == 0 else None)
-            dist.gather(padded, parts, dst=0)
-            if self.rank == 0:
-                out = torch.empty((self.num_clients, *shard.shape[1:]), dtype=shard.dtype)
-                for r, part in enumerate(parts):
-                    out[r:: self.world] = part[: self.num_rows(r)].cpu()
-                full[name] = out
-        return full
+        return _full_layout(flatten_dict(self.state), self.num_clients, self._comm_device())
 
     def load_state_dict(self, flat: dict[str, torch.Tensor]) -> None:
-        flat = flatten_dict(flat)  # a checkpoint's nested dict or a flat one
-        for name, t in flat.items():
-            if t.shape[0] != self.num_clients:
-                raise ValueError(f"client state {name!r}: expected {self.num_clients} rows "
-                                 f"(the full layout), got {t.shape[0]}")
-        # clone: a strided view would keep the whole population's tensor alive
-        super().load_state_dict({k: t[self.rank:: self.world].clone() for k, t in flat.items()})
+        super().load_state_dict(_rank_rows(flat, self.num_clients))
+
+
+def _comm_device(compute: torch.device) -> torch.device:
+    # NCCL moves CUDA tensors only; gloo moves CPU tensors (and CUDA ones through the host)
+    return compute if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def _owned(client_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (positions in ``client_ids`` this rank owns, their rows in its shard)."""
+    ids, rank, world = client_ids.cpu(), dist.get_rank(), dist.get_world_size()
+    pos = torch.nonzero(ids % world == rank).flatten()
+    return pos, ids[pos] // world
+
+
+def _assemble(local: PyTree, pos: torch.Tensor, n: int, comm: torch.device,
+              dev: torch.device) -> PyTree:
+    """The cohort's rows on every rank from each owner's ``local`` rows at ``pos``."""
+    def one(s: torch.Tensor) -> torch.Tensor:
+        full = torch.zeros((n, *s.shape[1:]), dtype=s.dtype, device=comm)
+        full[pos.to(comm)] = s.to(comm)
+        dist.all_reduce(full, op=dist.ReduceOp.SUM)  # one owner per row: the sum is a copy
+        return full.to(dev, non_blocking=True)
+
+    return tree_map(one, local)
+
+
+def _full_layout(local: dict[str, torch.Tensor], num_clients: int,
+                 comm: torch.device) -> dict[str, torch.Tensor]:
+    """Every rank's rows ``r::W`` -> the ``[num_clients, ...]`` layout on rank 0 (``{}``
+    elsewhere); a collective."""
+    rank, world, full = dist.get_rank(), dist.get_world_size(), {}
+    per_rank = -(-num_clients // world)  # shards padded to equal length
+    for name, shard in local.items():
+        padded = torch.zeros((per_rank, *shard.shape[1:]), dtype=shard.dtype, device=comm)
+        padded[: shard.shape[0]] = shard.to(comm)
+        parts = [torch.empty_like(padded) for _ in range(world)] if rank == 0 else None
+        dist.gather(padded, parts, dst=0)
+        if rank == 0:
+            out = torch.empty((num_clients, *shard.shape[1:]), dtype=shard.dtype)
+            for r, part in enumerate(parts):
+                out[r::world] = part[: len(range(r, num_clients, world))].cpu()
+            full[name] = out
+    return full
+
+
+def _rank_rows(flat: dict[str, torch.Tensor], num_clients: int) -> dict[str, torch.Tensor]:
+    """This rank's rows ``r::W`` of a full ``[num_clients, ...]`` layout."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    flat = flatten_dict(flat)  # a checkpoint's nested dict or a flat one
+    for name, t in flat.items():
+        if t.shape[0] != num_clients:
+            raise ValueError(f"client state {name!r}: expected {num_clients} rows "
+                             f"(the full layout), got {t.shape[0]}")
+    # clone: a strided view would keep the whole population's tensor alive
+    return {k: t[rank::world].clone() for k, t in flat.items()}
+
+
+class ShardedDiskClientStore(DiskClientStore):
+    """A :class:`DiskClientStore` sharded by client id over the ranks like
+    :class:`ShardedClientStore`: rank r keeps clients ``r::W`` in its own folder. ``gather``,
+    ``state_dict`` and :meth:`record` are collectives (every rank, the same ids)."""
+
+    def __init__(self, num_clients: int, template: dict, directory: str | Path,
+                 device: torch.device | str = "cpu", cache_mb: int = 256,
+                 root: str | Path | None = None) -> None:
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        super().__init__(num_clients, template, directory, device, cache_mb, root)
+
+    def num_rows(self) -> int:
+        return len(range(self.rank, self.num_clients, self.world))
+
+    def gather(self, client_ids: torch.Tensor) -> PyTree:
+        if self.empty:
+            return super().gather(client_ids)
+        pos, rows = _owned(client_ids)
+        return _assemble(super().gather(rows), pos, client_ids.numel(),
+                         _comm_device(self.compute_device), self.compute_device)
+
+    def scatter(self, client_ids: torch.Tensor, values: PyTree) -> None:
+        if self.empty:
+            return
+        pos, rows = _owned(client_ids)
+        super().scatter(rows, tree_map(lambda v: v[pos.to(v.device)], values))
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Full layout on rank 0 (``{}`` on the others); every rank must call it."""
+        if self.empty:
+            return {}
+        return _full_layout(super().state_dict(), self.num_clients,
+                            _comm_device(self.compute_device))
+
+    def load_state_dict(self, flat: dict[str, torch.Tensor]) -> None:
+        super().load_state_dict(_rank_rows(flat, self.num_clients))
+
+    def _exchange(self, meta: dict) -> list[dict]:
+        metas: list = [None] * self.world
+        dist.all_gather_object(metas, meta)
+        return metas

@@ -34,8 +34,9 @@ from fedforge.algorithms.base import (
     SERVER_PREP_SAMPLES,
     SERVER_PREP_SECONDS,
 )
-from fedforge.core.checkpoint import load_checkpoint
-from fedforge.core.store import ClientStore
+from fedforge.core.checkpoint import checkpoint_jsons, load_checkpoint
+from fedforge.core.disk_store import DiskClientStore
+from fedforge.core.store import ClientStore, StateStore, choose_store, template_nbytes
 from fedforge.core.tree import restore_like
 from fedforge.engine import classification_loss
 from fedforge.engine.distributed import (
@@ -110,6 +111,9 @@ class Driver(Protocol):
 
     def state_dict(self) -> tuple[dict, RunState]:
         """The checkpoint of the step just run: its tensors and its state (every rank)."""
+
+    def checkpointed(self) -> None:
+        """After the checkpoint is written (every rank): tidy what it made redundant."""
 
     def load_state_dict(self, tensors: dict, state: RunState) -> None:
         """Continue from a checkpoint's tensors and state."""
@@ -190,12 +194,11 @@ class RoundsDriver:
         self.loss_fn = classification_loss(exp.network, cfg.engine.precision)
         self.params = exp.initial_params()
         self.server_state = exp.algorithm.server_init(self.params)
-        # under torchrun each rank keeps its share of the clients' state (sharded by client id)
-        self.store = make_client_store(exp.data.num_clients, exp.algorithm.client_init(
-            self.params), exp.device, storage="cpu" if cfg.engine.client_state == "host"
-            else None)
+        self.store = self._make_store(exp.algorithm.client_init(self.params))
+        if self._loaded is None and isinstance(self.store, DiskClientStore):
+            self.store.restore_record(None)  # a fresh run: no rows of an earlier one
         if self._loaded is not None:
-            self._restore(self._loaded)
+            self._restore(self._loaded, self.state.store)
             exp.engine.load_state_dict(self.state.engine)  # auto: the recorded choice
             exp.scale_local_lr(self.state.lr_scale)
             self._loaded = None
@@ -206,20 +209,47 @@ class RoundsDriver:
         self.stragglers = straggler_clock(cfg.sim, exp.data.num_clients, cfg.seed,
                                           self.state.sim_clock)
 
-    def _restore(self, tensors: dict | None) -> None:
+    def _make_store(self, template: dict) -> StateStore:
+        """The clients' store (under torchrun each rank keeps its share, by client id): the
+        kind a resumed checkpoint holds, else ``engine.client_store``'s (auto: from the
+        population's size against the free memory, reported once in the metrics)."""
+        exp, cfg = self.exp, self.cfg
+        n = exp.data.num_clients
+        if self._loaded is not None:
+            kind = "disk" if self.state.store is not None else "memory"
+        else:
+            kind, _ = choose_store(cfg.engine.client_store, -(-n // world_size()),
+                                   template_nbytes(template))
+        self._store_report = ({"client_store_auto": kind}
+                              if cfg.engine.client_store == "auto" else {})
+        root = self.folder.checkpoints.parent  # the run folder (rank 0's under torchrun)
+        return make_client_store(
+            n, template, exp.device, storage="cpu" if cfg.engine.client_state == "host"
+            else None, kind=kind, directory=root / "clients",
+            cache_mb=cfg.engine.store_cache_mb, root=root)
+
+    def _restore(self, tensors: dict | None, store: dict | None = None) -> None:
         """Resume and rollback: the checkpoint's tensors, rebuilt from a fresh state of this
         run's algorithm in the model's parameter order (so codec and part states are never
-        dropped and nothing depends on the file's key order); None: the initial state."""
+        dropped and nothing depends on the file's key order); None: the initial state.
+        ``store``: the checkpoint's disk-store record (its segments)."""
         exp, template = self.exp, self.exp.initial_params()
+        if isinstance(self.store, DiskClientStore):  # rebuilt from the recorded segments
+            self.store.restore_record(store if tensors is not None else None,
+                                      self.folder.checkpoints / f"round_{self.state.round:05d}"
+                                      ".json")
         if tensors is None:
-            fresh = ClientStore(exp.data.num_clients, exp.algorithm.client_init(template), "cpu")
-            if not fresh.empty:
-                self.store.load_state_dict(fresh.state_dict())
+            if not isinstance(self.store, DiskClientStore):
+                fresh = ClientStore(exp.data.num_clients, exp.algorithm.client_init(template),
+                                    "cpu")
+                if not fresh.empty:
+                    self.store.load_state_dict(fresh.state_dict())
             self.params, self.server_state = template, exp.algorithm.server_init(template)
             return
         self.params = restore_like(template, tensors["params"], "params")
         self.server_state = exp.algorithm.server.restore(template, tensors.get("server", {}))
-        self.store.load_state_dict(tensors.get("clients", {}))
+        if not isinstance(self.store, DiskClientStore):
+            self.store.load_state_dict(tensors.get("clients", {}))
 
     def step(self) -> list[dict]:
         exp, cfg, s = self.exp, self.cfg, self.state
@@ -286,6 +316,8 @@ class RoundsDriver:
             record.update(cohort_means(cohort.metrics.get("parts", {}), trained))
             record.update(exp.algorithm.server_metrics(self.server_state, self.store.state))
             record.update(exp.engine.report())  # auto: its choice and timings, once
+            record.update(self._store_report)  # client_store = auto: its choice, once
+            self._store_report = {}
         return record
 
     def finished(self) -> bool:
@@ -296,15 +328,37 @@ class RoundsDriver:
         return t % self.cfg.checkpoint.every == 0 or t == self.cfg.rounds or self._stop
 
     def state_dict(self) -> tuple[dict, RunState]:
-        clients = self.store.state_dict()  # a collective when sharded: every rank
+        # collectives when sharded: every rank. The disk store writes the rows changed since
+        # the last checkpoint and the JSON records its segments; the memory store's rows are
+        # tensors of the checkpoint.
+        disk = isinstance(self.store, DiskClientStore)
+        record = self.store.record(self.state.round) if disk else None
+        clients = {} if disk else self.store.state_dict()
         state = replace(
             self.state, wall_s=time.perf_counter() - self.t0, seed=self.cfg.seed,
             sim_clock=None if self.stragglers is None else self.stragglers.state_dict(),
             engine=self.exp.engine.state_dict(),  # auto: choice, conv plans
             # σ, q and steps of every round so far (fedforge.privacy.ledger)
-            privacy=None if self.privacy is None else self.privacy.ledger_meta(self.state.round))
+            privacy=None if self.privacy is None else self.privacy.ledger_meta(self.state.round),
+            store=record)
         return {"params": self.params, "server": self.server_state.tree(), "clients": clients
                 }, state
+
+    def checkpointed(self) -> None:
+        """The disk store deletes the segments that no checkpoint left in the folder names
+        (an unreadable or linked checkpoint JSON: nothing is deleted)."""
+        if not isinstance(self.store, DiskClientStore):
+            return
+        where, records = self.folder.checkpoints, []
+        for name in checkpoint_jsons(where):
+            path = where / name
+            try:
+                records.append(None if path.is_symlink() else json.loads(path.read_text()))
+            except (OSError, ValueError):
+                return
+            if not isinstance(records[-1], dict):
+                return
+        self.store.collect(self.store.referenced(r.get("store") for r in records))
 
     def rollback(self, error: DivergenceError) -> bool:
         cfg, s = self.cfg, self.state
@@ -318,7 +372,8 @@ class RoundsDriver:
         self.exp.scale_local_lr(lr_scale)
         saved = (read_checkpoint(self) if (self.folder.checkpoints / "latest.json").is_file()
                  else (None, RunState(seed=cfg.seed)))
-        self._restore(saved[0])
+        self.state = saved[1]
+        self._restore(saved[0], saved[1].store)
         self.state = replace(saved[1], lr_scale=lr_scale, rollbacks=s.rollbacks + 1)
         self.stragglers = straggler_clock(cfg.sim, self.exp.data.num_clients, cfg.seed,
                                           self.state.sim_clock)
@@ -341,6 +396,8 @@ class RoundsDriver:
 
     def __exit__(self, *exc: object) -> None:
         self.exp.engine.__exit__(*exc)  # procs: its worker processes end with the run
+        if isinstance(getattr(self, "store", None), DiskClientStore):
+            self.store.close()  # unmap its live files
 
 
 def prep_seconds(metrics: dict) -> float:
@@ -461,6 +518,9 @@ class TasksDriver:
         self._mark_saved()
         return tensors, replace(self.state, round=self.scheduler.c, driver=meta,
                                 wall_s=time.perf_counter() - self.t0)
+
+    def checkpointed(self) -> None:
+        """Its checkpoints hold everything in one file: nothing to tidy."""
 
     def rollback(self, error: DivergenceError) -> bool:
         return False  # a multi-task run stops at a diverged update

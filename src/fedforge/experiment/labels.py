@@ -40,6 +40,8 @@ METRICS: dict[str, Metric] = {
     "engine_auto": Metric("engine chosen by auto", wall_clock=True),
     "engine_auto_ms": Metric("engine candidates' ms per client update", wall_clock=True),
     "engine_auto_reason": Metric("why auto did not calibrate", wall_clock=True),
+    # engine.client_store = auto: memory or disk, from the machine's free memory
+    "client_store_auto": Metric("client store chosen by auto", wall_clock=True),
     # procs: its worker count follows the machine's CPUs (and may fall back to one process)
     "engine_procs_workers": Metric("engine worker processes", wall_clock=True),
     "engine_procs_inner": Metric("engine each worker runs", wall_clock=True),

@@ -90,6 +90,7 @@ def checkpoint(driver: Driver) -> None:
                         keep=folder.keep)
     if folder.shared:
         barrier()  # the other ranks may read it (resume, rollback)
+    driver.checkpointed()  # e.g. the disk store's segments no checkpoint names any more
 
 
 @dataclass

@@ -23,7 +23,8 @@ _FIELDS = {  # name: (kind, required); the order is the checkpoint JSON's
     ROUND: {"wall_s": (_NUMBER, True), "bytes_up": (_INT, True), "bytes_down": (_INT, True),
             "seed": (_INT, False), "prep_s": (_NUMBER, True), "sim_time_s": (_NUMBER, True),
             "sim_clock": (_TABLE, False), "lr_scale": (_NUMBER, True),
-            "rollbacks": (_INT, True), "engine": (_TABLE, False), "privacy": (_TABLE, False)},
+            "rollbacks": (_INT, True), "engine": (_TABLE, False), "privacy": (_TABLE, False),
+            "store": (_TABLE, False)},
     UPDATES: {"driver": (_TABLE, True), "wall_s": (_NUMBER, True), "seed": (_INT, False)},
 }
 
@@ -34,8 +35,10 @@ class RunState:
 
     ``round``: rounds done, or client updates applied when ``unit`` is ``"updates"``;
     ``sim_clock``: the straggler clock's queue tails; ``engine``: the engine's recorded
-    choices (``auto``, ``procs``); ``privacy``: the privacy ledger; ``driver``: a multi-task
-    scheduler's own state (clock, allocation, tasks)."""
+    choices (``auto``, ``procs``); ``privacy``: the privacy ledger; ``store``: the disk
+    client store's committed version and segments (absent for the in-memory store, whose rows
+    are the checkpoint's ``clients`` tensors); ``driver``: a multi-task scheduler's own state
+    (clock, allocation, tasks)."""
 
     round: int = 0
     wall_s: float = 0.0
@@ -49,6 +52,7 @@ class RunState:
     sim_clock: dict | None = None
     engine: dict = field(default_factory=dict)
     privacy: dict | None = None
+    store: dict | None = None
     driver: dict | None = None
     unit: str = ROUND
 
@@ -59,8 +63,9 @@ class RunState:
     def to_meta(self) -> dict:
         """The checkpoint JSON's fields (``round`` is added by the checkpoint writer)."""
         meta = {name: getattr(self, name) for name in _FIELDS[self.unit]}
-        if meta.get("privacy", 0) is None:
-            del meta["privacy"]
+        for name in ("privacy", "store"):  # absent rather than null
+            if meta.get(name, 0) is None:
+                del meta[name]
         return {**meta, "rng": RNG_NOTE} if self.unit == ROUND else meta
 
     @classmethod

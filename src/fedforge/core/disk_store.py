@@ -1,0 +1,537 @@
+"""Per-client state on disk: a population far larger than memory, paid for by the cohort.
+
+:class:`DiskClientStore` has :class:`fedforge.core.store.ClientStore`'s interface. A
+client's state is one row of bytes (every leaf of the algorithm's one-client template, one
+after the other). Rows live in fixed-size memory-mapped files ``live_NNNNN.rows`` in the
+store's folder; a row gets a slot there the first time its client is written
+(:meth:`scatter`), and an index of 4 bytes per client maps a client id to its slot. A client
+never written has no slot, costs no bytes and reads as the template. A round reads and
+writes only its cohort's rows. At most ``cache_mb`` of live files are mapped at once (the
+least recently used are unmapped), so the process's resident memory stays bounded whatever
+the population.
+
+Checkpoints cost what changed. :meth:`commit` writes the rows written since the last commit
+into one segment file, ``segment_AAAAA_BBBBB.safetensors`` (the versions it covers, ids and
+rows) and returns the chain of segments that rebuilds the store at that version, each with
+its SHA-256; the run's checkpoint JSON records that chain. Segments are merged as they
+accumulate (the last ones while they are no larger than twice the newest), so a chain stays
+short and a row is rewritten a logarithmic number of times. :meth:`restore` checks every
+segment's name, kind and hash, then rebuilds the live files from the chain: what was written
+after the checkpoint (a killed run, a rolled-back round) is gone. :meth:`collect` deletes the
+segments no kept checkpoint names.
+
+Every file is created inside the store's folder, which must be a real folder (no link);
+links, unknown files and corrupt segments are refused in one line naming the file
+(:class:`fedforge.core.checkpoint.CheckpointError`).
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import re
+import stat
+from collections import OrderedDict
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import safe_open
+
+from fedforge.core.checkpoint import CheckpointError, file_sha256
+from fedforge.core.tree import PyTree, flatten_dict
+
+SEGMENT = re.compile(r"segment_(\d{5,})_(\d{5,})\.safetensors")
+LIVE = re.compile(r"live_(\d{5,})\.rows")
+_SCRATCH = re.compile(r"(?:segment_\d{5,}_\d{5,}\.safetensors|live_\d{5,}\.rows)\.tmp")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+IDS = "ids"
+SHARD_BYTES = 16 << 20
+"""Target size of one live file; smaller when the cache budget is small (at least one row)."""
+
+_ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
+              torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32",
+              torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
+
+
+class DiskClientStore:
+    """Client state in memory-mapped files under ``directory`` (see the module docstring).
+
+    ``template``: one client's state (``algorithm.client_init(params)``); ``device``: where
+    gathered rows are used; ``cache_mb``: the most live-file bytes mapped at once."""
+
+    rank, world = 0, 1  # a store sharded over torchrun ranks holds one rank's clients
+
+    def __init__(self, num_clients: int, template: dict, directory: str | Path,
+                 device: torch.device | str = "cpu", cache_mb: int = 256,
+                 root: str | Path | None = None) -> None:
+        self.num_clients = num_clients
+        self.compute_device = torch.device(device)
+        self.directory = Path(directory)
+        self.root = self.directory if root is None else Path(root)  # never leave this folder
+        self.template = template
+        self.flat_template = {k: v.detach().cpu() for k, v in flatten_dict(template).items()}
+        self.layout: list[tuple[str, int, int]] = []  # (key, byte offset, bytes) per leaf
+        offset = 0
+        for key, t in self.flat_template.items():
+            nbytes = t.numel() * t.element_size()
+            self.layout.append((key, offset, nbytes))
+            offset += nbytes
+        self.row_nbytes = offset
+        self.template_row = self._to_rows({k: t.unsqueeze(0)
+                                           for k, t in self.flat_template.items()}, 1)[0]
+        self.cache_bytes = max(int(cache_mb), 1) << 20
+        self.rows_per_file = max(1, min(SHARD_BYTES, self.cache_bytes // 4)
+                                 // max(self.row_nbytes, 1))
+        self.max_mapped = max(1, self.cache_bytes // max(self.rows_per_file * self.row_nbytes, 1))
+        self.version = 0
+        self.chain: list[dict] = []  # the committed segments: file, sha256, rows, first, last
+        self._chain_ids: list[np.ndarray] = []  # their client ids (for merging)
+        self._mapped: OrderedDict[int, tuple[int, mmap.mmap]] = OrderedDict()
+        self._reset_live()
+        if not self.empty:
+            self._prepare_folder(keep_until=None)
+
+    # ------------------------------------------------------------------ the interface
+    def num_rows(self) -> int:
+        """Rows this store holds (all clients here; a rank's share when sharded)."""
+        return self.num_clients
+
+    @property
+    def empty(self) -> bool:
+        return not self.flat_template
+
+    def nbytes_per_client(self) -> int:
+        """Bytes of persistent state one client adds (benchmarks report it)."""
+        return self.row_nbytes
+
+    def allocated(self) -> int:
+        """Clients that have a row (were written at least once since the last restore)."""
+        return self._next_slot
+
+    def gather(self, client_ids: torch.Tensor) -> PyTree:
+        if self.empty:
+            return self._build({})
+        rows = self._read_rows(client_ids.cpu().numpy().astype(np.int64))
+        flat = self._from_rows(rows)
+        return self._build({k: v.to(self.compute_device, non_blocking=True)
+                            for k, v in flat.items()})
+
+    def scatter(self, client_ids: torch.Tensor, values: PyTree) -> None:
+        if self.empty:
+            return
+        ids = client_ids.cpu().numpy().astype(np.int64)
+        if ids.size == 0:
+            return
+        flat = flatten_dict(values)
+        rows = self._to_rows({k: flat[k] for k in self.flat_template}, ids.size)
+        self._write_rows(ids, rows)
+
+    @property
+    def state(self) -> PyTree:
+        """Every client's row stacked (``[num_clients, ...]``), for evaluation-time
+        diagnostics; ``{}`` when that would exceed the cache budget."""
+        if self.empty or self.num_rows() * self.row_nbytes > self.cache_bytes:
+            return {}
+        rows = self._read_rows(np.arange(self.num_rows(), dtype=np.int64))
+        return self._build({k: v.to(self.compute_device) for k, v in
+                            self._from_rows(rows).items()})
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole population in the in-memory layout (O(population): for small runs and
+        for moving a store's content into another store)."""
+        if self.empty:
+            return {}
+        return self._from_rows(self._read_rows(np.arange(self.num_rows(), dtype=np.int64)))
+
+    def load_state_dict(self, flat: dict[str, torch.Tensor]) -> None:
+        """Replace every row by the in-memory layout ``flat`` (all clients get a row)."""
+        flat = flatten_dict(dict(flat))
+        if self.empty:
+            return
+        missing = [k for k in self.flat_template if k not in flat]
+        extra = [k for k in flat if k not in self.flat_template]
+        if missing or extra:
+            raise ValueError(f"checkpoint client state does not match this run's algorithm: "
+                             f"missing {missing[:5]}, unexpected {extra[:5]}")
+        self._reset_live()
+        ids = np.arange(self.num_rows(), dtype=np.int64)
+        rows = self._to_rows({k: flat[k] for k in self.flat_template}, self.num_rows())
+        self._write_rows(ids, rows)
+
+    # ------------------------------------------------------------------ checkpoints
+    def commit(self, version: int) -> dict:
+        """Write the rows changed since the last commit as a segment of ``version`` ->
+        ``{"version", "segments": [{"file", "sha256", "rows"}, ...]}``, the chain that
+        rebuilds this state (record it in the checkpoint JSON)."""
+        if version <= self.version and self._dirty:
+            raise ValueError(f"store version {version} is not after {self.version}")
+        if self._dirty:
+            ids = np.array(sorted(self._dirty), dtype=np.int64)
+            first = self.version + 1
+            # merge the newest segments while they are no larger than twice the new rows:
+            # the live rows are the latest of each id in that suffix of the chain
+            while self.chain and self.chain[-1]["rows"] <= 2 * ids.size:
+                old = self.chain.pop()
+                ids = np.union1d(ids, self._chain_ids.pop())
+                first = old["first"]
+            name = f"segment_{first:05d}_{version:05d}.safetensors"
+            sha = self._write_segment(name, ids)
+            self.chain.append({"file": name, "sha256": sha, "rows": int(ids.size),
+                               "first": first, "last": version})
+            self._chain_ids.append(ids)
+            self._dirty.clear()
+        self.version = max(self.version, version)
+        return self.meta()
+
+    def record(self, version: int) -> dict:
+        """Commit ``version`` -> what the checkpoint JSON records as ``"store"``:
+        ``{"kind": "disk", "version", "world", "ranks": [each rank's segments]}`` (a
+        collective when sharded: every rank calls it)."""
+        metas = self._exchange(self.commit(version))
+        return {"kind": "disk", "version": version, "world": len(metas),
+                "ranks": [m["segments"] for m in metas]}
+
+    def restore_record(self, record: dict | None, where: object = "checkpoint") -> None:
+        """:meth:`restore` this rank's part of a checkpoint's ``"store"`` record."""
+        if record is None:
+            return self.restore(None, where)
+        if not isinstance(record, dict) or record.get("world") != self.world or not (
+                isinstance(record.get("ranks"), list) and len(record["ranks"]) == self.world):
+            got = record.get("world") if isinstance(record, dict) else record
+            raise CheckpointError(f"{where}: the client store was written by {got!r} ranks; "
+                                  f"resume it with as many ({self.world} now)")
+        self.restore({"version": record.get("version"), "segments": record["ranks"][self.rank]},
+                     where)
+        return None
+
+    def referenced(self, records: Iterable[object]) -> set[str]:
+        """This rank's segment names in checkpoints' ``"store"`` records (malformed ones
+        count for nothing; :meth:`restore` refuses them when read)."""
+        names = set()
+        for rec in records:
+            ranks = rec.get("ranks") if isinstance(rec, dict) else None
+            if isinstance(ranks, list) and len(ranks) == self.world:
+                names |= {s.get("file") for s in ranks[self.rank] if isinstance(s, dict)}
+        return {n for n in names if isinstance(n, str)}
+
+    def _exchange(self, meta: dict) -> list[dict]:
+        """Every rank's commit (one process: its own)."""
+        return [meta]
+
+    def meta(self) -> dict:
+        """The committed chain as a checkpoint records it."""
+        return {"version": self.version,
+                "segments": [{k: s[k] for k in ("file", "sha256", "rows")} for s in self.chain]}
+
+    def restore(self, meta: dict | None, where: object = "checkpoint") -> None:
+        """Rebuild the store at the version ``meta`` (from :meth:`commit`, read from
+        ``where``) names; ``None``: the initial state. Segments written after it are
+        deleted; each named one must match its SHA-256 and fit the template."""
+        self.chain, self._chain_ids, self.version = [], [], 0
+        self._reset_live()
+        if self.empty:
+            return
+        version, segments = _checked_meta(meta, where)
+        self._prepare_folder(keep_until=version)
+        for seg in segments:
+            path = self._segment_path(seg["file"], where)
+            first, last = (int(g) for g in SEGMENT.fullmatch(seg["file"]).groups())
+            if not first <= last <= version:
+                raise CheckpointError(f"{path}: covers versions {first} to {last}, not within "
+                                      f"the checkpoint's version {version} ({where})")
+            sha = file_sha256(path)
+            if sha != seg["sha256"]:
+                raise CheckpointError(f"{path}: SHA-256 {sha[:12]}... does not match "
+                                      f"{where} ({seg['sha256'][:12]}...); the file is corrupt "
+                                      "or was changed")
+            ids = self._replay(path, seg["rows"])
+            self.chain.append({**seg, "first": first, "last": last})
+            self._chain_ids.append(ids)
+        self._dirty.clear()
+        self.version = version
+
+    def collect(self, referenced: Iterable[str]) -> list[Path]:
+        """Delete the segment files that neither the chain nor ``referenced`` names (the
+        kept checkpoints' segments) -> the deleted paths."""
+        keep = set(referenced) | {s["file"] for s in self.chain}
+        deleted = []
+        if self.empty or not self.directory.is_dir():
+            return deleted
+        for entry in os.scandir(self.directory):
+            if SEGMENT.fullmatch(entry.name) and entry.name not in keep:
+                os.unlink(entry.path)  # a link goes as a link
+                deleted.append(self.directory / entry.name)
+        return deleted
+
+    def close(self) -> None:
+        """Unmap every live file (they stay on disk until the next restore or start)."""
+        while self._mapped:
+            _, (fd, mm) = self._mapped.popitem(last=False)
+            mm.close()
+            os.close(fd)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 (interpreter shutdown)
+            pass
+
+    # ------------------------------------------------------------------ rows <-> tensors
+    def _to_rows(self, flat: dict[str, torch.Tensor], n: int) -> np.ndarray:
+        """``[n, ...]`` leaves -> ``[n, row_nbytes]`` bytes, each cast to its template dtype."""
+        parts = [flat[k].detach().to("cpu", self.flat_template[k].dtype).contiguous()
+                 .reshape(n, self.flat_template[k].numel()).view(torch.uint8)
+                 for k, _, _ in self.layout]
+        return torch.cat(parts, dim=1).numpy() if parts else np.zeros((n, 0), np.uint8)
+
+    def _from_rows(self, rows: np.ndarray) -> dict[str, torch.Tensor]:
+        n, buf = rows.shape[0], torch.from_numpy(rows)
+        out = {}
+        for key, off, nbytes in self.layout:
+            ref = self.flat_template[key]
+            out[key] = (buf[:, off:off + nbytes].contiguous().view(ref.dtype)
+                        .reshape(n, *ref.shape))
+        return out
+
+    def _build(self, flat: dict[str, torch.Tensor]) -> PyTree:
+        """The template's nesting (empty sub-tables included) around ``flat``'s leaves."""
+        def build(node: dict, prefix: str) -> dict:
+            return {k: build(v, f"{prefix}{k}/") if isinstance(v, dict) else flat[prefix + k]
+                    for k, v in node.items()}
+
+        return build(self.template, "")
+
+    # ------------------------------------------------------------------ live files
+    def _reset_live(self) -> None:
+        self.close()
+        self._index = np.full(self.num_rows(), -1, dtype=np.int32)  # 4 bytes per client
+        self._next_slot = 0
+        self._dirty: set[int] = set()
+        self._files = 0
+        if not self.empty and self.directory.is_dir():
+            for entry in os.scandir(self.directory):
+                if LIVE.fullmatch(entry.name) or _SCRATCH.fullmatch(entry.name):
+                    os.unlink(entry.path)
+
+    def _check_ids(self, ids: np.ndarray) -> None:
+        if ids.size and (ids.min() < 0 or ids.max() >= self.num_rows()):
+            raise IndexError(f"client rows must be in [0, {self.num_rows()}), got "
+                             f"{int(ids.min())}..{int(ids.max())}")
+
+    def _read_rows(self, ids: np.ndarray) -> np.ndarray:
+        self._check_ids(ids)
+        out = np.empty((ids.size, self.row_nbytes), dtype=np.uint8)
+        out[:] = self.template_row
+        slots = self._index[ids]
+        for i in np.flatnonzero(slots >= 0):
+            mm, at = self._locate(int(slots[i]))
+            out[i] = np.frombuffer(mm, dtype=np.uint8, count=self.row_nbytes, offset=at)
+        return out
+
+    def _write_rows(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        self._check_ids(ids)
+        for i, cid in enumerate(ids.tolist()):
+            slot = int(self._index[cid])
+            if slot < 0:
+                slot = self._index[cid] = self._next_slot
+                self._next_slot += 1
+            mm, at = self._locate(slot)
+            mm[at:at + self.row_nbytes] = rows[i].tobytes()
+            self._dirty.add(cid)
+
+    def _locate(self, slot: int) -> tuple[mmap.mmap, int]:
+        """The mapped live file holding ``slot`` (created, mapped, least recently used
+        unmapped as needed) and the row's byte offset in it."""
+        k, pos = divmod(slot, self.rows_per_file)
+        if k in self._mapped:
+            self._mapped.move_to_end(k)
+            return self._mapped[k][1], pos * self.row_nbytes
+        if len(self._mapped) >= self.max_mapped:
+            _, (fd, mm) = self._mapped.popitem(last=False)
+            mm.close()
+            os.close(fd)
+        path = self.directory / f"live_{k:05d}.rows"
+        size = self.rows_per_file * self.row_nbytes
+        if k >= self._files:  # a new file: created here, never an existing name
+            fd = _create(path)
+            os.ftruncate(fd, size)  # sparse: untouched slots take no disk blocks
+            self._files = k + 1
+        else:
+            fd = os.open(path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
+        self._mapped[k] = (fd, mmap.mmap(fd, size))
+        return self._mapped[k][1], pos * self.row_nbytes
+
+    # ------------------------------------------------------------------ segments
+    def _write_segment(self, name: str, ids: np.ndarray) -> str:
+        """Stream ``ids``' live rows into the safetensors file ``name`` -> its SHA-256.
+        Written to a temporary name, fsync'd and renamed, so a kill leaves no half segment."""
+        n = int(ids.size)
+        header: dict = {IDS: {"dtype": "I64", "shape": [n], "data_offsets": [0, 8 * n]}}
+        at = 8 * n
+        starts = {}
+        for key, _, nbytes in self.layout:
+            ref = self.flat_template[key]
+            starts[key] = at
+            header[key] = {"dtype": _ST_DTYPES[ref.dtype], "shape": [n, *ref.shape],
+                           "data_offsets": [at, at + n * nbytes]}
+            at += n * nbytes
+        text = json.dumps(header, separators=(",", ":")).encode()
+        text += b" " * (-len(text) % 8)
+        base = 8 + len(text)
+        path = self.directory / name
+        tmp = self.directory / (name + ".tmp")
+        if tmp.is_symlink() or tmp.exists():
+            os.unlink(tmp)
+        fd = _create(tmp)
+        with os.fdopen(fd, "wb") as f:
+            f.write(len(text).to_bytes(8, "little") + text)
+            f.write(ids.astype("<i8").tobytes())
+            chunk = max(1, self.cache_bytes // 4 // max(self.row_nbytes, 1))
+            for lo in range(0, n, chunk):
+                rows = self._read_rows(ids[lo:lo + chunk])
+                for key, off, nbytes in self.layout:
+                    f.seek(base + starts[key] + lo * nbytes)
+                    f.write(np.ascontiguousarray(rows[:, off:off + nbytes]).tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        sha = file_sha256(tmp)
+        os.replace(tmp, path)
+        _fsync_dir(self.directory)
+        return sha
+
+    def _segment_path(self, name: object, where: object) -> Path:
+        if not isinstance(name, str) or not SEGMENT.fullmatch(name):
+            raise CheckpointError(f"{where}: store segment names must be plain file names "
+                                  f"like 'segment_00001_00010.safetensors', got {name!r}")
+        path = self.directory / name
+        problem = _not_plain(path)
+        if problem:
+            raise CheckpointError(f"{path}: {problem} (named by {where}); the client store "
+                                  "reads only plain files inside its folder")
+        return path
+
+    def _replay(self, path: Path, rows: int) -> np.ndarray:
+        """Write a verified segment's rows into the live files -> its client ids."""
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                keys = set(f.keys())
+                want = {IDS, *self.flat_template}
+                if keys != want:
+                    raise CheckpointError(
+                        f"{path}: holds tensors {sorted(keys - want)[:4]} it should not and "
+                        f"lacks {sorted(want - keys)[:4]} (not this run's client state)")
+                ids = f.get_tensor(IDS)
+                if ids.dtype != torch.int64 or tuple(ids.shape) != (rows,):
+                    raise CheckpointError(f"{path}: ids must be {rows} int64 values, got "
+                                          f"{ids.dtype} {list(ids.shape)}")
+                ids_np = ids.numpy()
+                if rows and (ids_np.min() < 0 or ids_np.max() >= self.num_rows()
+                             or np.any(np.diff(ids_np) <= 0)):
+                    raise CheckpointError(f"{path}: ids must be increasing client rows in "
+                                          f"[0, {self.num_rows()})")
+                for key, ref in self.flat_template.items():
+                    sl = f.get_slice(key)
+                    if (sl.get_dtype() != _ST_DTYPES[ref.dtype]
+                            or list(sl.get_shape()) != [rows, *ref.shape]):
+                        raise CheckpointError(
+                            f"{path}: {key} is {sl.get_dtype()} {sl.get_shape()}, this run "
+                            f"keeps {_ST_DTYPES[ref.dtype]} {[rows, *ref.shape]}")
+                chunk = max(1, self.cache_bytes // 4 // max(self.row_nbytes, 1))
+                for lo in range(0, rows, chunk):
+                    hi = min(rows, lo + chunk)
+                    flat = {k: f.get_slice(k)[lo:hi] for k in self.flat_template}
+                    self._write_rows(ids_np[lo:hi], self._to_rows(flat, hi - lo))
+        except CheckpointError:
+            raise
+        except Exception as exc:  # safetensors' own errors for malformed files
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise CheckpointError(f"{path}: not a readable store segment ({first})") from None
+        return ids_np.copy()
+
+    # ------------------------------------------------------------------ the folder
+    def _prepare_folder(self, keep_until: int | None) -> None:
+        """Create or check the folder: a real folder whose entries are all the store's own
+        plain files (anything else is refused in one line). Live files and unfinished
+        writes are removed; so are segments covering versions past ``keep_until`` (None:
+        every segment stays)."""
+        d = self.directory
+        for folder in (d, *d.relative_to(self.root).parents):
+            path = self.root / folder if folder != d else d
+            if path.is_symlink() or (path.exists() and not path.is_dir()):
+                what = "is a symbolic link" if path.is_symlink() else "is not a folder"
+                raise CheckpointError(f"{path}: {what}; the client store keeps its files in a "
+                                      "real folder inside the run folder")
+        d.mkdir(parents=True, exist_ok=True)
+        for entry in sorted(os.scandir(d), key=lambda e: e.name):
+            path = d / entry.name
+            seg = SEGMENT.fullmatch(entry.name)
+            known = seg or LIVE.fullmatch(entry.name) or _SCRATCH.fullmatch(entry.name)
+            problem = _not_plain(path)
+            if not known or problem:
+                raise CheckpointError(
+                    f"{path}: {problem or 'is not a file the client store writes'}; remove it "
+                    "(the client store keeps only its own plain files in this folder)")
+            if not seg or (keep_until is not None and int(seg.group(2)) > keep_until):
+                os.unlink(path)
+
+
+def _checked_meta(meta: object, where: object) -> tuple[int, list[dict]]:
+    """A checkpoint's store record -> (version, segments); CheckpointError naming ``where``."""
+    if meta is None:
+        return 0, []
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{where}: \"store\" must be a table, got {type(meta).__name__}")
+    version, segments = meta.get("version"), meta.get("segments")
+    if type(version) is not int or version < 0:
+        raise CheckpointError(f"{where}: store \"version\" must be an integer >= 0, got "
+                              f"{version!r}")
+    if not isinstance(segments, list):
+        raise CheckpointError(f"{where}: store \"segments\" must be a list")
+    for seg in segments:
+        if (not isinstance(seg, dict) or not isinstance(seg.get("sha256"), str)
+                or not _SHA256.fullmatch(seg["sha256"]) or type(seg.get("rows")) is not int
+                or seg["rows"] < 0):
+            raise CheckpointError(f"{where}: each store segment needs \"file\", a 64-hex "
+                                  f"\"sha256\" and \"rows\" >= 0, got {seg!r}"[:300])
+    return version, segments
+
+
+def _not_plain(path: Path) -> str | None:
+    """Why ``path`` is not a plain file of its own (None: absent or plain)."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if st.st_nlink > 1:
+        return f"has {st.st_nlink} hard links"
+    return None
+
+
+def _create(path: Path) -> int:
+    """A new file at ``path`` (never an existing name, never through a link) -> its fd."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        return os.open(path, flags, 0o666)
+    except FileExistsError:
+        raise CheckpointError(f"{path}: exists already (planted?); the client store creates "
+                              "its files itself") from None
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
