@@ -18,6 +18,7 @@ from fedforge.algorithms import Algorithm, build_algorithm, canonical_name, reso
 from fedforge.core.schedules import first_value
 from fedforge.core.tree import Params
 from fedforge.data import FederatedDataset, build_federated_dataset, load_dataset
+from fedforge.data.client_split import ClientTests
 from fedforge.data.batching import client_batches
 from fedforge.data.federated import gather_round_indices
 from fedforge.data.partition import dirichlet_fixed_size
@@ -32,6 +33,7 @@ from fedforge.experiment.config import (
     check_participation,
 )
 from fedforge.experiment.evaluate import evaluate
+from fedforge.experiment.personal_eval import personal_data
 from fedforge.models import build_model
 from fedforge.models.init_from import init_network
 from fedforge.robust.divergence import scale_lr
@@ -77,6 +79,7 @@ class Setup:
     engine: ChunkedEngine
     device: torch.device
     robust: RobustRound | None = None  # attackers + robust aggregator (fedforge.robust)
+    client_tests: ClientTests | None = None  # personalised evaluation (docs/personalised.md)
 
     @classmethod
     def from_config(cls, cfg: RunConfig, *, algorithm: Algorithm | None = None,
@@ -102,6 +105,10 @@ class Setup:
             check_participation(cfg, algorithm, data.num_clients)
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
+        data, client_tests = personal_data(  # each client's own test data, unseen clients
+            data, algorithm, on=cfg.eval.personal, fraction=cfg.data.client_test_fraction,
+            unseen=cfg.eval.unseen_clients, finetune_steps=cfg.eval.finetune_steps,
+            seed=cfg.seed, natural=cfg.data.partition == "natural")
         algorithm.bind_data(data.input_shape, data.num_classes)  # e.g. FedPTR's synthetic set
         algorithm.bind_eval(test_scorer(network, data, cfg))  # e.g. FedPTR's projected model
         if cfg.privacy.on:  # clipping, noise, Poisson cohorts, accountant (docs/privacy.md)
@@ -118,7 +125,8 @@ class Setup:
         robust = build_robust(cfg, data)  # may flip attackers' labels in data.train_y
         if robust is not None:
             engine.keep_deltas = True  # robust aggregators need every client's delta
-        return cls(cfg, data, network, algorithm, engine, device, robust, **extra)
+        return cls(cfg, data, network, algorithm, engine, device, robust,
+                   client_tests=client_tests, **extra)
 
     def scale_local_lr(self, scale: float) -> None:
         """Rebuild the algorithm with ``local_lr`` times ``scale`` (divergence rollback)."""

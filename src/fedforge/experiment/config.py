@@ -47,6 +47,9 @@ class DataConfig(_Section):
     num_clients: int | None = Field(default=None, ge=1)
     options: dict[str, Any] = Field(default_factory=dict)  # loader options
     partition_options: dict[str, Any] = Field(default_factory=dict)  # alpha, min_size, ...
+    # personalised evaluation: the share of each client's samples held out as its own test
+    # set (partitioned datasets; natural writers keep their own test split)
+    client_test_fraction: float = Field(default=0.25, ge=0.0, lt=1.0)
 
 
 class ModelConfig(_Section):
@@ -110,6 +113,12 @@ class EvalConfig(_Section):
     # (default 1000), and never train the held_out highest client ids (docs/scale.md)
     clients: int | None = Field(default=None, ge=1)
     held_out: int = Field(default=0, ge=0)
+    # personalised evaluation (docs/personalised.md): each client on its own test data; none
+    # = on for personalised algorithms. The unseen_clients highest ids never train and are
+    # evaluated after finetune_steps local steps on their own samples
+    personal: bool | None = None
+    unseen_clients: int = Field(default=0, ge=0)
+    finetune_steps: int = Field(default=0, ge=0)
 
 
 class EngineConfig(_Section):

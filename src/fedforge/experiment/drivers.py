@@ -60,6 +60,7 @@ from fedforge.experiment.checkpoint import last_checkpoint_note
 from fedforge.experiment.config import RunConfig
 from fedforge.experiment.evaluate import evaluate
 from fedforge.experiment.metrics import MetricsWriter
+from fedforge.experiment.personal_eval import evaluate_personal
 from fedforge.experiment.partition_stats import save_partition_stats
 from fedforge.experiment.progress import RoundProgress, setup_step
 from fedforge.experiment.state import UPDATES, RunState
@@ -304,6 +305,13 @@ class RoundsDriver:
                 exp.data.test_x, exp.data.test_y, cfg.eval.batch_size,
                 exp.data.client_test_indices if cfg.eval.per_client else None,
             ))
+            if exp.client_tests is not None:  # personalised: each client on its own data
+                record.update(evaluate_personal(
+                    exp.network, exp.algorithm, self.loss_fn,
+                    exp.algorithm.eval_params(self.params, self.server_state), self.store.gather,
+                    exp.client_tests, exp.data.train_x, exp.data.train_y,
+                    unseen_steps=cfg.eval.finetune_steps, batch_size=cfg.eval.batch_size,
+                    train_batch_size=cfg.client.batch_size, seed=cfg.seed, round_=t))
         record.update({"bytes_up": s.bytes_up, "bytes_down": s.bytes_down,
                        # persistent per-client state (SCAFFOLD c_i, FAdamGC y_i/v_i, ...)
                        "client_state_bytes_per_client": self.store.nbytes_per_client(),

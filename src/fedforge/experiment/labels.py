@@ -29,6 +29,13 @@ METRICS: dict[str, Metric] = {
     "test_loss": Metric("test loss", None, False),
     "train_loss": Metric("training loss", None, False),
     "client_mean_accuracy": Metric("mean accuracy on clients' own test data", None, True),
+    # personalised evaluation (docs/personalised.md): per client on its own test data
+    **{f"{who}_accuracy_{stat}": Metric(f"{label} accuracy, {what}", None, True)
+       for who, label in (("personal", "personal"), ("global", "global model's"),
+                          ("unseen_personal", "unseen clients' personal"),
+                          ("unseen_global", "global model's unseen-client"))
+       for stat, what in (("mean", "mean over clients"), ("weighted", "sample-weighted mean"),
+                          ("p10", "10th percentile of clients"), ("worst", "worst client"))},
     "sim_time_s": Metric("simulated time", "s"),
     "wall_s": Metric("wall-clock time", "s", wall_clock=True),
     "prep_s": Metric("preparation time", "s", wall_clock=True),

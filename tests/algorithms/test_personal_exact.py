@@ -1,0 +1,153 @@
+"""Personalised methods against independent float64 NumPy loops, four rounds of partial
+participation (tests/algorithms/multiround.py's cohorts and step counts, client 4 without data
+in round 3).
+
+The model has a body and a head, ``{"body": [2], "head": [2]}``, and client i's loss is
+``a_i/2 ||body + 2 head - b_i||²``: the head's gradient is twice the body's, so training the
+wrong part, sending a kept part, or starting from the global value instead of the client's
+own gives different numbers. Each reference reads nothing from fedforge.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedforge.algorithms import build_algorithm
+from fedforge.core.store import ClientStore
+from fedforge.core.tree import flatten_dict
+from fedforge.engine import LoopEngine, VmapEngine
+from fedforge.engine.round import federated_round
+from tests.algorithms.multiround import A, B, K, N, SCHEDULE
+
+LR = 0.1
+BODY0, HEAD0 = np.array([0.3, -0.2]), np.array([0.1, 0.4])
+HEAD = ["head"]
+
+
+def loss(params, x, y, w):
+    del y
+    a, b = x[:, 0], x[:, 1:]
+    u = params["body"] + 2.0 * params["head"]
+    per_sample = 0.5 * a * ((u - b) ** 2).sum(-1)
+    return (per_sample * w).sum() / w.sum().clamp_min(1.0)
+
+
+def grads(i, body, head):
+    r = A[i] * (body + 2.0 * head - B[i])
+    return r, 2.0 * r
+
+
+def run(algorithm, engine=None):
+    """fedforge's trajectory: (body, head, stored client state) after every round."""
+    engine = engine or LoopEngine()
+    x_all = torch.tensor(np.c_[A, B], dtype=torch.float64)
+    y_all = torch.zeros(N, dtype=torch.long)
+    params = {"body": torch.tensor(BODY0), "head": torch.tensor(HEAD0)}
+    server_state = algorithm.server_init(params)
+    store = ClientStore(N, algorithm.client_init(params))
+    out = []
+    for t, (ids, steps) in enumerate(SCHEDULE, start=1):
+        ids_t = torch.tensor(ids)
+        sample_idx = ids_t.view(-1, 1, 1).expand(-1, K, 1).clone()
+        weights = torch.zeros(sample_idx.shape, dtype=torch.float64)
+        for c, k in enumerate(steps):
+            weights[c, :k] = 1.0
+        params, server_state, _ = federated_round(
+            algorithm, engine, loss, params, server_state, store, ids_t, x_all, y_all,
+            sample_idx, weights, round_=t)
+        state = {k: v.numpy().copy() for k, v in flatten_dict(store.gather(torch.arange(N))).items()}
+        out.append((params["body"].numpy().copy(), params["head"].numpy().copy(), state))
+    return out
+
+
+def reference(kept: str | None = None, train: str = "both", head_passes: int = 0,
+              ditto_lam: float | None = None):
+    """Round by round (body, head, personal state [N, 2] by leaf) of one method's rule."""
+    body, head = BODY0.copy(), HEAD0.copy()
+    mine = {"body": np.tile(BODY0, (N, 1)), "head": np.tile(HEAD0, (N, 1))}
+    v = {"body": np.tile(BODY0, (N, 1)), "head": np.tile(HEAD0, (N, 1))}  # Ditto's v_i
+    out = []
+    for ids, steps in SCHEDULE:
+        d_body, d_head = np.zeros(2), np.zeros(2)
+        for i, k in zip(ids, steps, strict=True):
+            if ditto_lam is not None:  # v_i: k steps on f_i + lam/2 ||v - w^t||²
+                vb, vh = v["body"][i].copy(), v["head"][i].copy()
+                for _ in range(k):
+                    gb, gh = grads(i, vb, vh)
+                    vb, vh = (vb - LR * (gb + ditto_lam * (vb - body)),
+                              vh - LR * (gh + ditto_lam * (vh - head)))
+                v["body"][i], v["head"][i] = vb, vh
+            b = mine["body"][i].copy() if kept == "body" else body.copy()
+            h = mine["head"][i].copy() if kept == "head" else head.copy()
+            for _ in range(head_passes * k):  # FedRep: the head alone, the body fixed
+                h = h - LR * grads(i, b, h)[1]
+            for _ in range(k):
+                gb, gh = grads(i, b, h)
+                b = b - LR * gb if train in ("both", "body") else b
+                h = h - LR * gh if train == "both" else h
+            if kept is not None:
+                mine[kept][i] = b if kept == "body" else h
+            d_body += (body - b) / len(ids) if kept != "body" else 0.0
+            d_head += (head - h) / len(ids) if kept != "head" else 0.0
+        body, head = body - d_body, head - d_head
+        out.append((body.copy(), head.copy(),
+                    {"body": mine["body"].copy(), "head": mine["head"].copy(),
+                     "v_body": v["body"].copy(), "v_head": v["head"].copy()}))
+    return out
+
+
+CASES = {  # name -> (hparams, reference, stored leaves: store key -> reference key)
+    "fedper": ({"head": HEAD}, {"kept": "head"}, {"personal/head": "head"}),
+    "lg_fedavg": ({"head": HEAD}, {"kept": "body"}, {"personal/body": "body"}),
+    "fedrep": ({"head": HEAD, "head_passes": 2}, {"kept": "head", "train": "body",
+                                                   "head_passes": 2}, {"personal/head": "head"}),
+    "fedbabu": ({"head": HEAD}, {"train": "body"}, {}),
+    "ditto": ({"lam": 0.7}, {"ditto_lam": 0.7}, {"personal/body": "v_body",
+                                                 "personal/head": "v_head"}),
+    "fedavg_ft": ({}, {}, {}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_rounds_match_the_rule(name):
+    hparams, rule, stored = CASES[name]
+    got = run(build_algorithm(name, local_lr=LR, **hparams))
+    want = reference(**rule)
+    for t, ((gb, gh, gs), (wb, wh, ws)) in enumerate(zip(got, want, strict=True), start=1):
+        np.testing.assert_allclose(gb, wb, rtol=1e-12, atol=1e-14, err_msg=f"{name} round {t}: body")
+        np.testing.assert_allclose(gh, wh, rtol=1e-12, atol=1e-14, err_msg=f"{name} round {t}: head")
+        assert set(gs) == set(stored), f"{name}: stored state {sorted(gs)}"
+        for key, ref_key in stored.items():
+            np.testing.assert_allclose(gs[key], ws[ref_key], rtol=1e-12, atol=1e-14,
+                                       err_msg=f"{name} round {t}: {key}")
+
+
+def test_local_only_keeps_everything_and_sends_nothing():
+    got = run(build_algorithm("local_only", local_lr=LR))
+    want_b, want_h = np.tile(BODY0, (N, 1)), np.tile(HEAD0, (N, 1))
+    for (gb, gh, gs), (ids, steps) in zip(got, SCHEDULE, strict=True):
+        for i, k in zip(ids, steps, strict=True):
+            b, h = want_b[i], want_h[i]
+            for _ in range(k):
+                g_b, g_h = grads(i, b, h)
+                b, h = b - LR * g_b, h - LR * g_h
+            want_b[i], want_h[i] = b, h
+        np.testing.assert_allclose(gb, BODY0)  # the global model never moves
+        np.testing.assert_allclose(gh, HEAD0)
+        np.testing.assert_allclose(gs["personal/body"], want_b, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(gs["personal/head"], want_h, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("name", ["ditto", "fedrep", "fedper", "lg_fedavg", "fedbabu",
+                                  "local_only"])
+def test_loop_equals_vmap(name):
+    hp = {} if name in ("ditto", "local_only") else {"head": HEAD}
+    algorithm = build_algorithm(name, local_lr=LR, **hp)
+    ref, got = run(algorithm), run(algorithm, VmapEngine(chunk_size=2))
+    for (rb, rh, rs), (gb, gh, gs) in zip(ref, got, strict=True):
+        np.testing.assert_allclose(gb, rb, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(gh, rh, rtol=1e-12, atol=1e-14)
+        for key in rs:
+            np.testing.assert_allclose(gs[key], rs[key], rtol=1e-12, atol=1e-14)

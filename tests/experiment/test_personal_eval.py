@@ -1,0 +1,133 @@
+"""The personalised evaluation protocol: per-client splits, batched per-client accuracy,
+the summary statistics, fine-tuning at evaluation, and a run's records."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedforge.algorithms import build_algorithm
+from fedforge.core.store import ClientStore
+from fedforge.data.client_split import client_split
+from fedforge.data.federated import FederatedDataset
+from fedforge.engine import classification_loss
+from fedforge.experiment.personal_eval import (
+    client_accuracy,
+    evaluate_personal,
+    personal_models,
+    summarise,
+)
+from fedforge.models import build_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _data(sizes=(8, 4, 13, 6), dim=3, classes=3, seed=0) -> FederatedDataset:
+    gen = torch.Generator().manual_seed(seed)
+    n = sum(sizes)
+    x = torch.randn(n, dim, generator=gen)
+    y = torch.randint(0, classes, (n,), generator=gen)
+    starts = np.cumsum([0, *sizes])
+    parts = [torch.arange(a, b) for a, b in zip(starts[:-1], starts[1:], strict=True)]
+    return FederatedDataset(x, y, x[:5], y[:5], parts, None, classes, (dim,), "toy")
+
+
+def test_summary_statistics_by_hand():
+    acc = torch.tensor([1.0, 0.5, 0.25, 0.0, 0.75])
+    n = torch.tensor([2.0, 4.0, 4.0, 0.0, 4.0])  # the client without test data is left out
+    got = summarise("personal_accuracy", acc, n)
+    assert got["personal_accuracy_mean"] == pytest.approx((1 + 0.5 + 0.25 + 0.75) / 4)
+    assert got["personal_accuracy_weighted"] == pytest.approx((2 + 2 + 1 + 3) / 14)
+    # numpy's linear percentile of [0.25, 0.5, 0.75, 1.0] at 10 %: 0.25 + 0.3 * 0.25
+    assert got["personal_accuracy_p10"] == pytest.approx(0.325)
+    assert got["personal_accuracy_worst"] == 0.25
+
+
+def test_hold_out_is_per_client_seeded_and_disjoint():
+    data = _data()
+    split, tests = client_split(data, 0.25, seed=3)
+    again, tests2 = client_split(data, 0.25, seed=3)
+    other = client_split(data, 0.25, seed=4)[1]
+    for i, part in enumerate(data.client_indices):
+        train, test = set(split.client_indices[i].tolist()), set(tests.indices[i].tolist())
+        assert not train & test and train | test == set(part.tolist())
+        assert len(test) == math.floor(0.25 * len(part))
+        assert torch.equal(tests.indices[i], tests2.indices[i])
+    assert any(not torch.equal(a, b) for a, b in zip(tests.indices, other.indices, strict=True))
+    assert torch.equal(tests.x, data.train_x)  # held-out samples come from the training set
+
+
+def test_unseen_clients_never_train_but_keep_their_samples():
+    data = _data()
+    split, tests = client_split(data, 0.25, seed=0, unseen=2)
+    assert tests.unseen.tolist() == [2, 3]
+    assert [len(p) for p in split.client_indices][2:] == [0, 0]
+    assert tests.train_sizes[2:].tolist() == [13 - 3, 6 - 1]  # fine-tuning samples
+    with pytest.raises(ValueError, match="eval.unseen_clients"):
+        client_split(data, 0.25, seed=0, unseen=4)
+
+
+def test_natural_test_split_is_used_where_the_dataset_has_one():
+    data = _data()
+    own = [torch.tensor([0, 1]), torch.tensor([2]), torch.tensor([3, 4]), torch.tensor([], dtype=torch.int64)]
+    data.client_test_indices = own
+    split, tests = client_split(data, 0.25, seed=0, natural=True)
+    assert tests.x is data.test_x and [t.tolist() for t in tests.indices] == [
+        t.tolist() for t in own]
+    assert [len(p) for p in split.client_indices] == [8, 4, 13, 6]
+
+
+def test_batched_accuracy_equals_a_loop_over_clients():
+    data = _data()
+    model = build_model("mlp", (3,), 3, hidden=(5,))
+    base = {k: v.detach() for k, v in model.named_parameters()}
+    params = {k: torch.stack([v + 0.3 * i for i in range(4)]) for k, v in base.items()}
+    acc, n = client_accuracy(model, params, data.train_x, data.train_y, data.client_indices,
+                             batch_size=10)  # several chunks of clients
+    for i, idx in enumerate(data.client_indices):
+        p = {k: v[i] for k, v in params.items()}
+        logits = torch.func.functional_call(model, p, (data.train_x[idx],))
+        want = (logits.argmax(-1) == data.train_y[idx]).double().mean()
+        assert acc[i] == pytest.approx(float(want))
+        assert n[i] == len(idx)
+
+
+def test_personal_models_read_the_clients_own_leaves():
+    model = build_model("mlp", (3,), 3, hidden=(5,))
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    fedper = build_algorithm("fedper")  # head = the last layer, net.2.*
+    store = ClientStore(3, fedper.client_init(params))
+    store.state["personal"]["net.2.bias"][1] += 1.0
+    got = personal_models(fedper, params, store.gather(torch.tensor([0, 1])), 2)
+    assert torch.equal(got["net.2.bias"][1], params["net.2.bias"] + 1.0)
+    assert torch.equal(got["net.2.bias"][0], params["net.2.bias"])
+    assert torch.equal(got["net.0.weight"][1], params["net.0.weight"])  # the shared body
+
+
+def test_finetuning_at_evaluation_moves_only_personal_models():
+    data = _data()
+    split, tests = client_split(data, 0.25, seed=0, unseen=1)
+    model = build_model("logreg", (3,), 3)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    loss_fn = classification_loss(model)
+    kw = dict(unseen_steps=0, batch_size=64, train_batch_size=2, seed=0, round_=1)
+    plain = build_algorithm("fedavg_ft", local_lr=0.5, finetune_steps=0)
+    tuned = build_algorithm("fedavg_ft", local_lr=0.5, finetune_steps=5)
+    empty = ClientStore(4, {})
+    a = evaluate_personal(model, plain, loss_fn, params, empty.gather, tests, split.train_x,
+                          split.train_y, **kw)
+    b = evaluate_personal(model, tuned, loss_fn, params, empty.gather, tests, split.train_x,
+                          split.train_y, **kw)
+    assert a["personal_accuracy_mean"] == a["global_accuracy_mean"]  # no steps: global
+    assert b["global_accuracy_mean"] == a["global_accuracy_mean"]
+    assert b["personal_accuracy_mean"] != a["personal_accuracy_mean"]
+    assert "unseen_personal_accuracy_mean" in a
+    c = evaluate_personal(model, tuned, loss_fn, params, empty.gather, tests, split.train_x,
+                          split.train_y, **{**kw, "unseen_steps": 5})
+    assert c["unseen_personal_accuracy_mean"] != a["unseen_personal_accuracy_mean"]
+    assert c == evaluate_personal(model, tuned, loss_fn, params, empty.gather, tests,
+                                  split.train_x, split.train_y, **{**kw, "unseen_steps": 5})
