@@ -495,7 +495,9 @@ def report(
 @app.command()
 def bench(
     workload: Annotated[str, typer.Argument(
-        help="w1 | w2 (throughput) | w3 (time to accuracy of one config, per engine)")],
+        help="w1 | w2 (throughput) | w3 (time to accuracy of one config, per engine) | "
+             "pfl-cifar10 (pfl-research's CIFAR-10 workload: fedforge, pfl-research, Flower "
+             "and a plain loop, interleaved)")],
     cohorts: Annotated[str, typer.Option(help="w1/w2: comma-separated cohort sizes")] = "10,100",
     engines: Annotated[str | None, typer.Option(
         help="w1/w2 (default plain,loop,vmap,auto): plain,loop,vmap,auto,procs (one "
@@ -506,7 +508,9 @@ def bench(
              "(channels-last images and convolution weights) and, for vmap, "
              ":compile (torch.compile), e.g. vmap:bf16:compile. w3 (default "
              "fedforge,plain,flower): the config as a fedforge run, as a plain PyTorch FedAvg "
-             "loop and on Flower's simulation engine, each stopped at the target")] = None,
+             "loop and on Flower's simulation engine, each stopped at the target. "
+             "pfl-cifar10 (default fedforge,pfl,flower,plain): fedforge (engine auto) or "
+             "fedforge:loop|vmap|procs, pfl, flower, plain")] = None,
     device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
     chunk: Annotated[str, typer.Option(help="vmap chunk size or auto")] = "auto",
     repeats: Annotated[int, typer.Option(help="timed repetitions after a warm-up")] = 1,
@@ -517,7 +521,8 @@ def bench(
         help="w3: test-accuracy target; each engine stops at its first evaluation at or "
              "above it")] = 0.8,
     out: Annotated[Path, typer.Option(
-        help="w3: run directory; --profile: where traces go", parser=_out_path, metavar="PATH")
+        help="w3, pfl-cifar10: run directory; --profile: where traces go", parser=_out_path,
+        metavar="PATH")
     ] = Path("runs/bench_w3"),
     results: Annotated[Path, typer.Option(help="markdown file to append to")] = Path(
         "benchmarks/RESULTS.md"),
@@ -530,6 +535,20 @@ def bench(
     profile: Annotated[bool, typer.Option(
         "--profile", help="torch profiler trace of each row in OUT/profile/ and its top "
                           "kernels")] = False,
+    data_root: DataRootOption = None,
+    groups: Annotated[int, typer.Option(
+        help="pfl-cifar10: round-robin groups (each framework once per group, fresh "
+             "process)")] = 3,
+    warmup: Annotated[int, typer.Option(help="pfl-cifar10: untimed iterations first")] = 1,
+    iterations: Annotated[int, typer.Option(help="pfl-cifar10: timed iterations")] = 5,
+    quick: Annotated[bool, typer.Option(
+        "--quick", help="pfl-cifar10: a tiny workload (16 users, cohort 4), random images "
+                        "when CIFAR-10 is absent: checks that every row runs")] = False,
+    precision: Annotated[str, typer.Option(
+        help="pfl-cifar10: fp32 | bf16 (autocast, fp32 weights) for every framework")] = "fp32",
+    peer_python: Annotated[str | None, typer.Option(
+        help="pfl-cifar10: the Python that runs pfl-research (one with pfl installed that "
+             "can import fedforge); default this one")] = None,
 ) -> None:
     """Run a benchmark workload, print a table and append it to benchmarks/RESULTS.md."""
     import torch
@@ -566,6 +585,25 @@ def bench(
                 plot_scaling(rows, plot, f"{title}, {dev.type}")
             except (ValueError, OSError) as exc:
                 _fail(str(exc))
+    elif workload == "pfl-cifar10":
+        from fedforge.bench.pfl_cifar10 import HEADER, parse_frameworks, run_pfl_cifar10
+
+        _setup(None, data_root)
+        try:
+            rows, note = run_pfl_cifar10(
+                parse_frameworks(engines or "fedforge,pfl,flower,plain"), out, groups=groups,
+                warmup=warmup, iterations=iterations, quick=quick, precision=precision,
+                peer_python=peer_python)
+        except (ValueError, OSError) as exc:
+            _fail(str(exc))
+        header, title = HEADER, "pfl-research CIFAR-10 (simple_cnn, FedAvg)"
+        if quick:
+            title += ", --quick"
+        try:
+            console.print(append_results(results, title, dev, header, rows, note), markup=False)
+        except (ValueError, OSError) as exc:
+            _fail(str(exc))
+        return
     elif workload == "w3":
         from fedforge.bench.profiling import profiled
         from fedforge.bench.time_to_accuracy import W3_HEADER, run_w3_engines
@@ -579,7 +617,7 @@ def bench(
         header = W3_HEADER
         title = "W3 time to accuracy"
     else:
-        _fail(f"workload: expected w1, w2 or w3, got {workload!r}")
+        _fail(f"workload: expected w1, w2, w3 or pfl-cifar10, got {workload!r}")
     try:
         console.print(append_results(results, title, dev, header, rows), markup=False)
     except (ValueError, OSError) as exc:  # e.g. --results is a link: refused, not followed

@@ -283,8 +283,8 @@ def run_pfl_cifar10(frameworks: list[str], out: Path, *, data_root: str | Path |
             f"{work.epochs} epoch of batch {work.batch} ({work.steps} steps), local lr "
             f"{work.local_lr}, FedAvg (central lr {work.central_lr}), {work.model}, "
             f"{precision}; data: {data['source']}, test set {work.test_size}. Groups: "
-            f"{groups}, each ({warmup} warm-up + {iterations} timed iterations) per framework, each "
-            f"in a fresh process, round-robin. Cores: {os.cpu_count()}; load average "
+            f"{groups}, each with {warmup} warm-up + {iterations} timed iterations per "
+            f"framework in a fresh process, round-robin. Cores: {os.cpu_count()}; load average "
             f"(1, 5, 15 min) before {_load(load_before)}, after {_load(os.getloadavg())}. "
             f"Versions: {', '.join(f'{k} {v}' for k, v in sorted(versions.items()))}.")
     return rows, note

@@ -25,6 +25,8 @@ from fedforge.bench.pfl_cifar10 import Workload, cohort_ids, user_rows
 from fedforge.bench.plain_fl import test_accuracy
 from fedforge.models import build_model
 
+RUN_ITERATIONS = 1500  # central_num_iterations of pfl-research's CIFAR-10 baseline
+
 
 class Data:
     """The prepared arrays, normalised with the training set's channel statistics."""
@@ -102,14 +104,22 @@ def run_fedforge(spec: dict, work: Workload, data: Data, clock: Clock
     """fedforge's FedAvg (server lr = central lr) and engine through ``federated_round``."""
     from fedforge.algorithms import build_algorithm
     from fedforge.core.store import ClientStore
-    from fedforge.engine import AutoEngine, build_engine, classification_loss
+    from fedforge.engine import (
+        AutoEngine,
+        LoopEngine,
+        ProcessEngine,
+        VmapEngine,
+        classification_loss,
+    )
     from fedforge.engine.round import federated_round
 
     model = initial_model(work)
     engine_name = spec["framework"].partition(":")[2] or "auto"
     rounds = spec["warmup"] + spec["iterations"]
-    engine = (AutoEngine(budget_updates=rounds * work.cohort) if engine_name == "auto"
-              else build_engine(engine_name))
+    # auto sizes its calibration by the run it serves: pfl-research's 1500 iterations
+    engine = {"auto": lambda: AutoEngine(budget_updates=RUN_ITERATIONS * work.cohort,
+                                         allow_processes=True),
+              "loop": LoopEngine, "vmap": VmapEngine, "procs": ProcessEngine}[engine_name]()
     algo = build_algorithm("fedavg", local_lr=work.local_lr, server_lr=work.central_lr)
     loss_fn = classification_loss(model, spec["precision"])
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
