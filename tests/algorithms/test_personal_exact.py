@@ -19,7 +19,7 @@ from fedforge.core.store import ClientStore
 from fedforge.core.tree import flatten_dict
 from fedforge.engine import LoopEngine, VmapEngine
 from fedforge.engine.round import federated_round
-from tests.algorithms.multiround import A, B, K, N, SCHEDULE
+from tests.algorithms.multiround import SCHEDULE, A, B, K, N
 
 LR = 0.1
 BODY0, HEAD0 = np.array([0.3, -0.2]), np.array([0.1, 0.4])
@@ -57,7 +57,8 @@ def run(algorithm, engine=None):
         params, server_state, _ = federated_round(
             algorithm, engine, loss, params, server_state, store, ids_t, x_all, y_all,
             sample_idx, weights, round_=t)
-        state = {k: v.numpy().copy() for k, v in flatten_dict(store.gather(torch.arange(N))).items()}
+        state = {k: v.numpy().copy()
+                 for k, v in flatten_dict(store.gather(torch.arange(N))).items()}
         out.append((params["body"].numpy().copy(), params["head"].numpy().copy(), state))
     return out
 
@@ -116,8 +117,8 @@ def test_rounds_match_the_rule(name):
     got = run(build_algorithm(name, local_lr=LR, **hparams))
     want = reference(**rule)
     for t, ((gb, gh, gs), (wb, wh, ws)) in enumerate(zip(got, want, strict=True), start=1):
-        np.testing.assert_allclose(gb, wb, rtol=1e-12, atol=1e-14, err_msg=f"{name} round {t}: body")
-        np.testing.assert_allclose(gh, wh, rtol=1e-12, atol=1e-14, err_msg=f"{name} round {t}: head")
+        np.testing.assert_allclose(gb, wb, rtol=1e-12, atol=1e-14, err_msg=f"{name} {t}: body")
+        np.testing.assert_allclose(gh, wh, rtol=1e-12, atol=1e-14, err_msg=f"{name} {t}: head")
         assert set(gs) == set(stored), f"{name}: stored state {sorted(gs)}"
         for key, ref_key in stored.items():
             np.testing.assert_allclose(gs[key], ws[ref_key], rtol=1e-12, atol=1e-14,

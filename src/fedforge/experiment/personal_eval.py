@@ -150,7 +150,8 @@ def evaluate_personal(model: nn.Module, algorithm: Algorithm, loss_fn: LossFn,
                       chunk: int = 64) -> dict[str, float]:
     """The protocol's metrics over every client (``gather(ids)``: their stacked client
     states), ``chunk`` clients at a time: the clients that train with the method's own
-    fine-tuning steps, the unseen ones with ``unseen_steps``."""
+    fine-tuning steps; the unseen ones start from the global model, as a new client would,
+    and take ``unseen_steps``."""
     personal = getattr(algorithm, "personal", None)
     own_steps = 0 if personal is None else personal.finetune_steps
     unseen = set(tests.unseen.tolist())
@@ -162,8 +163,9 @@ def evaluate_personal(model: nn.Module, algorithm: Algorithm, loss_fn: LossFn,
         parts: dict[str, list] = {"personal": [], "global": [], "sizes": []}
         for lo in range(0, len(ids), chunk):
             cids = torch.tensor(ids[lo:lo + chunk], dtype=torch.int64)
+            states = gather(cids) if not prefix else {}  # an unseen client: the global model
             got = evaluate_clients(
-                model, algorithm, loss_fn, global_params, cids, gather(cids), tests, train_x,
+                model, algorithm, loss_fn, global_params, cids, states, tests, train_x,
                 train_y, finetune_steps=steps, batch_size=batch_size,
                 train_batch_size=train_batch_size, generator=gen, round_=round_)
             for k, v in got.items():
