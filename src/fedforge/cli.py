@@ -148,7 +148,7 @@ def run(
     try:
         with profiled(out / "profile", "run", enabled=profile):
             history = run_experiment(cfg, out, resume=resume, progress=not quiet,
-                                     overwrite=overwrite)
+                                     overwrite=overwrite, allow_processes=True)
     except (DatasetError, ValueError, OSError, FloatingPointError) as exc:
         _fail(str(exc))
     if cfg.multitask:
@@ -290,7 +290,8 @@ def compare(
                      for n in names}
             with styled:
                 table_rows, plot = run_multitask_comparison(mcfgs, out, progress=not quiet,
-                                                            overwrite=overwrite)
+                                                            overwrite=overwrite,
+                                                            allow_processes=True)
         except (ConfigError, ValueError, OSError) as exc:
             _fail(str(exc))
         _print_rows(table_rows, out)
@@ -309,7 +310,7 @@ def compare(
     try:
         with styled:
             table_rows, plot = run_comparison(cfgs, out, target=target, progress=not quiet,
-                                              overwrite=overwrite)
+                                              overwrite=overwrite, allow_processes=True)
     except (ValueError, OSError, FloatingPointError) as exc:
         _fail(str(exc))
     _print_rows(table_rows, out)

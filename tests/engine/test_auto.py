@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fedforge.algorithms import ALGORITHMS, build_algorithm
-from fedforge.engine import AutoEngine, LoopEngine, ProcessEngine, VmapEngine, build_engine
+from fedforge.engine import AutoEngine, LoopEngine, ProcessEngine, VmapEngine
 from fedforge.engine import auto as auto_mod
 from fedforge.engine.base import CohortInputs
 from fedforge.experiment.config import load_config
@@ -130,16 +130,19 @@ def test_channels_last_is_a_candidate_only_for_2d_conv_nets_on_cpu():
         assert cands[0] == {"engine": "loop", "chunk": 1, "conv": "native"}
 
 
-def test_worker_processes_are_tried_only_from_the_fedforge_command(monkeypatch):
+def test_worker_processes_are_tried_only_where_allowed(monkeypatch):
     """A spawned worker re-imports the main module: only fedforge's own entry points are
-    known to guard theirs, so ``auto`` leaves scripts, notebooks and tests in one process."""
+    known to guard theirs, so ``auto`` leaves scripts, notebooks and tests in one process
+    unless the caller allows processes (the command does); whoever allows them, the threads
+    this process was given bound how many."""
     x = torch.zeros(2, 3)
-    assert auto_mod.process_workers(x) == 0  # pytest
-    monkeypatch.setattr("sys.argv", ["/venv/bin/fedforge", "run", "c.toml"])
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 64)
+    monkeypatch.setattr("sys.argv", ["/venv/bin/fedforge", "run", "c.toml"])  # not consulted
+    assert AutoEngine()._workers(x) == 0
+    assert AutoEngine(allow_processes=True)._workers(x) == auto_mod.default_workers()
+    assert AutoEngine(allow_processes=True)._workers(x.to("meta")) == 0  # off the CPU
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     assert auto_mod.process_workers(x) == 1  # OMP_NUM_THREADS=1: one worker, so none
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 64)
-    assert auto_mod.process_workers(x) == auto_mod.default_workers()
 
 
 @pytest.mark.slow  # spawns worker processes
@@ -147,7 +150,7 @@ def test_auto_times_worker_processes_and_a_resume_rebuilds_them(monkeypatch):
     model, (x, y, idx, w), algo = _setup()
     monkeypatch.setattr(auto_mod, "process_workers", lambda x_all: 2)
     monkeypatch.setattr(auto_mod, "PROCESS_START_S", 0.0)
-    engine = AutoEngine(budget_updates=10**6)
+    engine = AutoEngine(budget_updates=10**6, allow_processes=True)
     ref = _run(algo, LoopEngine(), model, x, y, idx, w)
     with engine:
         assert_same_run(ref, _run(algo, engine, model, x, y, idx, w), rtol=1e-4)
@@ -156,7 +159,11 @@ def test_auto_times_worker_processes_and_a_resume_rebuilds_them(monkeypatch):
     monkeypatch.setattr(AutoEngine, "_choose", lambda *a: pytest.fail("recalibrated"))
     choice = {"engine": "procs", "inner": "loop", "chunk": 1, "conv": "native", "workers": 2,
               "calibrated": True}
-    resumed = AutoEngine(budget_updates=10**6)
+    with pytest.raises(ValueError, match=r"^checkpoint field 'engine.choice': this run chose "
+                                         r"worker processes \(procs 2 x loop\); resume it "
+                                         r"from the fedforge command or with allow_processes"):
+        AutoEngine(budget_updates=10**6).load_state_dict({"choice": choice})
+    resumed = AutoEngine(budget_updates=10**6, allow_processes=True)
     resumed.load_state_dict(json.loads(json.dumps({"choice": choice, "workers": 2,
                                                    "inner": "loop"})))
     assert auto_mod._label(resumed.choice) == "procs 2 x loop"
@@ -164,10 +171,11 @@ def test_auto_times_worker_processes_and_a_resume_rebuilds_them(monkeypatch):
         assert_same_run(ref, _run(algo, resumed, model, x, y, idx, w), rtol=1e-4)
         assert len(resumed.engine.processes) == 2
     with pytest.raises(ValueError, match="unknown recorded procs inner"):
-        AutoEngine().load_state_dict({"choice": {"engine": "procs", "inner": "jax"}})
+        AutoEngine(allow_processes=True).load_state_dict(
+            {"choice": {"engine": "procs", "inner": "jax"}})
     with pytest.raises(ValueError, match="unknown recorded procs conv"):
-        AutoEngine().load_state_dict({"choice": {"engine": "procs", "inner": "vmap",
-                                                 "conv": "channels_last"}})
+        AutoEngine(allow_processes=True).load_state_dict(
+            {"choice": {"engine": "procs", "inner": "vmap", "conv": "channels_last"}})
 
 
 @pytest.mark.parametrize(("loop_ms", "loop_cl_ms", "conv"),
@@ -241,9 +249,11 @@ def test_uncalibrated_cpu_conv_net_runs_the_loop_in_worker_processes(monkeypatch
     to calibrate trains a CPU conv net with the loop in worker processes (the loop's maths)."""
     model, (x, y, idx, w), algo = _setup()
     monkeypatch.setattr(auto_mod, "process_workers", lambda x_all: 2)
-    small = AutoEngine(budget_updates=999, max_share=0.0)
+    small = AutoEngine(budget_updates=999, max_share=0.0, allow_processes=True)
     assert _run(algo, small, model, x, y, idx, w) and small.choice["engine"] == "loop"
-    with AutoEngine(budget_updates=1000, max_share=0.0) as engine:
+    unallowed = AutoEngine(budget_updates=1000, max_share=0.0)
+    assert _run(algo, unallowed, model, x, y, idx, w) and unallowed.choice["engine"] == "loop"
+    with AutoEngine(budget_updates=1000, max_share=0.0, allow_processes=True) as engine:
         got = _run(algo, engine, model, x, y, idx, w)
         assert engine.choice["calibrated"] is False
         assert auto_mod._label(engine.choice) == "procs 2 x loop"
@@ -251,8 +261,7 @@ def test_uncalibrated_cpu_conv_net_runs_the_loop_in_worker_processes(monkeypatch
     assert_same_run(_run(algo, LoopEngine(), model, x, y, idx, w), got, rtol=1e-4)
 
 
-def test_build_engine_auto_and_config_default():
-    assert isinstance(build_engine("auto"), AutoEngine)
+def test_config_default_is_auto():
     assert load_config(QUICKSTART).engine.name == "auto"
 
 
@@ -290,6 +299,7 @@ def test_calibration_leaves_the_worker_processes_their_share(monkeypatch):
         return best, best_ms
 
     monkeypatch.setattr(AutoEngine, "_time_processes", record)
-    engine = AutoEngine(budget_updates=5000)  # share: 2 % x 10 ms x 5000 = 1 s
+    # share: 2 % x 10 ms x 5000 = 1 s
+    engine = AutoEngine(budget_updates=5000, allow_processes=True)
     _run(algo, engine, model, x, y, idx, w)
     assert seen["left_s"] >= auto_mod.PROCESS_START_S

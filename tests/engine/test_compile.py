@@ -35,8 +35,9 @@ def test_compiled_vmap_matches_eager(algo_name, mode):
 def test_compile_option_is_off_by_default_and_passed_through():
     assert EngineConfig().compile is False
     assert VmapEngine().compile is False
-    assert build_engine("vmap", compile=True).compile is True
-    assert build_engine("distributed", compile=True).compile is True
+    for name in ("vmap", "distributed", "auto"):
+        section = EngineConfig(name=name, compile=True)
+        assert build_engine(section, allow_processes=False).compile is True
     assert EngineConfig(compile="reduce-overhead").compile == "reduce-overhead"
     with pytest.raises(ValueError, match="compile"):
         EngineConfig(compile="fastest")

@@ -24,6 +24,7 @@ from fedforge.engine import LoopEngine, ProcessEngine, build_engine, classificat
 from fedforge.engine.base import CohortInputs
 from fedforge.engine.procs import default_workers, pickle_for_workers
 from fedforge.engine.round import federated_round
+from fedforge.experiment.config import EngineConfig
 from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.runner import run_experiment
 from fedforge.models import build_model
@@ -223,7 +224,8 @@ def test_one_worker_or_one_client_never_spawns(monkeypatch):
 
 
 def test_options_state_and_registry():
-    assert isinstance(build_engine("procs", chunk_size=4), ProcessEngine)
+    assert isinstance(build_engine(EngineConfig(name="procs", chunk_size=4),
+                                   allow_processes=False), ProcessEngine)
     assert ProcessEngine().workers == default_workers() >= 1
     eng = ProcessEngine(workers=3, inner="vmap", chunk_size=2)
     assert eng.chunk_size(None, None) == 2 and eng.functional_grad  # the inner engine's

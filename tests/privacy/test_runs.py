@@ -14,7 +14,7 @@ from fedforge.core.store import ClientStore  # noqa: E402
 from fedforge.engine.local import classification_loss  # noqa: E402
 from fedforge.engine.round import federated_round  # noqa: E402
 from fedforge.experiment.build import sample_round  # noqa: E402
-from fedforge.experiment.config import ConfigError, load_config  # noqa: E402
+from fedforge.experiment.config import ConfigError, EngineConfig, load_config  # noqa: E402
 from fedforge.experiment.runner import Experiment, run_experiment  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +64,7 @@ def _two_rounds(cfg, engine_name: str):
     from fedforge.engine import build_engine
 
     exp = Experiment.from_config(cfg)
-    engine = build_engine(engine_name)
+    engine = build_engine(EngineConfig(name=engine_name), allow_processes=False)
     loss_fn = classification_loss(exp.network)
     params = exp.initial_params()
     state = exp.algorithm.server_init(params)

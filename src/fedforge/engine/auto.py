@@ -10,7 +10,8 @@ On a CPU a model with 2-D convolutions also has the channels-last loop ("loop ch
 images and conv weights in NHWC memory format, which can spare oneDNN's layout reorders and
 use the NHWC pooling kernels, or lose to the plain loop; its results leave the engine in the
 ordinary layout).
-On a CPU run from the ``fedforge`` command with two or more threads, it then times the loop
+On a CPU, with two or more threads and worker processes allowed (``allow_processes``: the
+``fedforge`` command allows them, the Python API only when asked), it then times the loop
 (and a vmapped winner) split over single-threaded worker processes
 (:class:`~fedforge.engine.procs.ProcessEngine`, one per thread; such processes beat one
 multi-threaded process on the machines measured), and keeps whichever is fastest. The
@@ -23,7 +24,7 @@ Calibration only runs when it costs at most ``max_share`` (2 %) of the run's cli
 remaining candidates once the next would overrun that share of the projected run (keeping
 what timing the worker processes needs for them). Shorter runs take a measured default
 (``benchmarks/RESULTS.md``): on a CPU, a model with convolutions runs the loop, since vmapped
-convolutions lose to it there (from the ``fedforge`` command with two or more threads and at
+convolutions lose to it there (with worker processes allowed, two or more threads and at
 least 1000 client updates, the loop in worker processes), and any other model runs the
 vmapped engine. The choice and
 the per-layer convolution strategies are :meth:`state_dict`, stored in every checkpoint, so a
@@ -34,9 +35,7 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -78,21 +77,12 @@ def _label(choice: dict) -> str:
 
 
 def process_workers(x_all: torch.Tensor) -> int:
-    """How many single-threaded worker processes ``auto`` may try: the intra-op threads this
-    process was given (``OMP_NUM_THREADS``, ``torch.set_num_threads``), capped by the usable
-    CPUs; 0 off the CPU or outside the ``fedforge`` command, where a spawned worker could
-    re-run an unguarded script's top level."""
-    if x_all.device.type != "cpu" or not _launched_by_cli():
+    """How many single-threaded worker processes ``auto`` may try where they are allowed:
+    the intra-op threads this process was given (``OMP_NUM_THREADS``,
+    ``torch.set_num_threads``), capped by the usable CPUs; 0 off the CPU."""
+    if x_all.device.type != "cpu":
         return 0
     return min(torch.get_num_threads(), default_workers())
-
-
-def _launched_by_cli() -> bool:
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    if spec is not None and spec.name.split(".")[0] == "fedforge":  # python -m fedforge
-        return True
-    return Path(sys.argv[0]).stem == "fedforge"  # the console script (guarded by pip)
 
 
 def _ms_per_update(engine: ChunkedEngine, algorithm, loss_fn, x_all: torch.Tensor,
@@ -128,8 +118,10 @@ class AutoEngine(ChunkedEngine):
         keep_deltas: bool = False,
         budget_updates: int | None = None,
         max_share: float | None = None,
+        allow_processes: bool = False,
     ) -> None:
         super().__init__(keep_deltas=keep_deltas)
+        self.allow_processes = allow_processes  # may it start worker processes (see above)
         self._chunk = chunk_size
         self.compile = compile
         self.budget_updates = budget_updates
@@ -180,6 +172,10 @@ class AutoEngine(ChunkedEngine):
         return (self.engine or VmapEngine(self._chunk)).chunk_size(inputs, x_all)
 
     # --- calibration ----------------------------------------------------------------------
+    def _workers(self, x_all: torch.Tensor) -> int:
+        """Worker processes this engine may try: none unless they are allowed."""
+        return process_workers(x_all) if self.allow_processes else 0
+
     def candidates(self, inputs: CohortInputs, x_all: torch.Tensor) -> list[dict]:
         """Loop (and on a CPU, for a 2-D conv net, the channels-last loop), then vmap at the
         automatic chunk ``a`` and ``a // 2``, each with native and batched convolutions
@@ -197,7 +193,7 @@ class AutoEngine(ChunkedEngine):
     def _default(self, inputs, x_all, reason: str) -> None:
         if _has_conv(inputs.global_params) and x_all.device.type == "cpu":
             self.choice = {"engine": "loop", "chunk": 1, "conv": "native"}
-            workers = process_workers(x_all)
+            workers = self._workers(x_all)
             if workers >= 2 and (self.budget_updates or 0) >= PROCESS_MIN_UPDATES:
                 self.choice = {"engine": "procs", "inner": "loop", "chunk": 1,
                                "conv": "native", "workers": workers}
@@ -217,7 +213,7 @@ class AutoEngine(ChunkedEngine):
                                  f"updates > {self.max_share:.0%} of {self.budget_updates})")
         t_start = time.perf_counter()
         best, best_ms = None, float("inf")
-        workers = process_workers(x_all)
+        workers = self._workers(x_all)
         # keep the processes' share only for a CPU conv net, where they won every measurement
         reserve_for = workers if _has_conv(inputs.global_params) else 0
         last_s = 0.0  # how long the previous candidate took
@@ -323,6 +319,10 @@ class AutoEngine(ChunkedEngine):
             return
         if not isinstance(state["choice"], dict):
             raise ValueError("checkpoint field 'engine.choice' is not a table")
+        if state["choice"].get("engine") == "procs" and not self.allow_processes:
+            raise ValueError("checkpoint field 'engine.choice': this run chose worker processes "
+                             f"({_label(state['choice'])}); resume it from the fedforge command "
+                             "or with allow_processes=True")
         self.choice = dict(state["choice"])
         self.timings = dict(state.get("timings", {}))
         self._reported = True  # the run's metrics already hold it

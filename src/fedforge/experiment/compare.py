@@ -91,10 +91,11 @@ def _merge(base: dict, extra: dict) -> dict:
 
 def run_comparison(
     configs: dict[str, RunConfig | list[RunConfig]], out: Path, *, target: float | None = None,
-    progress: bool = True, overwrite: bool = False,
+    progress: bool = True, overwrite: bool = False, allow_processes: bool = False,
 ) -> tuple[list[dict], Path]:
     """Run each config (or each seed's config) into ``out/<name>`` (``out/<name>/seed<s>`` for
-    several seeds); -> (table rows, accuracy-vs-round PNG).
+    several seeds); -> (table rows, accuracy-vs-round PNG). ``allow_processes``: as for
+    :func:`~fedforge.experiment.runner.run_experiment`.
 
     Each row holds numbers: per metric its :func:`summary` over the seeds (mean, std, n and
     the 95 % t-interval); with ``target`` also rounds and simulated minutes to reach it, over
@@ -114,7 +115,8 @@ def run_comparison(
             done += 1
             with run_position(f"run {done}/{total}"):
                 hists.append(run_experiment(c, run_dir, progress=progress,
-                                            resume=not overwrite, overwrite=overwrite))
+                                            resume=not overwrite, overwrite=overwrite,
+                                            allow_processes=allow_processes))
             dirs.append(run_dir)
         rows.append(_row(name, hists, target))
     if rows and out.is_dir():
@@ -218,7 +220,7 @@ def format_cell(value: object, seeds: int | None = None) -> str:
 
 def run_multitask_comparison(
     configs: dict, out: Path, *, progress: bool = True, baseline: str = "sync_st",
-    overwrite: bool = False,
+    overwrite: bool = False, allow_processes: bool = False,
 ) -> tuple[list[dict], Path]:
     """Multi-task methods on identical tasks and seed: time to target per task, time to
     finish all tasks, and FedAST's gain ``(T_baseline - T)/T_baseline`` against ``baseline``.
@@ -228,7 +230,7 @@ def run_multitask_comparison(
     for i, (name, cfg) in enumerate(configs.items(), 1):
         with run_position(f"run {i}/{len(configs)}"):
             run_experiment(cfg, subfolder(out, name), progress=progress, resume=not overwrite,
-                           overwrite=overwrite)
+                           overwrite=overwrite, allow_processes=allow_processes)
         summaries[name] = json.loads((out / name / "summary.json").read_text())
     t_base = summaries.get(baseline, {}).get("time_all_tasks")
     rows = []

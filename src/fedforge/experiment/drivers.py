@@ -454,7 +454,8 @@ class TasksDriver:
     per task); a checkpoint every ``checkpoint.every`` client updates keeps the results
     computed but not yet arrived, so a resumed run equals the uninterrupted one exactly."""
 
-    def __init__(self, cfg: RunConfig, folder: RunFolder, *, verbose: bool = True) -> None:
+    def __init__(self, cfg: RunConfig, folder: RunFolder, *, verbose: bool = True,
+                 allow_processes: bool = False) -> None:
         self.cfg, self.folder, self.verbose = cfg, folder, verbose
         self.device = resolve_device(cfg.engine.device)
         self.scattered = scatters(cfg)
@@ -463,7 +464,7 @@ class TasksDriver:
                                  ScatteredExecutor if self.scattered else TaskExecutor)
         if self.scattered:
             link_executors(self.tasks)
-        self.scheduler = build_scheduler(cfg, self.tasks)
+        self.scheduler = build_scheduler(cfg, self.tasks, allow_processes=allow_processes)
         self.state = RunState(seed=cfg.seed, unit=UPDATES)
         self.events: MetricsWriter | None = None
 

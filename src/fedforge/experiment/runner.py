@@ -107,13 +107,15 @@ class Experiment(Setup):
 
     @classmethod
     def from_config(cls, cfg: RunConfig, out_dir: str | Path | None = None, *,
-                    algorithm: Algorithm | None = None) -> Experiment:
+                    algorithm: Algorithm | None = None,
+                    allow_processes: bool = False) -> Experiment:
         """Build everything ``cfg`` names; ``out_dir``: the folder :meth:`run` writes (the
         config is then resolved as ``fedforge run`` records it); ``algorithm``: ``cfg``'s,
-        when the caller has built it already."""
+        when the caller has built it already; ``allow_processes``: as for
+        :func:`run_experiment`."""
         if out_dir is not None:
             cfg = resolve_config(cfg)
-        return super().from_config(cfg, algorithm=algorithm,
+        return super().from_config(cfg, algorithm=algorithm, allow_processes=allow_processes,
                                    out_dir=None if out_dir is None else Path(out_dir))
 
     @classmethod
@@ -194,13 +196,18 @@ class Experiment(Setup):
 
 def run_experiment(
     cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress: bool = True,
-    overwrite: bool = False, stop_at: float | None = None,
+    overwrite: bool = False, stop_at: float | None = None, allow_processes: bool = False,
 ) -> list[dict]:
     """Run ``cfg``, writing ``out_dir/{config.resolved.toml, metrics.jsonl, checkpoints/}``
     (multi-task runs also ``events.jsonl`` and ``summary.json``).
 
     ``stop_at``: end a single-task run after its first evaluation with ``test_accuracy`` at
     or above this value (``fedforge bench w3``); that round is checkpointed as the last one.
+
+    ``allow_processes``: whether ``engine.name = "auto"`` may train in worker processes.
+    A spawned worker re-imports the main module, so a script must guard its top level
+    (``if __name__ == "__main__":``) to allow them; the ``fedforge`` command allows them.
+    With the same flag, a config picks the same engine here and from the command.
 
     The one entry for every kind of run: without ``tasks``, synchronous rounds of one task;
     with a ``[[tasks]]`` list, ``cfg.method``'s multi-task scheduler
@@ -216,10 +223,11 @@ def run_experiment(
 
     def build() -> Driver:
         if cfg.multitask:
-            return TasksDriver(cfg, folder, verbose=progress)
+            return TasksDriver(cfg, folder, verbose=progress, allow_processes=allow_processes)
         with setup_step(f"{cfg.data.dataset}: loading and partitioning the data, building the "
                         f"model and algorithm", enabled=progress):
-            exp = Experiment.from_config(cfg, algorithm=algorithm)
+            exp = Experiment.from_config(cfg, algorithm=algorithm,
+                                         allow_processes=allow_processes)
         return RoundsDriver(exp, folder, stop_at=stop_at, verbose=progress)
 
     return drive(cfg, folder, build, resume=resume, overwrite=overwrite)
