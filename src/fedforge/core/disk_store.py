@@ -91,8 +91,6 @@ class DiskClientStore:
         self._chain_ids: list[np.ndarray] = []  # their client ids (for merging)
         self._mapped: OrderedDict[int, tuple[int, mmap.mmap]] = OrderedDict()
         self._reset_live()
-        if not self.empty:
-            self._prepare_folder(keep_until=None)
 
     # ------------------------------------------------------------------ the interface
     def num_rows(self) -> int:
@@ -106,6 +104,12 @@ class DiskClientStore:
     def nbytes_per_client(self) -> int:
         """Bytes of persistent state one client adds (benchmarks report it)."""
         return self.row_nbytes
+
+    def has_rows(self, client_ids: torch.Tensor) -> torch.Tensor:
+        """Which of ``client_ids`` have a row (the others read as the template)."""
+        ids = client_ids.cpu().numpy().astype(np.int64)
+        self._check_ids(ids)
+        return torch.from_numpy(self._index[ids] >= 0)
 
     def allocated(self) -> int:
         """Clients that have a row (were written at least once since the last restore)."""
@@ -231,11 +235,10 @@ class DiskClientStore:
         ``where``) names; ``None``: the initial state. Segments written after it are
         deleted; each named one must match its SHA-256 and fit the template."""
         self.chain, self._chain_ids, self.version = [], [], 0
-        self._reset_live()
         if self.empty:
             return
         version, segments = _checked_meta(meta, where)
-        self._prepare_folder(keep_until=version)
+        self._reset_live(keep_until=version)
         for seg in segments:
             path = self._segment_path(seg["file"], where)
             first, last = (int(g) for g in SEGMENT.fullmatch(seg["file"]).groups())
@@ -305,16 +308,16 @@ class DiskClientStore:
         return build(self.template, "")
 
     # ------------------------------------------------------------------ live files
-    def _reset_live(self) -> None:
+    def _reset_live(self, keep_until: int | None = None) -> None:
+        """No rows: unmapped, unindexed, the live files deleted (and the segments past
+        ``keep_until``, see :meth:`_prepare_folder`)."""
         self.close()
         self._index = np.full(self.num_rows(), -1, dtype=np.int32)  # 4 bytes per client
         self._next_slot = 0
         self._dirty: set[int] = set()
         self._files = 0
-        if not self.empty and self.directory.is_dir():
-            for entry in os.scandir(self.directory):
-                if LIVE.fullmatch(entry.name) or _SCRATCH.fullmatch(entry.name):
-                    os.unlink(entry.path)
+        if not self.empty:
+            self._prepare_folder(keep_until)
 
     def _check_ids(self, ids: np.ndarray) -> None:
         if ids.size and (ids.min() < 0 or ids.max() >= self.num_rows()):
@@ -411,6 +414,9 @@ class DiskClientStore:
         if problem:
             raise CheckpointError(f"{path}: {problem} (named by {where}); the client store "
                                   "reads only plain files inside its folder")
+        if not path.is_file():
+            raise CheckpointError(f"{path}: missing (named by {where}); the client store "
+                                  "cannot be rebuilt without it")
         return path
 
     def _replay(self, path: Path, rows: int) -> np.ndarray:
