@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import io
-import json
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +12,7 @@ import pytest
 
 from fedforge.experiment.config import load_config
 from fedforge.experiment.metrics import evaluated
+from fedforge.experiment.partition_stats import load_partition_stats
 from fedforge.experiment.progress import RoundProgress, run_position
 from fedforge.experiment.runner import run_experiment
 
@@ -81,7 +81,7 @@ def test_disabled_progress_prints_nothing():
 def test_a_run_names_its_algorithm_and_seed(tmp_path, capsys):
     run_experiment(load_config(QUICK, SHORT), tmp_path / "run", progress=True)
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("fedavg")]
-    sizes = json.loads((tmp_path / "run" / "partition.json").read_text())["sizes"]
+    sizes = load_partition_stats(tmp_path / "run")["sizes"]
     assert len(sizes) == 30 and lines[0] == (
         f"fedavg seed 3: rounds 1-4; synthetic: 30 clients, {sum(sizes)} training samples; "
         f"per client: min {min(sizes)}, median {np.median(sizes):g}, max {max(sizes)}")

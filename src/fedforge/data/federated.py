@@ -1,13 +1,16 @@
-"""A dataset split over clients, held as whole tensors plus per-client index lists.
+"""A dataset split over clients, held as whole tensors plus each client's index range.
 
 Keeping one copy of the data (on the training device) and only *indices* per client lets a
-round gather every client's minibatches with a single indexing op through ``index_table``.
+round gather every client's minibatches with a single indexing op. The indices are held as
+ranges of one permutation (:class:`fedforge.data.ranges.ClientRanges`, CSR); the padded
+``index_table`` is built only for the code that asks for it (asynchronous jobs, Flower).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,8 +21,10 @@ from fedforge.data.base import DatasetSplits
 from fedforge.data.batching import client_batches
 from fedforge.data.partition import label_matched_tests
 from fedforge.data.partition import partition as run_partitioner
+from fedforge.data.ranges import ClientRanges
 
 __all__ = [
+    "ClientRanges",
     "FederatedDataset",
     "build_federated_dataset",
     "build_index_table",
@@ -67,27 +72,38 @@ def gather_round_indices(
 
 @dataclass
 class FederatedDataset:
-    """Whole train/test tensors on one device plus each client's sample indices."""
+    """Whole train/test tensors on one device plus each client's sample indices.
+
+    ``client_indices`` may be a list of index tensors or a :class:`ClientRanges` (what
+    :func:`build_federated_dataset` gives); rounds gather through the ranges either way."""
 
     train_x: Tensor
     train_y: Tensor
     test_x: Tensor
     test_y: Tensor
-    client_indices: list[Tensor]
+    client_indices: Sequence[Tensor]
     client_test_indices: list[Tensor] | None
     num_classes: int
     input_shape: tuple[int, ...]
     name: str
     vocab_size: int | None = None
     client_names: list[str] | None = None  # natural splits: writer / role name per client
-    index_table: Tensor = field(default=None, repr=False)  # type: ignore[assignment]
+    population = False  # every client's data is held (see fedforge.data.population)
+    ranges: ClientRanges = field(init=False, repr=False)
     _sizes: Tensor = field(init=False, repr=False)
+    _table: Tensor | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
-        if self.index_table is None:
-            self.index_table = build_index_table(self.client_indices, self.train_x.device)
-        sizes = [len(ix) for ix in self.client_indices]
-        self._sizes = torch.tensor(sizes, dtype=torch.int64, device=self.index_table.device)
+        self.ranges = ClientRanges.from_lists(self.client_indices, self.train_x.device)
+        self._sizes = self.ranges.sizes()
+
+    @property
+    def index_table(self) -> Tensor:
+        """int64 ``[num_clients, max(1, max_size)]`` padded indices (pad = 0), built on first
+        use: rounds of this process gather through ``ranges`` instead."""
+        if self._table is None:
+            self._table = self.ranges.table()
+        return self._table
 
     @property
     def num_clients(self) -> int:
@@ -103,13 +119,15 @@ class FederatedDataset:
 
     def label_counts(self) -> Tensor:
         """int64 ``[num_clients, num_classes]`` train label histogram, to report heterogeneity."""
-        sizes = self.client_sizes()
-        mask = torch.arange(self.index_table.shape[1], device=self.device) < sizes[:, None]
-        y = self.train_y[self.index_table]
-        rows = torch.arange(self.num_clients, device=self.device)[:, None].expand_as(y)
-        out = torch.zeros(self.num_clients, self.num_classes, dtype=torch.int64, device=self.device)
-        out.index_put_((rows[mask], y[mask]), torch.ones_like(y[mask]), accumulate=True)
-        return out
+        c = self.num_classes
+        y = self.train_y[self.ranges.order].to(torch.int64)
+        key = self.ranges.owners() * c + y
+        counts = torch.bincount(key, minlength=self.num_clients * c)
+        return counts.view(self.num_clients, c)
+
+    def round_indices(self, clients: Tensor, pos: Tensor) -> Tensor:
+        """Global sample ids ``[C, ...]`` of local positions ``pos`` of cohort ``clients``."""
+        return self.ranges.gather(clients, pos)
 
     def with_float_dtype(self, dtype: torch.dtype) -> FederatedDataset:
         """A copy whose floating inputs have ``dtype`` (token inputs are left alone)."""
@@ -119,10 +137,12 @@ class FederatedDataset:
                                    test_x=self.test_x.to(dtype))
 
     def to(self, device: torch.device | str) -> FederatedDataset:
-        """A copy with every tensor (data, indices, index table) on ``device``."""
+        """A copy with every tensor (data, indices) on ``device``."""
 
-        def mv(ts: list[Tensor] | None) -> list[Tensor] | None:
-            return None if ts is None else [t.to(device) for t in ts]
+        def mv(ts: Sequence[Tensor] | None) -> Sequence[Tensor] | None:
+            if ts is None or isinstance(ts, ClientRanges):
+                return None if ts is None else ts.to(device)
+            return [t.to(device) for t in ts]
 
         return FederatedDataset(
             train_x=self.train_x.to(device),
@@ -136,7 +156,6 @@ class FederatedDataset:
             name=self.name,
             vocab_size=self.vocab_size,
             client_names=self.client_names,
-            index_table=self.index_table.to(device),
         )
 
     def round_batches(
@@ -151,7 +170,7 @@ class FederatedDataset:
         clients = clients.to(self.device, torch.int64)
         sizes = self._sizes[clients]
         pos, mask = client_batches(sizes, steps, epochs, batch_size, generator)
-        return gather_round_indices(self.index_table, clients, pos), mask
+        return self.ranges.gather(clients, pos), mask
 
 
 def _test_parts(test_groups: np.ndarray, group_ids: np.ndarray) -> list[np.ndarray]:
@@ -226,7 +245,7 @@ def build_federated_dataset(
         train_y=splits.train_y,
         test_x=splits.test_x,
         test_y=splits.test_y,
-        client_indices=[torch.from_numpy(p) for p in parts],
+        client_indices=ClientRanges.from_lists(parts),
         client_test_indices=None
         if test_parts is None
         else [torch.from_numpy(p) for p in test_parts],

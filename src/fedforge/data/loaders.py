@@ -23,6 +23,7 @@ from fedforge.data.images import (
     load_femnist,
     load_mnist,
 )
+from fedforge.data.population import PopulationDataset, make_population
 from fedforge.data.root import ENV_VAR, DataRoot, describe_root, resolve_data_root, resolved
 from fedforge.data.subsets import pop_subset_options, select_train
 from fedforge.data.synthetic import make_synthetic
@@ -38,6 +39,7 @@ class DatasetEntry:
     folder: str | None = None  # the dataset's folder under the data root; None: no files
     files: tuple[str, ...] = ()  # files expected in that folder (checked before loading)
     source: str = ""  # how to get the files, shown when they are missing
+    population: bool = False  # clients generated when drawn: load_population, not load_dataset
 
     @property
     def reads_files(self) -> bool:
@@ -73,6 +75,10 @@ _REGISTRY: dict[str, DatasetEntry] = {
     "synthetic": DatasetEntry(
         make_synthetic,
         "FedProx Synthetic(alpha, beta) logistic data, 60 features, 10 classes, no files"),
+    "synthetic_population": DatasetEntry(
+        make_population,  # type: ignore[arg-type]
+        "Synthetic(alpha, beta) generated per client when drawn: up to 10^6 clients and more, "
+        "no files", population=True),
     "huggingface": DatasetEntry(
         load_huggingface, "your local Hugging Face dataset (Arrow, Parquet, CSV, image folder) "
         "at data.options.path (the huggingface extra)"),
@@ -150,6 +156,32 @@ def check_files(name: str, root: DataRoot) -> None:
         "(README.md: Where your data lives)")
 
 
+def is_population(name: str) -> bool:
+    """Whether dataset ``name`` generates its clients when drawn (:func:`load_population`)."""
+    return _REGISTRY[_canonical(name)].population
+
+
+def load_population(name: str, options: Mapping[str, object] | None = None,
+                    num_clients: int | None = None) -> PopulationDataset:
+    """The population dataset ``name`` with loader ``options`` (``num_clients``, when given,
+    replaces the option of that name: the first n clients, the same clients whatever n)."""
+    key = _canonical(name)
+    options = dict(options or {})
+    entry = _REGISTRY[key]
+    if not entry.population:
+        raise ValueError(f"dataset {key!r} holds every client's data; use load_dataset")
+    params = inspect.signature(entry.loader).parameters
+    unknown = sorted(set(options) - set(params))
+    if unknown:
+        raise ValueError(f"data.options: dataset {key!r} does not take {unknown}; accepted: "
+                         f"{sorted(params)}")
+    if num_clients is not None:
+        options = {**options, "num_clients": num_clients}
+    data = entry.loader(**options)
+    data.name = key
+    return data
+
+
 def load_dataset(name: str, root: str | Path | None = None, **options: object) -> DatasetSplits:
     """Load dataset ``name`` fully into memory (CPU tensors).
 
@@ -167,6 +199,9 @@ def load_dataset(name: str, root: str | Path | None = None, **options: object) -
             f"load_dataset({key!r}): unknown option(s) {unknown}; accepted: {sorted(accepted)}"
         )
     entry = _REGISTRY[key]
+    if entry.population:
+        raise ValueError(f"dataset {key!r} generates its clients when they are drawn; use "
+                         "load_population")
     options, subset = pop_subset_options(options)
     if not entry.reads_files:
         return select_train(entry.loader(**options), **subset)

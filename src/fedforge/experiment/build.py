@@ -20,14 +20,10 @@ from fedforge.core.tree import Params
 from fedforge.data import FederatedDataset, build_federated_dataset, load_dataset
 from fedforge.data.client_split import ClientTests
 from fedforge.data.batching import client_batches
-from fedforge.data.federated import gather_round_indices
+from fedforge.data.loaders import is_population, load_population
 from fedforge.data.partition import dirichlet_fixed_size
-from fedforge.engine import (
-    ChunkedEngine,
-    build_engine,
-    build_job_engine,
-    classification_loss,
-)
+from fedforge.data.population import PopulationDataset, sample_clients
+from fedforge.engine import ChunkedEngine, build_engine, classification_loss
 from fedforge.engine.jobs import TaskExecutor
 from fedforge.experiment.config import (
     AlgorithmConfig,
@@ -88,19 +84,11 @@ class Setup:
 
     @classmethod
     def from_config(cls, cfg: RunConfig, *, algorithm: Algorithm | None = None,
-                    allow_processes: bool = False, **extra) -> Setup:
+                    **extra) -> Setup:
         """Build everything ``cfg`` names; ``algorithm``: ``cfg``'s, when the caller has built
-        it already; ``allow_processes``: whether ``engine.name = "auto"`` may start worker
-        processes (:func:`fedforge.engine.build_engine`); ``extra``: a subclass's own
-        fields."""
+        it already; ``extra``: a subclass's own fields."""
         device = resolve_device(cfg.engine.device)
-        splits = load_dataset(cfg.data.dataset, cfg.data.root, **cfg.data.options)
-        data = build_federated_dataset(
-            splits, cfg.data.partition, cfg.data.num_clients, cfg.seed, **cfg.data.partition_options
-        ).to(device).with_float_dtype(torch.get_default_dtype())  # float64 runs: float64 data
-        if cfg.server.clients_per_round > data.num_clients:
-            raise ValueError(f"server.clients_per_round: {cfg.server.clients_per_round} is more "
-                             f"than the {data.num_clients} clients of this dataset")
+        data = build_data(cfg, device)
         torch.manual_seed(cfg.seed)
         network = build_model(cfg.model.name, data.input_shape, data.num_classes,
                               **cfg.model.options).to(device)
@@ -122,10 +110,16 @@ class Setup:
             from fedforge.privacy.algorithm import for_run  # noqa: PLC0415 (optional extra)
 
             algorithm = for_run(cfg, algorithm, data.num_clients, dict(network.named_parameters()))
+        engine_kw = {} if cfg.engine.name == "loop" else {
+            "chunk_size": cfg.engine.chunk_size, "compile": cfg.engine.compile}
+        if cfg.engine.name == "procs":  # its workers run the loop: no compiled chunks
+            engine_kw = {"chunk_size": cfg.engine.chunk_size}
+        if cfg.engine.name == "auto":  # calibrates only where it costs <= 2 % of the run
+            engine_kw["budget_updates"] = cfg.rounds * cfg.server.clients_per_round
+        engine = build_engine(cfg.engine.name, **engine_kw)
         robust = build_robust(cfg, data)  # may flip attackers' labels in data.train_y
-        engine = build_engine(  # robust aggregators need every client's delta
-            cfg.engine, allow_processes=allow_processes, keep_deltas=robust is not None,
-            budget_updates=cfg.rounds * cfg.server.clients_per_round)
+        if robust is not None:
+            engine.keep_deltas = True  # robust aggregators need every client's delta
         return cls(cfg, data, network, algorithm, engine, device, robust,
                    client_tests=client_tests, **extra)
 
@@ -147,6 +141,31 @@ class Setup:
         return {k: v.detach().clone() for k, v in self.network.named_parameters()}
 
 
+def build_data(cfg: RunConfig, device: torch.device) -> FederatedDataset | PopulationDataset:
+    """The run's clients on ``device`` in the run's float dtype: a population generated when
+    drawn (``synthetic_population``, evaluated on ``eval.clients``), or a dataset split once."""
+    if is_population(cfg.data.dataset):
+        if cfg.data.partition != "natural":
+            raise ValueError(f"data.partition: {cfg.data.dataset!r} clients are its own; use "
+                             "natural")
+        data = load_population(cfg.data.dataset, cfg.data.options, cfg.data.num_clients
+                               ).for_eval(cfg.eval.clients, cfg.eval.held_out, cfg.seed)
+    elif cfg.eval.clients is not None or cfg.eval.held_out:
+        raise ValueError(f"eval.{'clients' if cfg.eval.clients is not None else 'held_out'}: "
+                         "only a population dataset (synthetic_population) samples clients to "
+                         "evaluate")
+    else:
+        splits = load_dataset(cfg.data.dataset, cfg.data.root, **cfg.data.options)
+        data = build_federated_dataset(splits, cfg.data.partition, cfg.data.num_clients,
+                                       cfg.seed, **cfg.data.partition_options)
+    data = data.to(device).with_float_dtype(torch.get_default_dtype())  # float64: float64 data
+    trainable = getattr(data, "trainable", data.num_clients)
+    if cfg.server.clients_per_round > trainable:
+        raise ValueError(f"server.clients_per_round: {cfg.server.clients_per_round} is more "
+                         f"than the {trainable} clients of this dataset that train")
+    return data
+
+
 def test_scorer(network: torch.nn.Module, data: FederatedDataset, cfg: RunConfig):
     """``params -> evaluate(...)`` on the test set, for parts' diagnostics (bind_eval)."""
     return lambda p: evaluate(network, p, data.test_x, data.test_y, cfg.eval.batch_size)
@@ -157,7 +176,10 @@ def sample_round(exp: Setup, round_: int):
     cfg, data = exp.cfg, exp.data
     gen = round_generator(cfg.seed, round_)
     num = min(cfg.server.clients_per_round, data.num_clients)
-    client_ids = torch.randperm(data.num_clients, generator=gen)[:num].sort().values
+    if data.population:  # O(cohort): Floyd's draw over the clients that train
+        client_ids = sample_clients(data.trainable, min(num, data.trainable), gen)
+    else:
+        client_ids = torch.randperm(data.num_clients, generator=gen)[:num].sort().values
     if (privacy := exp.algorithm.privacy) is not None:  # Poisson, rate q
         client_ids = privacy.sample_cohort(gen)
         num = len(client_ids)
@@ -165,7 +187,7 @@ def sample_round(exp: Setup, round_: int):
     pos, weights = client_batches(
         sizes, cfg.client.local_steps, cfg.client.local_epochs, cfg.client.batch_size, gen
     )
-    sample_idx = gather_round_indices(data.index_table, client_ids, pos)  # [C, steps, batch]
+    sample_idx = data.round_indices(client_ids, pos)  # [C, steps, batch] into data.train_x
     info = exp.algorithm.round_info(num, gen)
     if (cfg.server.aggregation or exp.algorithm.aggregation) == "num_samples":
         agg = sizes.double() / sizes.sum().clamp_min(1)
@@ -237,6 +259,16 @@ def _scalar(hp: dict, key: str, default: float) -> float:
     return float(first_value(v)) if not isinstance(v, (int, float)) else float(v)
 
 
+def build_job_engine(cfg: RunConfig) -> ChunkedEngine:
+    """The engine whose jobs mode trains a task's dispatched jobs (one per task, so an
+    out-of-memory retry of one model does not shrink another's chunks). Under torchrun each
+    rank trains its shard of jobs with its own vmap engine; ``procs`` trains them in this
+    process with the loop its workers run."""
+    if cfg.engine.name in ("loop", "procs"):
+        return build_engine(cfg.engine.name)
+    return build_engine("vmap", chunk_size=cfg.engine.chunk_size)
+
+
 def build_tasks(cfg: RunConfig, device: torch.device,
                 executor_cls: type[TaskExecutor] = TaskExecutor) -> list[Task]:
     """Each task's data, model, algorithm, executor and server (the config was validated, so
@@ -253,7 +285,7 @@ def build_tasks(cfg: RunConfig, device: torch.device,
         ex = executor_cls(m, alg, loss_fn, data.train_x, data.train_y, data.index_table,
                           data.client_sizes().cpu(), tc.client.local_steps, tc.client.batch_size,
                           cfg.seed, params, max_batch=cfg.async_.max_batch,
-                          engine=build_job_engine(cfg.engine), drop_last=tc.client.drop_last)
+                          engine=build_job_engine(cfg), drop_last=tc.client.drop_last)
         server = BufferedServer(alg, params, 1, cfg.system.num_clients)
         n_test = cfg.eval.max_test_samples  # evenly spaced: some test files are class-sorted
         keep = slice(None) if n_test is None else slice(None, None, max(1, len(data.test_y)
@@ -270,10 +302,8 @@ def build_tasks(cfg: RunConfig, device: torch.device,
     return tasks
 
 
-def build_scheduler(cfg: RunConfig, tasks: list[Task], *,
-                    allow_processes: bool = False) -> AsyncDriver | SyncDriver:
-    """The method's scheduler of a multi-task run over ``tasks`` on one client pool
-    (``allow_processes``: as for :meth:`Setup.from_config`)."""
+def build_scheduler(cfg: RunConfig, tasks: list[Task]) -> AsyncDriver | SyncDriver:
+    """The method's scheduler of a multi-task run over ``tasks`` on one client pool."""
     s = cfg.system
     pop = Population.build(s.num_clients, [tuple(c) for c in s.speed_classes], s.speed_seed,
                            s.available_fraction)
@@ -291,5 +321,6 @@ def build_scheduler(cfg: RunConfig, tasks: list[Task], *,
     alloc = [t.sync_clients for t in cfg.tasks]
     opts = SyncOptions(cfg.method, cfg.sync.clients_per_round, cfg.sync.k,
                        tuple(alloc) if alloc[0] is not None else None, cfg.sync.ucb_c)
-    return SyncDriver(tasks, pop, delay, opts, cfg.seed,
-                      build_engine(cfg.engine, allow_processes=allow_processes))
+    engine_kw = {} if cfg.engine.name == "loop" else {"chunk_size": cfg.engine.chunk_size}
+    return SyncDriver(tasks, pop, delay, opts, cfg.seed, build_engine(cfg.engine.name,
+                                                                        **engine_kw))

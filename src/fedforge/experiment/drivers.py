@@ -58,7 +58,7 @@ from fedforge.experiment.build import (
 )
 from fedforge.experiment.checkpoint import last_checkpoint_note
 from fedforge.experiment.config import RunConfig
-from fedforge.experiment.evaluate import evaluate
+from fedforge.experiment.evaluate import evaluate, population_metrics
 from fedforge.experiment.metrics import MetricsWriter
 from fedforge.experiment.personal_eval import evaluate_personal
 from fedforge.experiment.partition_stats import save_partition_stats
@@ -300,15 +300,16 @@ class RoundsDriver:
         evaluating = t % cfg.eval.every == 0 or t == cfg.rounds
         record = {"round": t, "train_loss": train_loss}
         if evaluating:
+            eval_params = exp.algorithm.eval_params(self.params, self.server_state)
             record.update(evaluate(
-                exp.network, exp.algorithm.eval_params(self.params, self.server_state),
-                exp.data.test_x, exp.data.test_y, cfg.eval.batch_size,
-                exp.data.client_test_indices if cfg.eval.per_client else None,
-            ))
+                exp.network, eval_params, exp.data.test_x, exp.data.test_y,
+                cfg.eval.batch_size, exp.data.client_test_indices if cfg.eval.per_client else None,
+            ))  # a population: on its evaluation sample, with held-out clients beside
+            record.update(population_metrics(exp.network, eval_params, exp.data,
+                                             cfg.eval.batch_size))
             if exp.client_tests is not None:  # personalised: each client on its own data
                 record.update(evaluate_personal(
-                    exp.network, exp.algorithm, self.loss_fn,
-                    exp.algorithm.eval_params(self.params, self.server_state), self.store.gather,
+                    exp.network, exp.algorithm, self.loss_fn, eval_params, self.store.gather,
                     exp.client_tests, exp.data.train_x, exp.data.train_y,
                     unseen_steps=cfg.eval.finetune_steps, batch_size=cfg.eval.batch_size,
                     train_batch_size=cfg.client.batch_size, seed=cfg.seed, round_=t))

@@ -44,3 +44,19 @@ def evaluate(
         if accs:
             out["client_mean_accuracy"] = torch.stack(accs).mean().item()
     return out
+
+
+def population_metrics(model: nn.Module, params: Params, data, batch_size: int = 1024
+                       ) -> dict[str, float]:
+    """For a population dataset (``data.population``): how many clients the test metrics
+    were measured on (``test_clients``), and the accuracy and loss on the test data of the
+    evaluated held-out clients, which never train (``held_out_*``); ``{}`` otherwise."""
+    if not getattr(data, "population", False):
+        return {}
+    out: dict[str, float] = {"test_clients": data.test_clients}
+    x, y, _ = data.held_out_data()
+    if y.numel():
+        m = evaluate(model, params, x, y, batch_size)
+        out.update(held_out_accuracy=m["test_accuracy"], held_out_loss=m["test_loss"],
+                   held_out_clients=len(data.held_out_eval))
+    return out

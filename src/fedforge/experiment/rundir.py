@@ -48,23 +48,25 @@ else:  # pragma: no cover
 LOCK_NAME = "run.lock"
 CONFIG_NAME = "config.resolved.toml"
 PARTITION_NAME = "partition.json"
+PARTITION_ARRAYS = "partition.npz"  # per-client sizes and label counts
 HISTORY_NAME = "config.history.jsonl"
 CHECKPOINTS = "checkpoints"
 # the files a run writes at the top of its folder; a non-empty result file or checkpoint
 # marks a folder as holding a run (a config alone is a start that produced nothing yet)
 RESULT_FILES = ("metrics.jsonl", "events.jsonl", "summary.json", "divergence.jsonl")
-RUN_FILES = (CONFIG_NAME, HISTORY_NAME, PARTITION_NAME, *RESULT_FILES)
+RUN_FILES = (CONFIG_NAME, HISTORY_NAME, PARTITION_NAME, PARTITION_ARRAYS, *RESULT_FILES)
 SCRATCH_FILES = (CONFIG_NAME + ".tmp", "metrics.jsonl.tmp",  # left behind by a killed write
                  PARTITION_NAME + ".tmp")
 _CHECKPOINT_FILE = re.compile(r"(?:round_\d{5,}\.(?:json|safetensors)|latest\.json)(?:\.tmp)?")
 
 # dotted config keys (``*`` matches one list index) that a resumed run may change; a section
 # name covers its keys. The engine only places the computation (world size, chunking,
-# device); its numeric precision changes the results, so it stays fixed.
+# device); its numeric precision changes the results, so it stays fixed, as do the held-out
+# clients of a population run (they change which clients train).
 RUN_MAY_CHANGE = ("rounds", "eval", "checkpoint", "engine", "compare", "logging")
 MULTITASK_MAY_CHANGE = ("max_updates", "max_time", "eval", "checkpoint", "engine",
                         "tasks.*.eval_every")
-NEVER_CHANGE = ("engine.precision",)
+NEVER_CHANGE = ("engine.precision", "eval.held_out")  # held-out clients never train
 
 
 class RunDirError(ValueError):
