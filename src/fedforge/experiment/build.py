@@ -23,7 +23,12 @@ from fedforge.data.batching import client_batches
 from fedforge.data.loaders import is_population, load_population
 from fedforge.data.partition import dirichlet_fixed_size
 from fedforge.data.population import PopulationDataset, sample_clients
-from fedforge.engine import ChunkedEngine, build_engine, classification_loss
+from fedforge.engine import (
+    ChunkedEngine,
+    build_engine,
+    build_job_engine,
+    classification_loss,
+)
 from fedforge.engine.jobs import TaskExecutor
 from fedforge.experiment.config import (
     AlgorithmConfig,
@@ -84,9 +89,11 @@ class Setup:
 
     @classmethod
     def from_config(cls, cfg: RunConfig, *, algorithm: Algorithm | None = None,
-                    **extra) -> Setup:
+                    allow_processes: bool = False, **extra) -> Setup:
         """Build everything ``cfg`` names; ``algorithm``: ``cfg``'s, when the caller has built
-        it already; ``extra``: a subclass's own fields."""
+        it already; ``allow_processes``: whether ``engine.name = "auto"`` may start worker
+        processes (:func:`fedforge.engine.build_engine`); ``extra``: a subclass's own
+        fields."""
         device = resolve_device(cfg.engine.device)
         data = build_data(cfg, device)
         torch.manual_seed(cfg.seed)
@@ -110,16 +117,10 @@ class Setup:
             from fedforge.privacy.algorithm import for_run  # noqa: PLC0415 (optional extra)
 
             algorithm = for_run(cfg, algorithm, data.num_clients, dict(network.named_parameters()))
-        engine_kw = {} if cfg.engine.name == "loop" else {
-            "chunk_size": cfg.engine.chunk_size, "compile": cfg.engine.compile}
-        if cfg.engine.name == "procs":  # its workers run the loop: no compiled chunks
-            engine_kw = {"chunk_size": cfg.engine.chunk_size}
-        if cfg.engine.name == "auto":  # calibrates only where it costs <= 2 % of the run
-            engine_kw["budget_updates"] = cfg.rounds * cfg.server.clients_per_round
-        engine = build_engine(cfg.engine.name, **engine_kw)
         robust = build_robust(cfg, data)  # may flip attackers' labels in data.train_y
-        if robust is not None:
-            engine.keep_deltas = True  # robust aggregators need every client's delta
+        engine = build_engine(  # robust aggregators need every client's delta
+            cfg.engine, allow_processes=allow_processes, keep_deltas=robust is not None,
+            budget_updates=cfg.rounds * cfg.server.clients_per_round)
         return cls(cfg, data, network, algorithm, engine, device, robust,
                    client_tests=client_tests, **extra)
 
@@ -259,16 +260,6 @@ def _scalar(hp: dict, key: str, default: float) -> float:
     return float(first_value(v)) if not isinstance(v, (int, float)) else float(v)
 
 
-def build_job_engine(cfg: RunConfig) -> ChunkedEngine:
-    """The engine whose jobs mode trains a task's dispatched jobs (one per task, so an
-    out-of-memory retry of one model does not shrink another's chunks). Under torchrun each
-    rank trains its shard of jobs with its own vmap engine; ``procs`` trains them in this
-    process with the loop its workers run."""
-    if cfg.engine.name in ("loop", "procs"):
-        return build_engine(cfg.engine.name)
-    return build_engine("vmap", chunk_size=cfg.engine.chunk_size)
-
-
 def build_tasks(cfg: RunConfig, device: torch.device,
                 executor_cls: type[TaskExecutor] = TaskExecutor) -> list[Task]:
     """Each task's data, model, algorithm, executor and server (the config was validated, so
@@ -285,7 +276,7 @@ def build_tasks(cfg: RunConfig, device: torch.device,
         ex = executor_cls(m, alg, loss_fn, data.train_x, data.train_y, data.index_table,
                           data.client_sizes().cpu(), tc.client.local_steps, tc.client.batch_size,
                           cfg.seed, params, max_batch=cfg.async_.max_batch,
-                          engine=build_job_engine(cfg), drop_last=tc.client.drop_last)
+                          engine=build_job_engine(cfg.engine), drop_last=tc.client.drop_last)
         server = BufferedServer(alg, params, 1, cfg.system.num_clients)
         n_test = cfg.eval.max_test_samples  # evenly spaced: some test files are class-sorted
         keep = slice(None) if n_test is None else slice(None, None, max(1, len(data.test_y)
@@ -302,8 +293,10 @@ def build_tasks(cfg: RunConfig, device: torch.device,
     return tasks
 
 
-def build_scheduler(cfg: RunConfig, tasks: list[Task]) -> AsyncDriver | SyncDriver:
-    """The method's scheduler of a multi-task run over ``tasks`` on one client pool."""
+def build_scheduler(cfg: RunConfig, tasks: list[Task], *,
+                    allow_processes: bool = False) -> AsyncDriver | SyncDriver:
+    """The method's scheduler of a multi-task run over ``tasks`` on one client pool
+    (``allow_processes``: as for :meth:`Setup.from_config`)."""
     s = cfg.system
     pop = Population.build(s.num_clients, [tuple(c) for c in s.speed_classes], s.speed_seed,
                            s.available_fraction)
@@ -321,6 +314,5 @@ def build_scheduler(cfg: RunConfig, tasks: list[Task]) -> AsyncDriver | SyncDriv
     alloc = [t.sync_clients for t in cfg.tasks]
     opts = SyncOptions(cfg.method, cfg.sync.clients_per_round, cfg.sync.k,
                        tuple(alloc) if alloc[0] is not None else None, cfg.sync.ucb_c)
-    engine_kw = {} if cfg.engine.name == "loop" else {"chunk_size": cfg.engine.chunk_size}
-    return SyncDriver(tasks, pop, delay, opts, cfg.seed, build_engine(cfg.engine.name,
-                                                                        **engine_kw))
+    return SyncDriver(tasks, pop, delay, opts, cfg.seed,
+                      build_engine(cfg.engine, allow_processes=allow_processes))
