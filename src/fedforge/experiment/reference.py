@@ -194,6 +194,10 @@ NOTES: dict[str, str] = {
     "data.num_clients": "clients to split into (natural splits: the first n; null: all)",
     "data.options": "options of the dataset's loader, e.g. `{max_samples_per_client = 500}`",
     "data.partition_options": "options of the partition, e.g. `{alpha = 0.5}` for `dirichlet`",
+    "eval.unseen_clients": "personalised evaluation: the n highest client ids never train and "
+                           "are evaluated apart (docs/personalised.md)",
+    "eval.finetune_steps": "personalised evaluation: local steps each unseen client takes "
+                           "from the global model before it is evaluated",
     "model.name": "a model from `fedforge models` (or a plugin's)",
     "model.options": "options of the model class, e.g. `{hidden = [200, 200]}`",
     "algorithm.name": "an algorithm from `fedforge algorithms` (or a plugin's); its "
