@@ -295,6 +295,9 @@ class DiskClientStore:
         out = {}
         for key, off, nbytes in self.layout:
             ref = self.flat_template[key]
+            if n == 0:  # no rows (a rank that owns none of the cohort)
+                out[key] = torch.empty((0, *ref.shape), dtype=ref.dtype)
+                continue
             out[key] = (buf[:, off:off + nbytes].contiguous().view(ref.dtype)
                         .reshape(n, *ref.shape))
         return out
