@@ -498,8 +498,11 @@ def bench(
     workload: Annotated[str, typer.Argument(
         help="w1 | w2 (throughput) | w3 (time to accuracy of one config, per engine) | "
              "pfl-cifar10 (pfl-research's CIFAR-10 workload: fedforge, pfl-research, Flower "
-             "and a plain loop, interleaved)")],
-    cohorts: Annotated[str, typer.Option(help="w1/w2: comma-separated cohort sizes")] = "10,100",
+             "and a plain loop, interleaved) | pfl-ditto (personalised FL: Ditto with "
+             "fedforge's auto engine and a plain per-client loop, interleaved)")],
+    cohorts: Annotated[str | None, typer.Option(
+        help="w1/w2 (default 10,100), pfl-ditto (default 10,100,1000): comma-separated "
+             "cohort sizes")] = None,
     engines: Annotated[str | None, typer.Option(
         help="w1/w2 (default plain,loop,vmap,auto): plain,loop,vmap,auto,procs (one "
              "single-threaded worker process per CPU),flower; suffixes "
@@ -538,10 +541,12 @@ def bench(
                           "kernels")] = False,
     data_root: DataRootOption = None,
     groups: Annotated[int, typer.Option(
-        help="pfl-cifar10: round-robin groups (each framework once per group, fresh "
+        help="pfl-cifar10, pfl-ditto: round-robin groups (each framework once per group, fresh "
              "process)")] = 3,
-    warmup: Annotated[int, typer.Option(help="pfl-cifar10: untimed iterations first")] = 1,
-    iterations: Annotated[int, typer.Option(help="pfl-cifar10: timed iterations")] = 5,
+    warmup: Annotated[int, typer.Option(
+        help="pfl-cifar10, pfl-ditto: untimed iterations (rounds) first")] = 1,
+    iterations: Annotated[int, typer.Option(
+        help="pfl-cifar10, pfl-ditto: timed iterations (rounds)")] = 5,
     quick: Annotated[bool, typer.Option(
         "--quick", help="pfl-cifar10: a tiny workload (16 users, cohort 4), random images "
                         "when CIFAR-10 is absent: checks that every row runs")] = False,
@@ -570,7 +575,7 @@ def bench(
                 _fail(f"--model: unknown model {model!r}; expected one of {sorted(MODELS)}")
             work = for_model(work, model)
         try:
-            rows = run_w1([int(c) for c in cohorts.split(",")],
+            rows = run_w1([int(c) for c in (cohorts or "10,100").split(",")],
                           (engines or "plain,loop,vmap,auto").split(","), dev,
                           chunk if chunk == "auto" else int(chunk), repeats, work,
                           profile_dir=out / "profile" if profile else None)
@@ -605,6 +610,20 @@ def bench(
         except (ValueError, OSError) as exc:
             _fail(str(exc))
         return
+    elif workload == "pfl-ditto":
+        from fedforge.bench import pfl_speed
+
+        where = Path("runs/bench_pfl_ditto") if out == Path("runs/bench_w3") else out
+        try:
+            rows, note = pfl_speed.run_pfl_ditto(
+                where, pfl_speed.parse_cohorts(cohorts) if cohorts else None, groups=groups,
+                warmup=warmup, iterations=iterations, quick=quick, model=model)
+            title = "pfl-ditto (Ditto, fedforge auto vs a plain per-client loop)"
+            console.print(append_results(results, title + (", --quick" if quick else ""),
+                                         dev, pfl_speed.HEADER, rows, note), markup=False)
+        except (ValueError, OSError) as exc:
+            _fail(str(exc))
+        return
     elif workload == "w3":
         from fedforge.bench.profiling import profiled
         from fedforge.bench.time_to_accuracy import W3_HEADER, run_w3_engines
@@ -618,7 +637,7 @@ def bench(
         header = W3_HEADER
         title = "W3 time to accuracy"
     else:
-        _fail(f"workload: expected w1, w2, w3 or pfl-cifar10, got {workload!r}")
+        _fail(f"workload: expected w1, w2, w3, pfl-cifar10 or pfl-ditto, got {workload!r}")
     try:
         console.print(append_results(results, title, dev, header, rows), markup=False)
     except (ValueError, OSError) as exc:  # e.g. --results is a link: refused, not followed
