@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from fedforge.algorithms import algorithm_hparams
 from fedforge.cli import app
 from fedforge.experiment import reference
-from fedforge.experiment.config import RunConfig, validate
+from fedforge.experiment.config import SingleTaskConfig, validate
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -56,7 +56,7 @@ def test_defaults_are_a_valid_config_of_the_schema_defaults():
     assert result.exit_code == 0, result.output
     parsed = tomllib.loads(result.output)
     cfg = validate(parsed)
-    assert cfg == validate(RunConfig().model_dump(by_alias=True, exclude_none=True))
+    assert cfg == validate(SingleTaskConfig().model_dump(by_alias=True, exclude_none=True))
     assert parsed["client"]["batch_size"] == 10 and parsed["server"]["clients_per_round"] == 10
     assert "# local_steps = null  # int | null; local steps per round" in result.output
 

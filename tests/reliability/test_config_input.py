@@ -21,8 +21,10 @@ from typer.testing import CliRunner
 from fedforge.algorithms import algorithm_hparams
 from fedforge.data import DatasetError, load_dataset
 from fedforge.experiment.config import (
+    BaseRunConfig,
     ConfigError,
-    RunConfig,
+    MultiTaskConfig,
+    SingleTaskConfig,
     apply_overrides,
     load_config,
 )
@@ -415,11 +417,11 @@ def _schema_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     return keys
 
 
-RUN_KEYS = sorted({*_schema_keys(RunConfig), *(f"algorithm.{k}" for k in
-                                                algorithm_hparams("fedavg")),
+SCHEMA_KEYS = {*_schema_keys(SingleTaskConfig), *_schema_keys(MultiTaskConfig)}  # both kinds
+RUN_KEYS = sorted({*SCHEMA_KEYS, *(f"algorithm.{k}" for k in algorithm_hparams("fedavg")),
                    "data.options.alpha", "data.options.num_clients", "data.options.iid",
                    "model.options.hidden", "data.partition_options.alpha"})
-TASK_KEYS = sorted({*_schema_keys(RunConfig), "tasks.data.options.alpha",
+TASK_KEYS = sorted({*SCHEMA_KEYS, "tasks.data.options.alpha",
                     "tasks[0].client.batch_size", "tasks.1.model.options.hidden",
                     "tasks[1].step_time", "tasks.0.data.partition"})
 VALUES = st.one_of(
@@ -465,7 +467,7 @@ def _outcome(call, kind: type) -> None:
 def test_any_bytes_as_a_config_file(tmp_path_factory, content, suffix):
     path = tmp_path_factory.mktemp("cfg") / f"c{suffix}"
     path.write_bytes(content)
-    _outcome(lambda: load_config(path), RunConfig)
+    _outcome(lambda: load_config(path), BaseRunConfig)
 
 
 @PROPERTY
@@ -473,7 +475,7 @@ def test_any_bytes_as_a_config_file(tmp_path_factory, content, suffix):
 def test_any_override_values_over_the_real_keys(tmp_path_factory, items):
     path = tmp_path_factory.mktemp("cfg") / "c.toml"
     path.write_text("rounds = 2\n")
-    _outcome(lambda: load_config(path, [f"{k}={v}" for k, v in items]), RunConfig)
+    _outcome(lambda: load_config(path, [f"{k}={v}" for k, v in items]), BaseRunConfig)
 
 
 @PROPERTY
@@ -481,4 +483,4 @@ def test_any_override_values_over_the_real_keys(tmp_path_factory, items):
 def test_any_multitask_override_values(tmp_path_factory, items):
     path = tmp_path_factory.mktemp("cfg") / "m.toml"
     path.write_text(MULTI)
-    _outcome(lambda: load_config(path, [f"{k}={v}" for k, v in items]), RunConfig)
+    _outcome(lambda: load_config(path, [f"{k}={v}" for k, v in items]), BaseRunConfig)

@@ -12,7 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from fedforge.experiment.config import ConfigError, RunConfig, apply_overrides, load_config
+from fedforge.experiment.config import (
+    BaseRunConfig,
+    ConfigError,
+    apply_overrides,
+    load_config,
+)
 
 SECTIONS = {
     "": ["name", "seed", "rounds", "divergence", "rollback_lr_factor", "max_rollbacks"],
@@ -61,7 +66,7 @@ def _check(call) -> None:
         msg = str(exc)
         assert "\n" not in msg and FIELD.match(msg), msg
         return
-    assert isinstance(cfg, RunConfig)
+    assert isinstance(cfg, BaseRunConfig)
 
 
 def _doc():

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from fedforge.experiment.config import (
+    BaseRunConfig,
     ConfigError,
     RunConfig,
     apply_overrides,
@@ -105,10 +106,10 @@ def run_comparison(
     ``overwrite``."""
     check_outputs(out)
     rows, dirs = [], []
-    total = sum(1 if isinstance(c, RunConfig) else len(c) for c in configs.values())
+    total = sum(1 if isinstance(c, BaseRunConfig) else len(c) for c in configs.values())
     done = 0
     for name, cfgs in configs.items():
-        cfgs = [cfgs] if isinstance(cfgs, RunConfig) else list(cfgs)
+        cfgs = [cfgs] if isinstance(cfgs, BaseRunConfig) else list(cfgs)
         hists = []
         for c in cfgs:
             run_dir = subfolder(out, name if len(cfgs) == 1 else Path(name, f"seed{c.seed}"))

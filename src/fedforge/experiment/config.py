@@ -1,5 +1,11 @@
 """Run configuration: one TOML/YAML file, validated on load, with dotted overrides.
 
+A run is one of two kinds, told apart by the presence of a ``tasks`` list: a single-task run
+(:class:`SingleTaskConfig`, synchronous rounds of one model) or a multi-task run
+(:class:`MultiTaskConfig`, several tasks on one client pool). Both share the sections of
+:class:`BaseRunConfig`; :data:`RunConfig` is their discriminated union, so a key of the other
+kind is an unknown key of this one.
+
 Every error names the offending field (``data.partition``, ``algorithm.local_lr``) and what
 was expected, and is raised as :class:`ConfigError` so the CLI prints one line, no traceback.
 """
@@ -9,13 +15,24 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from fedforge.algorithms import algorithm_hparams, build_algorithm
-from fedforge.errors import ConfigError
+from fedforge.algorithms.defaults import FEDAST_CODE, METHOD_DEFAULTS, Default, code
+from fedforge.errors import ConfigError, field_part, format_error, shorten
 from fedforge.experiment.config_io import (
     MAX_CONFIG_BYTES,
     MAX_DEPTH,
@@ -26,6 +43,7 @@ from fedforge.experiment.config_io import (
     parse_toml,
     parse_yaml,
 )
+from fedforge.experiment.options import check_builders
 from fedforge.models import head_patterns
 from fedforge.privacy.checks import check_privacy
 from fedforge.privacy.config import PrivacyConfig
@@ -74,6 +92,10 @@ class AlgorithmConfig(BaseModel):
 
 
 class ClientConfig(_Section):
+    """A client's local work, in both kinds of run: a single-task run trains one local epoch
+    unless ``local_steps`` or ``local_epochs`` is set; a multi-task run's method fills in
+    what a task leaves unset (FedAST: batches of 32, 27 local steps)."""
+
     batch_size: int = Field(default=10, ge=1)
     local_steps: int | None = Field(default=None, ge=1)
     local_epochs: int | None = Field(default=None, ge=1)
@@ -83,11 +105,11 @@ class ClientConfig(_Section):
     weight_decay: Any = None
     max_grad_norm: Any = None
     nar: bool | None = None  # FedNAR: decay inside the clip (true) or after it (false)
+    # multi-task: the local steps run in epochs of n // batch_size full batches (FedAST's code)
+    drop_last: bool = False
 
     @model_validator(mode="after")
-    def _one_of_steps_or_epochs(self):
-        if self.local_steps is None and self.local_epochs is None:
-            self.local_epochs = 1
+    def _not_steps_and_epochs(self) -> ClientConfig:
         if self.local_steps is not None and self.local_epochs is not None:
             raise ValueError("set exactly one of client.local_steps and client.local_epochs")
         return self
@@ -214,12 +236,6 @@ class SimConfig(ClientTiming):
         return v
 
 
-class TaskClientConfig(_Section):
-    batch_size: int = Field(default=32, ge=1)
-    local_steps: int = Field(default=27, ge=1)  # tau_m (3 epochs of 300/32 in the paper)
-    drop_last: bool = False  # steps in epochs of n // batch_size full batches (FedAST's code)
-
-
 class TaskConfig(_Section):
     """One task of a multi-task run: its own data, model, algorithm and local work."""
 
@@ -227,7 +243,7 @@ class TaskConfig(_Section):
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
-    client: TaskClientConfig = Field(default_factory=TaskClientConfig)
+    client: ClientConfig = Field(default_factory=ClientConfig)  # unset keys: the method's
     step_time: float = Field(default=1.0, gt=0)  # e_m, per-step time factor of the delay
     target: float | None = Field(default=None, gt=0, le=1)  # stop at this test accuracy
     eval_every: int = Field(default=4, ge=1)  # server rounds between evaluations of the task
@@ -242,27 +258,56 @@ class SystemConfig(ClientTiming):
     available_fraction: float = Field(default=0.3, gt=0, le=1)
 
 
+def method_option(key: str) -> Any:
+    """The default of multi-task option ``key`` (``"async.requests"``), read from
+    ``fedforge.algorithms.defaults``, where it is written once with its source. Every method
+    listing the option must give it the same value (checked when this module loads)."""
+    values = {repr(d.value): d.value for table in METHOD_DEFAULTS.values()
+              if (d := table.get(key)) is not None}
+    if len(values) != 1:
+        found = sorted(values) or "no method lists it"
+        raise TypeError(f"{key}: expected one default in METHOD_DEFAULTS, found {found}")
+    return next(iter(values.values()))
+
+
 class AsyncSection(_Section):
     """The buffered asynchronous drivers of a multi-task run (FedAST, FedBuff, FedAsync)."""
 
-    requests: int = Field(default=96, ge=1)  # R_m^(0) per task
-    rb_ratio: float = Field(default=32.0, gt=0)
-    buffer_size: int | None = Field(default=None, ge=1)
-    variance_window: int = Field(default=8, ge=2)
-    c_period_factor: float = Field(default=0.75, gt=0)
-    min_requests: int = Field(default=1, ge=1)
-    max_batch: int = Field(default=64, ge=1)  # jobs per vmapped call
-    fedasync_alpha: float = Field(default=0.6, gt=0, le=1)
-    fedasync_a: float = Field(default=0.5, ge=0)
-    allocation: Literal["paper", "code"] = "paper"  # "code": the authors' rules (fedast only)
+    requests: int = Field(default=method_option("async.requests"), ge=1)  # R_m^(0) per task
+    rb_ratio: float = Field(default=method_option("async.rb_ratio"), gt=0)
+    buffer_size: int | None = Field(default=method_option("async.buffer_size"), ge=1)
+    variance_window: int = Field(default=method_option("async.variance_window"), ge=2)
+    c_period_factor: float = Field(default=method_option("async.c_period_factor"), gt=0)
+    min_requests: int = Field(default=method_option("async.min_requests"), ge=1)
+    # jobs per vmapped call
+    max_batch: int = Field(default=method_option("async.max_batch"), ge=1)
+    fedasync_alpha: float = Field(default=method_option("async.fedasync_alpha"), gt=0, le=1)
+    fedasync_a: float = Field(default=method_option("async.fedasync_a"), ge=0)
+    # "code": the authors' rules (fedast only)
+    allocation: Literal["paper", "code"] = method_option("async.allocation")
 
 
 class SyncSection(_Section):
     """The synchronous multi-task rounds of a multi-task run (Sync-ST and its variants)."""
 
-    k: int | None = Field(default=30, ge=1)
-    clients_per_round: int | None = Field(default=None, ge=1)
-    ucb_c: float = Field(default=0.5, ge=0)
+    k: int | None = Field(default=method_option("sync.k"), ge=1)
+    clients_per_round: int | None = Field(default=method_option("sync.clients_per_round"), ge=1)
+    ucb_c: float = Field(default=method_option("sync.ucb_c"), ge=0)
+
+
+TASK_CLIENT_DEFAULTS: dict[str, Default] = {
+    "client.batch_size": code(32, f"{FEDAST_CODE}: the clients' DataLoader batches of B = 32"),
+    "client.local_steps": code(27, f"{FEDAST_CODE}: 3 local epochs of 9 batches (300 samples "
+                                   "per client, B = 32) per request"),
+}
+"""What a multi-task run's task leaves unset in ``tasks[].client``, for every method; an
+entry ``client.*`` of the method in ``METHOD_DEFAULTS`` wins over it."""
+
+
+def task_client_defaults(method: str) -> dict[str, Any]:
+    """``{client key: value}`` the multi-task ``method`` gives a task's unset client keys."""
+    own = {k: d for k, d in METHOD_DEFAULTS.get(method, {}).items() if k.startswith("client.")}
+    return {k.removeprefix("client."): d.value for k, d in {**TASK_CLIENT_DEFAULTS, **own}.items()}
 
 
 class LoggingConfig(_Section):
@@ -276,23 +321,50 @@ class LoggingConfig(_Section):
     wandb_mode: Literal["offline", "online"] = "offline"  # offline: `wandb sync` uploads later
 
 
-class RunConfig(_Section):
-    """One run. Without ``tasks`` it is one task in synchronous rounds (``data``, ``model``,
-    ``algorithm``, ``client``, ``server``, ...); with a ``[[tasks]]`` list it is a multi-task
-    run of ``method`` on one client pool (``system``, ``async``, ``sync``, ``max_*``)."""
+class BaseRunConfig(_Section):
+    """The sections every run reads, whichever its kind."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True)
+    multitask: ClassVar[bool]
+    # keys of the shared sections this kind does not read -> why (a run that sets one is
+    # refused, and config.resolved.toml leaves them out); "tasks[]." keys: each task's
+    unread: ClassVar[dict[str, str]] = {}
+    # the top-level keys in the order config.resolved.toml writes them (keys not listed
+    # follow in field order), so a run folder's file stays as earlier releases wrote it
+    key_order: ClassVar[tuple[str, ...]] = ()
     name: str = "run"
     seed: int = 0
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    # the search space of ``fedforge sweep`` (docs/sweeps.md), e.g. ``algorithm.local_lr =
+    # {log_uniform = [1e-3, 1]}``; a run ignores it and its run folder does not record it
+    sweep: dict[str, Any] = Field(default_factory=dict, exclude=True)
+    # user modules the run needs (their register_* calls add algorithms, datasets, models,
+    # partitioners; docs/extending.md): module names or .py paths. Never imported from the
+    # config: give each with --plugin, or pass --allow-config-plugins
+    plugins: list[str] = Field(default_factory=list)
+
+
+_MULTI_ONLY = "only a multi-task run reads it"
+
+
+class SingleTaskConfig(BaseRunConfig):
+    """One task in synchronous rounds: a config without a ``tasks`` list."""
+
+    multitask: ClassVar[bool] = False
+    unread: ClassVar[dict[str, str]] = {"eval.max_test_samples": _MULTI_ONLY,
+                                        "client.drop_last": _MULTI_ONLY}
+    key_order: ClassVar[tuple[str, ...]] = (
+        "name", "seed", "rounds", "data", "model", "algorithm", "client", "server", "eval",
+        "engine", "checkpoint", "attack", "sim", "logging", "privacy", "compare", "sweep",
+        "divergence", "rollback_lr_factor", "max_rollbacks", "plugins")
     rounds: int = Field(default=10, ge=1)
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     client: ClientConfig = Field(default_factory=ClientConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
-    eval: EvalConfig = Field(default_factory=EvalConfig)
-    engine: EngineConfig = Field(default_factory=EngineConfig)
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     attack: AttackConfig = Field(default_factory=AttackConfig)
     sim: SimConfig = Field(default_factory=SimConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)  # TensorBoard, MLflow, W&B
@@ -300,19 +372,41 @@ class RunConfig(_Section):
     # per-algorithm config tables merged in when that algorithm runs in ``fedforge compare``
     # (e.g. ``[compare.fedadam.algorithm] server_lr = 1e-3``) or ``fedforge run --variant``
     compare: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    # the search space of ``fedforge sweep`` (docs/sweeps.md), e.g. ``algorithm.local_lr =
-    # {log_uniform = [1e-3, 1]}``; a run ignores it and its run folder does not record it
-    sweep: dict[str, Any] = Field(default_factory=dict, exclude=True)
     # NaN/Inf in a loss or update (fedforge.robust.divergence): stop | skip_client | rollback
     divergence: Literal["stop", "skip_client", "rollback"] = "stop"
     rollback_lr_factor: float = Field(default=0.5, gt=0.0, lt=1.0)
     max_rollbacks: int = Field(default=3, ge=0)
-    # user modules the run needs (their register_* calls add algorithms, datasets, models,
-    # partitioners; docs/extending.md): module names or .py paths. Never imported from the
-    # config: give each with --plugin, or pass --allow-config-plugins
-    plugins: list[str] = Field(default_factory=list)
-    # --- multi-task runs (FedAST and its baselines, fedforge.sim) -----------------------------
-    tasks: list[TaskConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_epoch_unless_told(self) -> SingleTaskConfig:
+        """Neither ``client.local_steps`` nor ``client.local_epochs``: one local epoch."""
+        if self.client.local_steps is None and self.client.local_epochs is None:
+            self.client = self.client.model_copy(update={"local_epochs": 1})
+        return self
+
+
+CLIENT_TO_HPARAM = {"lr": "local_lr", "weight_decay": "weight_decay",
+                    "max_grad_norm": "max_grad_norm", "nar": "nar"}
+"""``client.*`` shorthands passed to a single-task run's algorithm as these hyper-parameters."""
+_PER_TASK_EVAL = ("a multi-task run does not read it (each task evaluates every "
+                  "tasks[].eval_every of its rounds)")
+
+
+def _task_sets(key: str) -> str:
+    return f"a multi-task run does not read it; set the task's {key}"
+
+
+class MultiTaskConfig(BaseRunConfig):
+    """Several tasks of ``method`` on one client pool: a config with a ``[[tasks]]`` list
+    (FedAST and its baselines, fedforge.sim)."""
+
+    multitask: ClassVar[bool] = True
+    unread: ClassVar[dict[str, str]] = {
+        "eval.every": _PER_TASK_EVAL, "eval.per_client": _PER_TASK_EVAL,
+        "tasks[].client.local_epochs": _task_sets("client.local_steps"),
+        **{f"tasks[].client.{k}": _task_sets(f"algorithm.{h}")
+           for k, h in CLIENT_TO_HPARAM.items()}}
+    tasks: list[TaskConfig] = Field(min_length=1)  # one table per task (below)
     method: str | None = None  # a multi-task run's driver (default fedast): fedforge algorithms
     system: SystemConfig = Field(default_factory=SystemConfig)
     async_: AsyncSection = Field(default_factory=AsyncSection, alias="async")
@@ -320,29 +414,41 @@ class RunConfig(_Section):
     max_time: float | None = Field(default=None, gt=0)  # simulated seconds
     max_updates: int | None = Field(default=None, ge=1)  # total client updates
 
-    @property
-    def multitask(self) -> bool:
-        return bool(self.tasks)
+    @model_validator(mode="after")
+    def _method_fills_task_clients(self) -> MultiTaskConfig:
+        """A task's client keys it leaves unset take the method's defaults."""
+        defaults = task_client_defaults(self.method or "fedast")
+        for i, t in enumerate(self.tasks):
+            unset = {k: v for k, v in defaults.items() if k not in t.client.model_fields_set}
+            if unset:
+                self.tasks[i] = t.model_copy(update={"client": t.client.model_copy(
+                    update=unset)})
+        return self
 
     def task_name(self, m: int) -> str:
         t = self.tasks[m]
         return t.name or f"{t.data.dataset}-{t.model.name}"
 
 
-MULTITASK_ONLY = ("method", "system", "async_", "sync", "max_time", "max_updates")
-"""Fields only a multi-task run reads; a single-task run that sets one is refused."""
-SINGLE_TASK_ONLY = ("rounds", "data", "model", "algorithm", "client", "server", "attack", "sim",
-                    "compare", "divergence", "rollback_lr_factor", "max_rollbacks", "privacy",
-                    "logging")
-"""Fields a multi-task run does not read (each task has its own data, model, algorithm and
-client); a multi-task run that sets one is refused."""
+RUN_KINDS: dict[str, type[BaseRunConfig]] = {"single": SingleTaskConfig,
+                                             "multi": MultiTaskConfig}
 
 
-CLIENT_TO_HPARAM = {"lr": "local_lr", "weight_decay": "weight_decay",
-                    "max_grad_norm": "max_grad_norm", "nar": "nar"}
+def run_kind(value: Any) -> str:
+    """``"multi"`` for a config with a ``tasks`` key (or a :class:`MultiTaskConfig`), else
+    ``"single"``: the kind follows from the file itself, which needs no ``kind`` key."""
+    if isinstance(value, BaseRunConfig):
+        return "multi" if value.multitask else "single"
+    return "multi" if isinstance(value, dict) and "tasks" in value else "single"
 
 
-def algorithm_kwargs(cfg: RunConfig) -> dict[str, Any]:
+RunConfig = Annotated[Annotated[SingleTaskConfig, Tag("single")]
+                      | Annotated[MultiTaskConfig, Tag("multi")], Discriminator(run_kind)]
+"""A run of either kind (for type hints and pydantic fields); :func:`validate` and
+:func:`load_config` return one."""
+
+
+def algorithm_kwargs(cfg: SingleTaskConfig) -> dict[str, Any]:
     """``algorithm.*`` hparams plus the ``client.*`` local-optimizer settings that are set.
 
     A ``client`` setting the algorithm does not take, or one also given under ``algorithm``,
@@ -366,46 +472,6 @@ def algorithm_kwargs(cfg: RunConfig) -> dict[str, Any]:
     elif cfg.model.head is not None and "head" not in allowed:
         raise ConfigError(f"model.head: algorithm {cfg.algorithm.name!r} has no body/head split")
     return kwargs
-
-
-def _field_part(part: Any) -> str:
-    """A dotted-path component as written, quoted when it is not a plain name (``':'``)."""
-    text = str(part)
-    return text if re.fullmatch(r"[\w\-]+", text) else repr(text)
-
-
-def format_error(err: ValidationError, raw: Any, prefix: str = "") -> str:
-    """``field.path: message (got value)`` for the first error; ``prefix`` goes in front
-    (``tasks[1]``). The path stops where ``raw`` stops (no pydantic union-member tags)."""
-    first = err.errors()[0]
-    path = prefix + _path(_loc_in(raw, first["loc"], first["type"]))
-    msg = first["msg"].removeprefix("Value error, ")
-    value = first.get("input")
-    shown = "" if isinstance(value, (dict, list)) else f" (got {_short(repr(value))})"
-    return f"{path.lstrip('.') or 'config'}: {msg}{shown}"
-
-
-def _path(loc: list) -> str:
-    return "".join(f"[{p}]" if isinstance(p, int) else f".{_field_part(p)}" for p in loc)
-
-
-def _loc_in(raw: Any, loc: tuple, kind: str) -> list:
-    """The part of ``loc`` that exists in ``raw`` (plus a missing key for "Field required")."""
-    out, node = [], raw
-    for part in loc:
-        if isinstance(node, dict) and part in node or (
-                isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)):
-            out.append(part)
-            node = node[part]
-            continue
-        if isinstance(node, dict) and kind == "missing":
-            out.append(part)
-        break
-    return out
-
-
-def _short(text: str, limit: int = 80) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _parse_value(text: str) -> Any:
@@ -443,16 +509,16 @@ def apply_overrides(raw: dict, overrides: list[str], schema: type[BaseModel] | N
     """Apply ``a.b.c=value`` overrides to a raw config dict (a new dict is returned).
 
     Values are YAML flow values (numbers, ``true``/``false``, ``null``, ``[..]``, ``{..}``);
-    for a string field of ``schema`` (default :class:`RunConfig`) the text is kept as typed,
-    so ``name=2024`` is the name ``"2024"``. The schema then checks types strictly.
-    ``where`` prefixes field names in errors (``tasks[1].``).
+    for a string field of ``schema`` (default: the model of ``raw``'s kind of run) the text
+    is kept as typed, so ``name=2024`` is the name ``"2024"``. The schema then checks types
+    strictly. ``where`` prefixes field names in errors (``tasks[1].``).
     """
-    schema = RunConfig if schema is None else schema
+    schema = RUN_KINDS[run_kind(raw)] if schema is None else schema
     if not isinstance(raw, dict):
         raise ConfigError(f"{where.rstrip('.') or 'config'}: expected a table of sections")
     out = copy.deepcopy(raw)
     for item in overrides:
-        shown = repr(_short(item, 60))
+        shown = repr(shorten(item, 60))
         if "=" not in item:
             raise ConfigError(f"override {shown}: expected key=value, e.g. client.batch_size=32")
         key, text = item.split("=", 1)
@@ -507,9 +573,11 @@ def load_raw(path: str | Path) -> dict:
     return raw
 
 
-def validate_schema(schema: type[BaseModel], raw: Any, prefix: str = "") -> Any:
+def validate_schema(schema: type[BaseModel], raw: Any, prefix: str = "",
+                    explain: Callable[[ValidationError], str | None] | None = None) -> Any:
     """``schema`` validated strictly, as JSON types: an int field takes only integers (not
-    ``true`` or ``"3"``), a bool field only ``true``/``false``, a float field finite numbers."""
+    ``true`` or ``"3"``), a bool field only ``true``/``false``, a float field finite numbers.
+    ``explain`` may give a clearer one-line message for an error than the generic one."""
     where = prefix or "config"
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a table of sections")
@@ -520,21 +588,23 @@ def validate_schema(schema: type[BaseModel], raw: Any, prefix: str = "") -> Any:
     try:
         return schema.model_validate_json(text, strict=True)
     except ValidationError as exc:
-        raise ConfigError(format_error(exc, raw, prefix)) from None
+        raise ConfigError((explain and explain(exc)) or format_error(exc, raw, prefix)) from None
 
 
-def validate(raw: dict | RunConfig, *, allow_plugins: bool = False) -> RunConfig:
-    """Validate a raw dict (schema, the sections its kind of run reads, then the registries:
-    dataset, model, algorithm, and whether the run's driver serves the algorithm).
+def validate(raw: dict | BaseRunConfig, *, allow_plugins: bool = False) -> RunConfig:
+    """Validate a raw dict (the schema of its kind of run, then the registries: dataset,
+    model, algorithm, and whether the run's driver serves the algorithm).
 
     A config cannot run code: its ``plugins`` must be imported already (``--plugin``,
     :func:`fedforge.load_plugins`); ``allow_plugins=True`` imports them instead."""
-    if isinstance(raw, RunConfig):
+    if isinstance(raw, BaseRunConfig):
         raw = raw.model_dump(by_alias=True)
     _check_plugins(raw, allow_plugins)
-    cfg = validate_schema(RunConfig, raw)
-    _check_kind(cfg)
+    kind = RUN_KINDS[run_kind(raw)]
+    cfg = validate_schema(kind, raw, explain=lambda exc: _other_kind(kind, exc))
+    _check_unread(cfg)
     if cfg.multitask:
+        _check_method(cfg)
         _check_tasks(cfg)
     else:
         _check_registries(cfg)
@@ -601,47 +671,52 @@ def load_config(path: str | Path, overrides: list[str] | None = None, *,
 _TASK_KEY = re.compile(r"^tasks(?:\.(\d+)|\[(\d+)\])?\.(.+=.*)$", re.S)
 
 
-def _is_default(cfg: BaseModel, name: str) -> bool:
-    field = type(cfg).model_fields[name]
-    return getattr(cfg, name) == field.get_default(call_default_factory=True)
+def _other_kind(kind: type[BaseRunConfig], exc: ValidationError) -> str | None:
+    """A top-level key only the other kind of run reads (pydantic: an extra key), said so."""
+    other = MultiTaskConfig if kind is SingleTaskConfig else SingleTaskConfig
+    names = {n for name, f in other.model_fields.items() for n in (name, f.alias) if n}
+    names -= set(kind.model_fields)
+    for err in exc.errors():
+        key = err["loc"][0] if err["type"] == "extra_forbidden" and len(err["loc"]) == 1 else None
+        if key not in names:
+            continue
+        if other.multitask:
+            return (f"{key}: only a multi-task run reads it; add a [[tasks]] list (fedforge "
+                    "algorithms lists the methods)")
+        where = (f"set it per task (tasks[].{key})" if key in TaskConfig.model_fields
+                 else "drop it")
+        return f"{key}: a multi-task run ([[tasks]]) does not read it; {where}"
+    return None
 
 
-def _check_kind(cfg: RunConfig) -> None:
-    """A multi-task run refuses single-task sections and the other way round, in one line,
-    so no setting is silently ignored."""
-    fields = RunConfig.model_fields
-    if cfg.multitask:
-        for name in SINGLE_TASK_ONLY:
-            if not _is_default(cfg, name):
-                where = (f"set it per task (tasks[].{name})" if name in TaskConfig.model_fields
-                         else "drop it")
-                raise ConfigError(f"{name}: a multi-task run ([[tasks]]) does not read it; "
-                                  f"{where}")
-        for key in ("every", "per_client"):
-            if not _is_default(cfg.eval, key):
-                raise ConfigError(f"eval.{key}: a multi-task run does not read it (each task "
-                                  "evaluates every tasks[].eval_every of its rounds)")
-        from fedforge.sim.fedast import ASYNC_METHODS  # noqa: PLC0415 (sim imports torch)
-        from fedforge.sim.multitask_sync import SYNC_METHODS  # noqa: PLC0415
-
-        methods = (*ASYNC_METHODS, *SYNC_METHODS)
-        if cfg.method is not None and cfg.method not in methods:
-            raise ConfigError(f"method: unknown method {cfg.method!r}; expected one of "
-                              f"{list(methods)}")
-        counts = [t.sync_clients for t in cfg.tasks]
-        if any(c is not None for c in counts) and any(c is None for c in counts):
-            raise ConfigError("tasks[].sync_clients: set it for every task or for none")
-        return
-    for name in MULTITASK_ONLY:
-        if not _is_default(cfg, name):
-            shown = fields[name].alias or name
-            raise ConfigError(f"{shown}: only a multi-task run reads it; add a [[tasks]] list "
-                              "(fedforge algorithms lists the methods)")
-    if cfg.eval.max_test_samples is not None:
-        raise ConfigError("eval.max_test_samples: only a multi-task run reads it")
+def _check_unread(cfg: BaseRunConfig) -> None:
+    """A shared section's key this kind of run does not read is refused in one line, so no
+    setting is silently ignored."""
+    for key, why in type(cfg).unread.items():
+        *within, section, name = key.split(".")
+        owners = ([(f"tasks[{i}].", t) for i, t in enumerate(cfg.tasks)]
+                  if within == ["tasks[]"] else [("", cfg)])
+        for where, owner in owners:
+            part = getattr(owner, section)
+            if getattr(part, name) != type(part).model_fields[name].get_default(
+                    call_default_factory=True):
+                raise ConfigError(f"{where}{section}.{name}: {why}")
 
 
-def _check_tasks(cfg: RunConfig) -> None:
+def _check_method(cfg: MultiTaskConfig) -> None:
+    from fedforge.sim.fedast import ASYNC_METHODS  # noqa: PLC0415 (sim imports torch)
+    from fedforge.sim.multitask_sync import SYNC_METHODS  # noqa: PLC0415
+
+    methods = (*ASYNC_METHODS, *SYNC_METHODS)
+    if cfg.method is not None and cfg.method not in methods:
+        raise ConfigError(f"method: unknown method {cfg.method!r}; expected one of "
+                          f"{list(methods)}")
+    counts = [t.sync_clients for t in cfg.tasks]
+    if any(c is not None for c in counts) and any(c is None for c in counts):
+        raise ConfigError("tasks[].sync_clients: set it for every task or for none")
+
+
+def _check_tasks(cfg: MultiTaskConfig) -> None:
     """Each task's dataset, partition, model, options and algorithm, and that the method's
     driver serves the algorithm (refused here, in one line, rather than mid-run)."""
     import torch  # noqa: PLC0415
@@ -672,7 +747,6 @@ def _check_data_model(where: str, data: DataConfig, model: ModelConfig,
                       extra_partitions: tuple[str, ...] = ()) -> None:
     """Dataset, partition and model names, the data root and the option tables."""
     from fedforge.data import DATASETS, PARTITIONERS  # noqa: PLC0415
-    from fedforge.experiment.options import check_builders  # noqa: PLC0415 (imports config)
     from fedforge.models import MODELS  # noqa: PLC0415
 
     if data.dataset not in DATASETS:
@@ -693,11 +767,11 @@ def _check_data_model(where: str, data: DataConfig, model: ModelConfig,
 
 def _check_hparam_names(where: str, algorithm: AlgorithmConfig) -> None:
     for key in algorithm.hparams:  # odd keys from a hostile file: name them quoted
-        if _field_part(key) != key:
-            raise ConfigError(f"{where}algorithm.{_field_part(key)}: not a hyper-parameter name")
+        if field_part(key) != key:
+            raise ConfigError(f"{where}algorithm.{field_part(key)}: not a hyper-parameter name")
 
 
-def _check_registries(cfg: RunConfig) -> None:
+def _check_registries(cfg: SingleTaskConfig) -> None:
     _check_data_model("", cfg.data, cfg.model)
     _check_hparam_names("", cfg.algorithm)
     try:
@@ -711,7 +785,7 @@ def _check_registries(cfg: RunConfig) -> None:
     check_privacy(cfg, algorithm)
 
 
-def check_participation(cfg: RunConfig, algorithm: Any, population: int | None) -> None:
+def check_participation(cfg: SingleTaskConfig, algorithm: Any, population: int | None) -> None:
     """An algorithm whose maths needs every client every round (MARINA) refuses a sampled
     cohort, and straggler rounds that drop clients, in one line naming it and the driver.
 
@@ -733,7 +807,7 @@ def check_participation(cfg: RunConfig, algorithm: Any, population: int | None) 
             "sim.straggler_k = none")
 
 
-def _check_robust(cfg: RunConfig) -> None:
+def _check_robust(cfg: SingleTaskConfig) -> None:
     """server.aggregator / its options, and that rollback can scale the local lr."""
     from fedforge.robust.aggregators import build_aggregator  # noqa: PLC0415
     from fedforge.robust.divergence import scale_lr  # noqa: PLC0415
@@ -746,13 +820,16 @@ def _check_robust(cfg: RunConfig) -> None:
         raise ConfigError(str(exc)) from None
 
 
-def dump_config(cfg: RunConfig, path: Path) -> None:
-    """Write the resolved config as TOML (``config.resolved.toml``), with the sections the
-    run's kind reads only, so the file loads back as the same run."""
+def dump_config(cfg: BaseRunConfig, path: Path) -> None:
+    """Write the resolved config as TOML (``config.resolved.toml``) with the keys the run's
+    kind reads only, so the file loads back as the same run."""
     import tomli_w  # noqa: PLC0415 (optional writer)
 
-    skip = SINGLE_TASK_ONLY if cfg.multitask else (*MULTITASK_ONLY, "tasks")
-    data = cfg.model_dump(exclude_none=True, by_alias=True, exclude=set(skip))
-    if cfg.multitask:
-        data["eval"] = {k: v for k, v in data["eval"].items() if k not in ("every", "per_client")}
+    data = cfg.model_dump(exclude_none=True, by_alias=True)
+    for key in type(cfg).unread:
+        *within, section, name = key.split(".")
+        for owner in data.get("tasks", []) if within == ["tasks[]"] else [data]:
+            owner.get(section, {}).pop(name, None)
+    order = {k: i for i, k in enumerate(type(cfg).key_order)}
+    data = dict(sorted(data.items(), key=lambda kv: order.get(kv[0], len(order))))
     path.write_text(tomli_w.dumps(data), encoding="utf-8")

@@ -18,8 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
 
-from fedforge.errors import ConfigError
-from fedforge.experiment.config import format_error
+from fedforge.errors import ConfigError, format_error
 
 _CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False, arbitrary_types_allowed=True)
 

@@ -1,4 +1,6 @@
-"""The config reference, generated from the schema (:class:`~fedforge.experiment.config.RunConfig`).
+"""The config reference, generated from the schema of both kinds of run
+(:class:`~fedforge.experiment.config.SingleTaskConfig`,
+:class:`~fedforge.experiment.config.MultiTaskConfig`).
 
 Each key's type and default come from the pydantic field; its description is the comment
 written beside (or just above) the field in ``config.py``, so the reference cannot drift from
@@ -19,6 +21,7 @@ from functools import cache
 from typing import Any, NamedTuple
 
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from fedforge.experiment import config as schema
@@ -89,6 +92,16 @@ def show(value: Any) -> str:
     return repr(value)
 
 
+def _notes(cls: type) -> dict[str, str]:
+    """The comments of ``cls``'s fields, inherited ones (a shared section of both kinds of
+    run) included."""
+    out: dict[str, str] = {}
+    for c in reversed(cls.__mro__):
+        if isinstance(c, type) and issubclass(c, BaseModel) and c is not BaseModel:
+            out.update(_comments(c))
+    return out
+
+
 @cache
 def _comments(cls: type) -> dict[str, str]:
     """Field name -> the comment lines right above it plus the comment on its own line."""
@@ -134,11 +147,26 @@ def _clean(text: str) -> str:
     return text.replace("|", "\\|").strip()
 
 
-def keys(model: type[BaseModel] = schema.RunConfig, prefix: str = "") -> list[Key]:
-    """Every leaf key of ``model`` (sections recursed), in declaration order."""
+def top_fields() -> dict[str, tuple[FieldInfo, type[BaseModel]]]:
+    """Every top-level field of either kind of run -> (field, the kind's model): the
+    single-task run's keys in the order its config.resolved.toml writes them, then the keys
+    only a multi-task run reads."""
+    single, multi = schema.SingleTaskConfig, schema.MultiTaskConfig
+    order = {k: i for i, k in enumerate(single.key_order)}
+    names = sorted(single.model_fields, key=lambda n: order.get(n, len(order)))
+    out = {n: (single.model_fields[n], single) for n in names}
+    out.update({n: (f, multi) for n, f in multi.model_fields.items() if n not in out})
+    return out
+
+
+def keys(model: type[BaseModel] | None = None, prefix: str = "") -> list[Key]:
+    """Every leaf key of ``model`` (sections recursed), in declaration order; ``None``: the
+    top level of both kinds of run (:func:`top_fields`)."""
     out: list[Key] = []
-    notes = _comments(model)
-    for name, field in model.model_fields.items():
+    fields = (top_fields() if model is None
+              else {n: (f, model) for n, f in model.model_fields.items()})
+    for name, (field, owner) in fields.items():
+        notes = _notes(owner)
         key = field.alias or name
         ann = field.annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel):
@@ -156,10 +184,10 @@ def keys(model: type[BaseModel] = schema.RunConfig, prefix: str = "") -> list[Ke
     return out
 
 
-def sections() -> list[tuple[str, type[BaseModel], str]]:
+def sections() -> list[tuple[str, type[BaseModel] | None, str]]:
     """(name, schema, one-line description) of the top level and each section."""
-    out = [("", schema.RunConfig, "")]
-    for name, field in schema.RunConfig.model_fields.items():
+    out: list[tuple[str, Any, str]] = [("", None, "")]
+    for name, (field, _) in top_fields().items():
         ann = field.annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             out.append((field.alias or name, ann, _clean(_doc(ann))))
@@ -253,7 +281,8 @@ def defaults_toml(algorithm: str | None = None) -> str:
     """The whole schema as a commented TOML file of defaults; with ``algorithm``, its
     resolved hyper-parameters and where each default comes from. Keys only a multi-task run
     reads are commented out, so the output is itself a valid single-task config."""
-    multitask = {_alias(n) for n in getattr(schema, "MULTITASK_ONLY", ())} | {"tasks"}
+    multitask = {f.alias or n for n, (f, kind) in top_fields().items() if kind.multitask}
+    unread = schema.SingleTaskConfig.unread  # shared sections' multi-task keys
     lines = ["# fedforge run config: every key with its default (docs/config.md explains them)",
              "# null defaults are commented out (TOML has no null: leave the key unset)", ""]
     later: list[str] = []
@@ -270,19 +299,19 @@ def defaults_toml(algorithm: str | None = None) -> str:
             block += algorithm_toml(algorithm)
         else:
             block.append(f"[{name}]" + (f"  # {doc}" if doc else ""))
-            block += [_toml_line(key) for key in keys(model, f"{name}.")]
+            block += [_commented(_toml_line(key)) if key.path in unread else _toml_line(key)
+                      for key in keys(model, f"{name}.")]
         if name in multitask:
             later += block
         else:
             lines += block
     lines += ["", "# --- multi-task runs only (a [[tasks]] list; docs/config.md) ---"]
-    lines += [line if line.startswith("#") or not line else "# " + line for line in later]
+    lines += [_commented(line) for line in later]
     return "\n".join(lines) + "\n"
 
 
-def _alias(name: str) -> str:
-    field = schema.RunConfig.model_fields.get(name)
-    return (field.alias or name) if field is not None else name
+def _commented(line: str) -> str:
+    return line if line.startswith("#") or not line else "# " + line
 
 
 def _toml_line(key: Key) -> str:
@@ -328,6 +357,8 @@ def markdown() -> str:
         lines += ["", f"### {title}", ""]
         if doc:
             lines += [doc, ""]
+        if not name:
+            lines += [_kinds(), ""]
         lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
         for key in keys(model, f"{name}." if name else ""):
             if not name and "." in key.path:
@@ -336,10 +367,31 @@ def markdown() -> str:
             lines.append(f"| `{key.path}` | {key.type} | `{shown}` | {key.description} |")
     lines += ["", _TASK_HEADER.strip(), "", "| key | type | default | meaning |",
               "|---|---|---|---|"]
-    for key in keys(schema.TaskConfig, "tasks[]."):
+    for key in task_keys():
         shown = show(key.default).replace("|", "\\|")
         lines.append(f"| `{key.path}` | {key.type} | `{shown}` | {key.description} |")
     return "\n".join(lines) + "\n"
+
+
+def task_keys(method: str = "fedast") -> list[Key]:
+    """A task's keys as a multi-task run of ``method`` reads them: the client keys with the
+    method's defaults, without the keys a multi-task run does not read."""
+    filled = {f"tasks[].client.{k}": v for k, v in schema.task_client_defaults(method).items()}
+    return [key._replace(default=filled.get(key.path, key.default))
+            for key in keys(schema.TaskConfig, "tasks[].")
+            if key.path not in schema.MultiTaskConfig.unread]
+
+
+def _kinds() -> str:
+    """Which top-level keys each kind of run reads, from the two schemas."""
+    def listed(kind: type[BaseModel], exclude: set[str] = frozenset()) -> str:
+        return ", ".join(f"`{f.alias or n}`" for n, (f, k) in top_fields().items()
+                         if k is kind and n not in exclude)
+
+    shared = set(schema.BaseRunConfig.model_fields)
+    return (f"Every run reads {', '.join(f'`{n}`' for n in schema.BaseRunConfig.model_fields)}"
+            f". Only a single-task run: {listed(schema.SingleTaskConfig, shared)}. Only a "
+            f"multi-task run: {listed(schema.MultiTaskConfig)}.")
 
 
 _INTRO = """
@@ -354,6 +406,15 @@ only names what it changes; `fedforge config --defaults` prints all of them as a
 TOML file, and `fedforge config --defaults ALGORITHM` adds that algorithm's
 hyper-parameters with the paper, code or reason each default comes from. Unknown keys,
 wrong types and out-of-range values are refused in one line naming the key.
+
+**Two kinds of run.** A config without a `tasks` list is a *single-task* run: one model
+trained in synchronous rounds (`rounds`, `[data]`, `[model]`, `[algorithm]`, `[client]`,
+`[server]`, ...). A config with a `[[tasks]]` list is a *multi-task* run: several tasks, each
+with its own data, model, algorithm and client, trained by one `method` on a shared client
+pool (`[system]`, `[async]`, `[sync]`). Both read the shared keys (`name`, `seed`, `[eval]`,
+`[engine]`, `[checkpoint]`, `plugins`); a key of the other kind is refused in one line
+naming it, so no setting is silently ignored. The `client` keys a task leaves unset take
+the method's defaults (shown under `[[tasks]]` below).
 
 ## Syntax
 

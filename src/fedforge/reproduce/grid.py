@@ -62,13 +62,13 @@ def read_marker(path: Path) -> dict | None:
     return {"round": marker["round"], "budget": marker["budget"]}
 
 
-def is_finished(run_dir: Path, rounds: int, multitask: bool = False) -> bool:
+def is_finished(run_dir: Path, cfg: RunConfig) -> bool:
     """The run's metrics reach its last round (the runner evaluates the last round); a
     multi-task run has written its ``summary.json``."""
-    if multitask:
+    if cfg.multitask:
         return (run_dir / "summary.json").is_file()
     records = read_metrics(run_dir / "metrics.jsonl")
-    return bool(records) and records[-1].get("round") == rounds
+    return bool(records) and records[-1].get("round") == cfg.rounds
 
 
 def committed(data: Path, spec: Reproduction, cond: str, cfg: RunConfig) -> bool:
@@ -141,7 +141,7 @@ def run_grid(
     plan = grid_plan(spec, root, runs)
     from_data = [not out.exists() and committed(data, spec, cond.name, cfg)
                  for cond, cfg, out in plan]
-    finished = [known or is_finished(out, cfg.rounds, spec.multitask)
+    finished = [known or is_finished(out, cfg)
                 or divergence_stop(out) is not None
                 for known, (_, cfg, out) in zip(from_data, plan)]
     if spec.prepare is not None and not all(finished):  # nothing to run, nothing to prepare
