@@ -1,0 +1,75 @@
+"""fedforge bench pfl-cifar10: pfl-research's CIFAR-10 workload, exactly, and a --quick run of
+every row end to end (a peer that is not installed gets a row saying so)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from fedforge.bench.pfl_cifar10 import (
+    HEADER,
+    PFL_CIFAR10,
+    QUICK,
+    cohort_ids,
+    parse_frameworks,
+    run_pfl_cifar10,
+)
+from fedforge.bench.pfl_cifar10_run import RUN_ITERATIONS, batches
+from fedforge.bench.report import append_results
+from fedforge.models import build_model, num_parameters
+
+
+def test_the_workload_is_pfl_researchs_cifar10_baseline():
+    w = PFL_CIFAR10
+    assert (w.users, w.per_user, w.cohort) == (1000, 50, 50)
+    assert (w.epochs, w.batch, w.steps, w.local_lr, w.central_lr) == (1, 10, 5, 0.1, 1.0)
+    assert RUN_ITERATIONS == 1500 and w.eval_batch == 10000 and w.test_size == 10000
+    assert num_parameters(build_model(w.model, (3, 32, 32), 10)) == 1_626_442
+    # user 7's local epoch: its own 50 rows, in order, in 5 batches of 10
+    got = batches(w, 7)
+    assert [b.tolist() for b in got] == [list(range(350 + 10 * k, 360 + 10 * k))
+                                         for k in range(5)]
+
+
+def test_cohorts_are_the_same_draw_in_every_process_and_differ_by_iteration():
+    first = cohort_ids(PFL_CIFAR10, 1)
+    assert len(set(first)) == 50 and all(0 <= u < 1000 for u in first)
+    assert cohort_ids(PFL_CIFAR10, 1) == first != cohort_ids(PFL_CIFAR10, 2)
+    code = ("from fedforge.bench.pfl_cifar10 import PFL_CIFAR10, cohort_ids; "
+            "print(cohort_ids(PFL_CIFAR10, 1))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == str(first)
+
+
+@pytest.mark.parametrize("bad", ["", "fedforge,fedforge", "fedforge:gpu", "pfl:loop", "fl"])
+def test_unknown_or_repeated_entries_are_refused_naming_the_option(bad):
+    with pytest.raises(ValueError, match="--engines"):
+        parse_frameworks(bad)
+
+
+def test_quick_runs_every_row_and_the_table_has_every_column(tmp_path):
+    names = ["fedforge", "plain", "pfl", "flower"]
+    rows, note = run_pfl_cifar10(names, tmp_path / "out", data_root=tmp_path / "no-data",
+                                 groups=1, warmup=1, iterations=1, quick=True,
+                                 peer_python=sys.executable)
+    assert [r[0] for r in rows] == names and all(len(r) == len(HEADER) for r in rows)
+    ran = {r[0]: r for r in rows if r[2] is not None}
+    assert {"fedforge", "plain"} <= set(ran)
+    for row in ran.values():
+        it, ups, start, first, mem, acc, ratio = row[2:9]
+        assert it > 0 and ups == pytest.approx(QUICK.cohort / it, rel=0.01)
+        assert start > 0 and first > 0 and mem > 50 and 0 <= acc <= 1
+        assert ratio == round(it / ran["fedforge"][2], 2)
+    for name in set(names) - set(ran):  # peers absent here: the reason, never a crash
+        assert next(r for r in rows if r[0] == name)[1].startswith("not installed")
+    assert "synthetic random images" in note and "load average" in note
+    text = append_results(tmp_path / "RESULTS.md", "pfl-research CIFAR-10", _cpu(), HEADER,
+                          rows, note, command="fedforge bench pfl-cifar10 --quick")
+    assert "| " + " | ".join(HEADER) + " |" in text and "torch " in text
+
+
+def _cpu():
+    import torch
+
+    return torch.device("cpu")
