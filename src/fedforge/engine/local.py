@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedforge.algorithms.base import Algorithm, FinalizeInputs
+from fedforge.algorithms.personal.batch import StepBatch, with_step_batch
 from fedforge.client.transforms import RoundContext, clip_statistics, local_step
 from fedforge.core.tree import (
     Params,
@@ -146,6 +147,8 @@ def make_local_update(
     privacy = algorithm.privacy  # fedforge.privacy: DP-SGD, clipped deltas
     # personalised FL (fedforge.algorithms.personal): where the round starts, what is sent
     personal = getattr(algorithm, "personal", None)
+    # a spec whose steps take gradients at other points on the step's batch (APFL, pFedMe)
+    batch_access = bool(getattr(personal, "step_batch", False))
     keyed = is_keyed(loss_fn)  # dropout layers: masks from (client key, step, layer)
 
     def randomness(key: torch.Tensor | None, step: int):
@@ -170,7 +173,14 @@ def make_local_update(
                     grads, loss = (grad_and_loss(params, xs[k], ys[k], ws[k])
                                    if step_grad is None
                                    else step_grad(params, xs[k], ys[k], ws[k], k))
-                new_params, new_state = local_step(opt, grads, state, params, ctx)
+                step_ctx = ctx
+                if batch_access:
+                    def batch_grad(at, weights=None, k=k):
+                        with randomness(key, k):
+                            return grad_and_loss(at, xs[k], ys[k],
+                                                 ws[k] if weights is None else weights)[0]
+                    step_ctx = with_step_batch(ctx, StepBatch(batch_grad, ys[k], ws[k], ys, ws))
+                new_params, new_state = local_step(opt, grads, state, params, step_ctx)
                 if masked:
                     active = ws[k].sum() > 0
                     params = tree_where(active, new_params, params)

@@ -309,6 +309,52 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Default]] = {
             "head": _HEAD,
         },
         "lg_fedavg": {**_sgd_client(), "head": _HEAD},
+        "apfl": {
+            **_sgd_client(),
+            "alpha": code(0.5, f"{FLBENCH} src/server/apfl.py: --alpha 0.5 (the paper runs "
+                               "α ∈ {0.25, 0.5, 0.75} and adaptive)"),
+            "adaptive_alpha": code(True, f"{FLBENCH} src/server/apfl.py: --adaptive_alpha 1; "
+                                         "MLOPTPSU/FedTorch fed_adaptive_alpha"),
+            "alpha_lr": ours(None, "none: local_lr, as MLOPTPSU/FedTorch flow_utils.py "
+                                   "alpha_update steps α with the local learning rate"),
+        },
+        "pfedme": {
+            **_sgd_client(),
+            "personal_lr": code(0.01, f"{PFLLIB} main.py: p_learning_rate = 0.01; "
+                                      "FL-bench's pers_lr = 0.01"),
+            "lam": code(15.0, f"{FLBENCH} src/server/pfedme.py: --lamda 15"),
+            "inner_steps": code(5, f"{PFLLIB} main.py: K = 5; FL-bench's k = 5"),
+            "mu": code(0.0, f"{PFLLIB} main.py: mu = 0 (the paper's inner problem has no "
+                            "decay; FL-bench adds mu = 1e-3)"),
+            "beta": code(1.0, f"{FLBENCH} src/server/pfedme.py: --beta 1 (plain averaging)"),
+        },
+        "per_fedavg_fo": {
+            **_sgd_client(),
+            "beta": code(1e-3, f"{FLBENCH} src/server/perfedavg.py: --beta 1e-3"),
+            "finetune_steps": paper(1, "Fallah et al. 2020, eq. (3): one gradient step from "
+                                       "the meta-model"),
+        },
+        "per_fedavg_hf": {
+            **_sgd_client(),
+            "beta": code(1e-3, f"{FLBENCH} src/server/perfedavg.py: --beta 1e-3"),
+            "delta": code(1e-3, f"{FLBENCH} src/server/perfedavg.py: --delta 1e-3"),
+            "finetune_steps": paper(1, "Fallah et al. 2020, eq. (3): one gradient step from "
+                                       "the meta-model"),
+        },
+        "fedrod": {**_sgd_client(), "head": _HEAD},
+        "fedala": {
+            **_sgd_client(),
+            "eta": code(1.0, f"{PFLLIB} main.py: eta = 1.0"),
+            "rand_percent": code(80.0, f"{PFLLIB} main.py: rand_percent = 80"),
+            "layer_idx": code(2, f"{PFLLIB} main.py: layer_idx = 2 (the last two parameter "
+                                 "tensors)"),
+        },
+        "fedbn": {
+            **_sgd_client(),
+            "norm": ours(None, "the zoo model's normalisation layers "
+                               "(algorithms/personal/fedbn.py NORM_LAYERS); a model without "
+                               "them trains as FedAvg"),
+        },
     },
 }
 

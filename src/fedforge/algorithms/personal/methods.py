@@ -25,7 +25,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fedforge.algorithms.defaults import defaults_from
+from fedforge.algorithms.personal.apfl import apfl
 from fedforge.algorithms.personal.base import Personal, PersonalAlgorithm, Phase, personalised
+from fedforge.algorithms.personal.fedala import fedala
+from fedforge.algorithms.personal.fedbn import fedbn
+from fedforge.algorithms.personal.fedrod import fedrod
+from fedforge.algorithms.personal.perfedavg import per_fedavg_fo, per_fedavg_hf
+from fedforge.algorithms.personal.pfedme import pfedme
 from fedforge.algorithms.personal.split import freeze
 from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import Transform, add_prox, chain
@@ -150,5 +156,12 @@ PERSONAL_ALGORITHMS = {
     "fedrep": fedrep,
     "fedbabu": fedbabu,
     "lg_fedavg": lg_fedavg,
+    "apfl": apfl,
+    "pfedme": pfedme,
+    "per_fedavg_fo": per_fedavg_fo,
+    "per_fedavg_hf": per_fedavg_hf,
+    "fedrod": fedrod,
+    "fedala": fedala,
+    "fedbn": fedbn,
 }
 """The personalised methods, by registry name (``fedforge.algorithms`` registers them)."""

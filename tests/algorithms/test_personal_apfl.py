@@ -1,0 +1,83 @@
+"""APFL against a float64 NumPy loop of Deng et al.'s Alg. 1 (three rounds, partial
+participation, a padded step): the shared w, every client's v_i and α_i, and the evaluated
+mix α_i v_i + (1 - α_i) w. α0 = 0.3 and alpha_lr ≠ local_lr, so mixing the wrong way round,
+stepping v with the unmixed gradient, or α with the wrong step all give other numbers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedforge.algorithms import build_algorithm
+from tests.algorithms.personal_rounds import (
+    ENGINES,
+    ROWS,
+    batches,
+    quad_grad,
+    quadratic,
+    run,
+    samples,
+)
+
+LR, ALPHA_LR, A0, W0 = 0.1, 0.05, 0.3, np.array([0.4, -0.3])
+LOSS = quadratic(lambda p: p["w"])
+
+
+def reference(adaptive: bool):
+    w, n = W0.copy(), 3
+    v, alpha = np.tile(W0, (n, 1)), np.full(n, A0)
+    out = []
+    for cohort in samples(batch=2):
+        deltas = []
+        for i, steps in cohort:
+            wl = w.copy()
+            for rows in steps:
+                rows = ROWS[rows]
+                a = alpha[i]
+                mixed = a * v[i] + (1 - a) * wl
+                g = quad_grad(mixed, rows)
+                if adaptive:
+                    alpha[i] = np.clip(a - ALPHA_LR * (v[i] - wl) @ g, 0.0, 1.0)
+                v[i] = v[i] - LR * a * g
+                wl = wl - LR * quad_grad(wl, rows)
+            deltas.append(w - wl)
+        w = w - np.mean(deltas, axis=0)
+        out.append((w.copy(), v.copy(), alpha.copy()))
+    return out
+
+
+def _run(adaptive: bool, engine=None):
+    algorithm = build_algorithm("apfl", local_lr=LR, alpha=A0, alpha_lr=ALPHA_LR,
+                                adaptive_alpha=adaptive)
+    x, y = torch.tensor(ROWS), torch.zeros(len(ROWS), dtype=torch.long)
+    return algorithm, run(algorithm, LOSS, {"w": W0}, x, y, batches(batch=2), engine)
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_apfl_matches_the_papers_local_steps(adaptive):
+    algorithm, got = _run(adaptive)
+    for (params, state), (w, v, alpha) in zip(got, reference(adaptive), strict=True):
+        np.testing.assert_allclose(params["w"], w, rtol=1e-12)
+        np.testing.assert_allclose(state["personal/v/w"], v, rtol=1e-12)
+        np.testing.assert_allclose(state["personal/alpha"], alpha, rtol=1e-12)
+    assert adaptive or np.all(state["personal/alpha"] == A0)
+    assert not adaptive or np.all(state["personal/alpha"][:3] != A0)
+    # the evaluated model of each client is the mix of its v_i with the current global w
+    mine = {"alpha": torch.tensor(alpha[1]), "v": {"w": torch.tensor(v[1])}}
+    mixed = algorithm.personal.client_params({"w": torch.tensor(w)}, {"personal": mine})
+    np.testing.assert_allclose(mixed["w"].numpy(), alpha[1] * v[1] + (1 - alpha[1]) * w)
+
+
+def test_apfl_loop_equals_vmap():
+    ref = _run(True, ENGINES["loop"])[1]
+    got = _run(True, ENGINES["vmap"])[1]
+    for (p, s), (q, t) in zip(ref, got, strict=True):
+        np.testing.assert_allclose(p["w"], q["w"], rtol=1e-10)
+        for k in s:
+            np.testing.assert_allclose(s[k], t[k], rtol=1e-10)
+
+
+def test_apfl_refuses_a_mixing_weight_outside_0_1():
+    with pytest.raises(ValueError, match="algorithm.alpha"):
+        build_algorithm("apfl", alpha=1.5)
