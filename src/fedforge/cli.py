@@ -498,8 +498,9 @@ def bench(
     workload: Annotated[str, typer.Argument(
         help="w1 | w2 (throughput) | w3 (time to accuracy of one config, per engine) | "
              "pfl-cifar10 (pfl-research's CIFAR-10 workload: fedforge, pfl-research, Flower "
-             "and a plain loop, interleaved) | pfl-ditto (personalised FL: Ditto with "
-             "fedforge's auto engine and a plain per-client loop, interleaved)")],
+             "and a plain loop, interleaved) | population (memory, disk and time per round "
+             "from 10^3 to 10^6 clients) | pfl-ditto (personalised FL: Ditto with fedforge's "
+             "auto engine and a plain per-client loop, interleaved)")],
     cohorts: Annotated[str | None, typer.Option(
         help="w1/w2 (default 10,100), pfl-ditto (default 10,100,1000): comma-separated "
              "cohort sizes")] = None,
@@ -549,7 +550,15 @@ def bench(
         help="pfl-cifar10, pfl-ditto: timed iterations (rounds)")] = 5,
     quick: Annotated[bool, typer.Option(
         "--quick", help="pfl-cifar10: a tiny workload (16 users, cohort 4), random images "
-                        "when CIFAR-10 is absent: checks that every row runs")] = False,
+                        "when CIFAR-10 is absent: checks that every row runs. population: "
+                        "10^2 and 10^3 clients, cohort 10, 3 rounds (a smoke run)")] = False,
+    populations: Annotated[str | None, typer.Option(
+        help="population: comma-separated client counts (default 1000,10000,100000,"
+             "1000000)")] = None,
+    cohort: Annotated[int | None, typer.Option(
+        help="population: clients per round (default 1000)", min=1)] = None,
+    rounds: Annotated[int | None, typer.Option(
+        help="population: rounds per configuration (default 5)", min=3)] = None,
     precision: Annotated[str, typer.Option(
         help="pfl-cifar10: fp32 | bf16 (autocast, fp32 weights) for every framework")] = "fp32",
     peer_python: Annotated[str | None, typer.Option(
@@ -624,6 +633,24 @@ def bench(
         except (ValueError, OSError) as exc:
             _fail(str(exc))
         return
+    elif workload == "population":
+        import sys
+
+        from fedforge.bench import population as pop
+        from fedforge.experiment.rundir import append_text
+
+        where = Path("runs/bench_population") if out == Path("runs/bench_w3") else out
+        try:
+            work = pop.quick_or_full(quick, populations, cohort, rounds)
+            rows = pop.run_population(work, where)
+            pop.plot_population(rows, where)
+            text = pop.table(work, rows, " ".join(["fedforge", *sys.argv[1:]]))
+            pop.write_text(where, "population.md", text)
+            append_text(results.parent, results.name, "\n" + text)
+        except (ValueError, OSError) as exc:
+            _fail(str(exc))
+        console.print(text, markup=False)
+        return
     elif workload == "w3":
         from fedforge.bench.profiling import profiled
         from fedforge.bench.time_to_accuracy import W3_HEADER, run_w3_engines
@@ -637,7 +664,8 @@ def bench(
         header = W3_HEADER
         title = "W3 time to accuracy"
     else:
-        _fail(f"workload: expected w1, w2, w3, pfl-cifar10 or pfl-ditto, got {workload!r}")
+        _fail(f"workload: expected w1, w2, w3, pfl-cifar10, pfl-ditto or population, got "
+              f"{workload!r}")
     try:
         console.print(append_results(results, title, dev, header, rows), markup=False)
     except (ValueError, OSError) as exc:  # e.g. --results is a link: refused, not followed
