@@ -148,7 +148,11 @@ def run_pfl_ditto(out: Path, cohorts: list[int] | None = None, *, groups: int = 
     work = QUICK if quick else DITTO_W1
     if model is not None:
         from fedforge.bench.workload import for_model
+        from fedforge.models import MODELS
 
+        if model not in MODELS:
+            raise ValueError(f"--model: unknown model {model!r}; expected one of "
+                             f"{sorted(MODELS)}")
         work = for_model(work, model)
     out.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
