@@ -2,7 +2,9 @@
 
 ``load_dataset(name)`` gives whole train/test tensors, ``partition``/``PARTITIONERS`` split them
 over clients, and ``build_federated_dataset`` combines both into a :class:`FederatedDataset`
-whose ``index_table`` lets a round gather all clients' minibatches in one indexing op.
+whose client index ranges let a round gather all clients' minibatches in one indexing op.
+``load_population(name)`` gives a population whose clients are generated when drawn
+(:mod:`fedforge.data.population`).
 """
 
 from fedforge.data.base import DatasetError, DatasetSplits
