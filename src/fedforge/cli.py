@@ -533,7 +533,8 @@ def bench(
         "benchmarks/RESULTS.md"),
     plot: Annotated[Path | None, typer.Option(help="w1/w2: write a scaling PNG here")] = None,
     model: Annotated[str | None, typer.Option(
-        help="w1/w2: another registered model on the workload's inputs (e.g. mlp, logreg); "
+        help="w1/w2, pfl-ditto (default lenet5): another registered model on the "
+             "workload's inputs (e.g. mlp, logreg); "
              "a sequence model (char_lstm, transformer_lm, ...) gets random sequences of 80 "
              "tokens with the same schedule")
     ] = None,
@@ -551,7 +552,8 @@ def bench(
     quick: Annotated[bool, typer.Option(
         "--quick", help="pfl-cifar10: a tiny workload (16 users, cohort 4), random images "
                         "when CIFAR-10 is absent: checks that every row runs. population: "
-                        "10^2 and 10^3 clients, cohort 10, 3 rounds (a smoke run)")] = False,
+                        "10^2 and 10^3 clients, cohort 10, 3 rounds (a smoke run). "
+                        "pfl-ditto: cohorts 2 and 3, 2 steps of batch 8")] = False,
     populations: Annotated[str | None, typer.Option(
         help="population: comma-separated client counts (default 1000,10000,100000,"
              "1000000)")] = None,
