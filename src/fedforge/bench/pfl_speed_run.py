@@ -23,6 +23,7 @@ import sys
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -60,7 +61,7 @@ class ProxSGD(torch.optim.Optimizer):
         self.anchor = [a.detach() for a in anchor]
 
     @torch.no_grad()
-    def step(self, closure=None):  # noqa: ANN001 - torch's signature
+    def step(self, closure: Any = None) -> None:  # closure: torch's signature
         anchors = iter(self.anchor)
         for group in self.param_groups:
             for p in group["params"]:
@@ -110,7 +111,7 @@ class _DittoWorker:
         self.x, self.y, self.idx, self.lr, self.lam = x, y, idx, lr, lam
         self.personal: dict[int, nn.Module] = {}
 
-    def __call__(self, task: str, payload):  # noqa: ANN001, ANN204
+    def __call__(self, task: str, payload: Any) -> Any:
         if task == "clients":  # every client starts from the initial model (PFLlib)
             self.personal = {c: copy.deepcopy(self.model) for c in payload}
             return None
