@@ -93,8 +93,8 @@ class AlgorithmConfig(BaseModel):
 
 class ClientConfig(_Section):
     """A client's local work, in both kinds of run: a single-task run trains one local epoch
-    unless ``local_steps`` or ``local_epochs`` is set; a multi-task run's method fills in
-    what a task leaves unset (FedAST: batches of 32, 27 local steps)."""
+    unless ``local_steps`` or ``local_epochs`` is set; the keys a multi-task run's task leaves
+    unset take its method's defaults (listed under ``[[tasks]]``)."""
 
     batch_size: int = Field(default=10, ge=1)
     local_steps: int | None = Field(default=None, ge=1)
