@@ -239,9 +239,12 @@ NOTES: dict[str, str] = {
     "server.aggregator_options": "options of the robust aggregator (`beta`, `max_norm`, `f`, "
                                  "`m`)",
     "eval.batch_size": "evaluation batch size (speed only)",
+    "eval.held_out": "population datasets: the highest client ids, never trained, held out "
+                     "for evaluation",
     "engine.name": "`vmap` (cohort chunks as one batched computation), `loop` (one client at "
                    "a time, the reference) or `distributed` (under torchrun)",
     "engine.chunk_size": "clients per vmapped chunk; `auto` sizes it from free memory",
+    "engine.store_cache_mb": "`disk` client store: MiB of its files kept mapped at a time",
     "checkpoint.keep": "checkpoints kept on disk",
     "attack.kind": "simulated Byzantine clients' behaviour",
     "attack.fraction": "fraction of clients that attack",
