@@ -71,8 +71,8 @@ def run(algorithm, loss, params, x_all, y_all, schedule, engine=None):
 
 def samples(schedule=SCHEDULE, batch: int | None = None):
     """The reference's view of the schedule: per round [(client, [[sample, ...] per step])]
-    with padding dropped."""
-    return [[(i, [[s for s in step[:batch] if s >= 0] for step in steps])
+    with padded steps dropped."""
+    return [[(i, [kept for step in steps if (kept := [s for s in step[:batch] if s >= 0])])
              for i, steps in zip(ids, idx, strict=True)] for ids, idx in schedule]
 
 
