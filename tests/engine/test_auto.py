@@ -244,18 +244,22 @@ def test_workers_are_sized_by_the_loops_time_not_the_in_process_winners(monkeypa
 
 
 @pytest.mark.slow  # spawns worker processes
-def test_uncalibrated_cpu_conv_net_runs_the_loop_in_worker_processes(monkeypatch):
-    """From the fedforge command, with two threads and >= 1000 client updates, a run too short
-    to calibrate trains a CPU conv net with the loop in worker processes (the loop's maths)."""
+def test_short_cpu_conv_run_times_worker_processes_where_they_can_pay_off(monkeypatch):
+    """A run too short for the full calibration times the loop on one client; with worker
+    processes allowed and a run long enough to pay their start-up it times them too and
+    keeps the faster, which trains with the loop's maths."""
     model, (x, y, idx, w), algo = _setup()
     monkeypatch.setattr(auto_mod, "process_workers", lambda x_all: 2)
-    small = AutoEngine(budget_updates=999, max_share=0.0, allow_processes=True)
+    small = AutoEngine(budget_updates=16, max_share=0.0, allow_processes=True)
     assert _run(algo, small, model, x, y, idx, w) and small.choice["engine"] == "loop"
-    unallowed = AutoEngine(budget_updates=1000, max_share=0.0)
+    assert small.choice["calibrated"] is True and "too short" in small.choice["reason"]
+    unallowed = AutoEngine(budget_updates=10**6, max_share=0.0)
     assert _run(algo, unallowed, model, x, y, idx, w) and unallowed.choice["engine"] == "loop"
-    with AutoEngine(budget_updates=1000, max_share=0.0, allow_processes=True) as engine:
+    assert unallowed.choice["calibrated"] is False
+    monkeypatch.setattr(auto_mod, "_ms_per_update",  # the processes time faster here
+                        lambda eng, *a: 1.0 if isinstance(eng, ProcessEngine) else 100.0)
+    with AutoEngine(budget_updates=10**6, max_share=0.0, allow_processes=True) as engine:
         got = _run(algo, engine, model, x, y, idx, w)
-        assert engine.choice["calibrated"] is False
         assert auto_mod._label(engine.choice) == "procs 2 x loop"
         assert len(engine.engine.processes) == 2
     assert_same_run(_run(algo, LoopEngine(), model, x, y, idx, w), got, rtol=1e-4)

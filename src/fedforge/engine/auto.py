@@ -22,11 +22,13 @@ exactly as the chosen engine alone would.
 Calibration only runs when it costs at most ``max_share`` (2 %) of the run's client updates
 (``budget_updates``, set by the runner to rounds x clients per round), and it skips the
 remaining candidates once the next would overrun that share of the projected run (keeping
-what timing the worker processes needs for them). Shorter runs take a measured default
-(``benchmarks/RESULTS.md``): on a CPU, a model with convolutions runs the loop, since vmapped
-convolutions lose to it there (with worker processes allowed, two or more threads and at
-least 1000 client updates, the loop in worker processes), and any other model runs the
-vmapped engine. The choice and
+what timing the worker processes needs for them). A shorter run of a model with
+convolutions on a CPU, where worker processes are allowed, times the loop on one client and
+then the loop in worker processes when their start-up and timing cost at most
+``PROCESS_TRIAL_SHARE`` (10 %) of the run projected at the loop's speed, and keeps the
+faster (a 3-round run keeps the loop; vmapped convolutions lose to the loop there,
+``benchmarks/RESULTS.md``). Other short runs take a measured default: on a CPU, a model with
+convolutions runs the loop, and any other model runs the vmapped engine. The choice and
 the per-layer convolution strategies are :meth:`state_dict`, stored in every checkpoint, so a
 resumed run reuses them and stays bit-exact.
 """
@@ -58,6 +60,11 @@ PROCESS_LOOP_CLIENTS = 4
 # (text classifier, 5 ms per update: 5.1 or 6.0 ms per update in processes from 4 clients
 # each, so the loop in processes lost one calibration it wins in the run, 2026-11-26)
 PROCESS_MIN_CALL_S = 0.1
+# a run too short for the full calibration still times the loop on one client and, where
+# worker processes are allowed, the loop in processes when their start-up and timing fit in
+# this share of the run projected at the loop's speed (otherwise the loop runs): a 3-round
+# run of a conv net never starts them, a long one measures rather than assumes that they win
+PROCESS_TRIAL_SHARE = 0.1
 
 
 def loop_clients_per_worker(ms_per_update: float) -> int:
@@ -209,8 +216,9 @@ class AutoEngine(ChunkedEngine):
         cands = self.candidates(inputs, x_all)
         cost = sum(2 * c["chunk"] for c in cands)  # client updates: a warm-up and a timed chunk
         if self.budget_updates is None or cost > self.max_share * self.budget_updates:
-            return self._default(inputs, x_all, f"run too short to calibrate ({cost} client "
-                                 f"updates > {self.max_share:.0%} of {self.budget_updates})")
+            reason = (f"run too short to calibrate ({cost} client updates > "
+                      f"{self.max_share:.0%} of {self.budget_updates})")
+            return self._short_run(algorithm, loss_fn, x_all, y_all, inputs, reason)
         t_start = time.perf_counter()
         best, best_ms = None, float("inf")
         workers = self._workers(x_all)
@@ -243,17 +251,43 @@ class AutoEngine(ChunkedEngine):
         logger.info("engine auto: %s (ms per client update: %s; %.1f s)", _label(best[0]),
                     self.timings, self.calibration_s)
 
+    def _short_run(self, algorithm, loss_fn, x_all, y_all, inputs: CohortInputs,
+                   reason: str) -> None:
+        """A run too short for the full calibration (``PROCESS_TRIAL_SHARE``): a CPU conv net
+        whose run may start worker processes times the loop on one client, then the loop in
+        processes if that fits the share, and keeps the faster; anything else takes
+        :meth:`_default`."""
+        workers = self._workers(x_all)
+        if (not self.budget_updates or workers < 2 or x_all.device.type != "cpu"
+                or not _has_conv(inputs.global_params)):
+            return self._default(inputs, x_all, reason)
+        t_start = time.perf_counter()
+        cand = {"engine": "loop", "chunk": 1, "conv": "native"}
+        engine = self.build(cand)
+        ms = _ms_per_update(engine, algorithm, loss_fn, x_all, y_all, inputs.clients(slice(0, 1)))
+        self.timings[_label(cand)] = round(ms, 3)
+        allowed = PROCESS_TRIAL_SHARE * ms / 1000.0 * self.budget_updates
+        best, _ = self._time_processes(algorithm, loss_fn, x_all, y_all, inputs, (cand, engine),
+                                       ms, workers, t_start, allowed=allowed)
+        self.calibration_s = time.perf_counter() - t_start
+        self.choice = {**best[0], "calibrated": True, "reason": reason}
+        self.engine = best[1]
+        logger.info("engine auto: %s (short run: ms per client update: %s; %.1f s)",
+                    _label(best[0]), self.timings, self.calibration_s)
+
     def _time_processes(self, algorithm, loss_fn, x_all, y_all, inputs: CohortInputs,
-                        best: tuple, best_ms: float, workers: int, t_start: float) -> tuple:
+                        best: tuple, best_ms: float, workers: int, t_start: float,
+                        allowed: float | None = None) -> tuple:
         """The loop (and a vmap winner at its chunk) split over ``workers`` single-threaded
         processes, each running a few clients (the loop) or one chunk (vmap), against the
         in-process winner -> the fastest (choice, engine) and its time. The workers' loop
-        takes the layout that won in this process (channels-last or not)."""
+        takes the layout that won in this process (channels-last or not). ``allowed``:
+        seconds the calibration may take in all (default: its share of the run)."""
         loop_conv, loop_ms = self._fastest_loop(best_ms)
         inners = [("loop", 1, loop_conv)]
         if best[0]["engine"] == "vmap" and best[0]["conv"] == "native":  # conv plans stay here
             inners.append(("vmap", best[0]["chunk"], "native"))
-        allowed = self._share_s(best_ms)
+        allowed = self._share_s(best_ms) if allowed is None else allowed
         for inner, chunk, conv in inners:
             per_worker = loop_clients_per_worker(loop_ms) if inner == "loop" else chunk
             clients = min(workers * per_worker, inputs.sample_idx.shape[0])
