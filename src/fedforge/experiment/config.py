@@ -32,7 +32,6 @@ from pydantic import (
 
 from fedforge.algorithms import algorithm_hparams, build_algorithm
 from fedforge.algorithms.defaults import FEDAST_CODE, METHOD_DEFAULTS, Default, code
-from fedforge.algorithms.personal.fedbn import norm_patterns
 from fedforge.errors import ConfigError, field_part, format_error, shorten
 from fedforge.experiment.config_io import (
     MAX_CONFIG_BYTES,
@@ -472,9 +471,6 @@ def algorithm_kwargs(cfg: SingleTaskConfig) -> dict[str, Any]:
         kwargs["head"] = list(head)
     elif cfg.model.head is not None and "head" not in allowed:
         raise ConfigError(f"model.head: algorithm {cfg.algorithm.name!r} has no body/head split")
-    norm = norm_patterns(cfg.model.name)  # FedBN: the zoo model's normalisation layers
-    if "norm" in allowed and "norm" not in kwargs and norm is not None:
-        kwargs["norm"] = list(norm)
     return kwargs
 
 
@@ -708,6 +704,8 @@ def _check_unread(cfg: BaseRunConfig) -> None:
 
 
 def _check_method(cfg: MultiTaskConfig) -> None:
+    """``method`` names a multi-task driver, and per-task Sync-ST client counts are given
+    for every task or none (refused here rather than mid-run)."""
     from fedforge.sim.fedast import ASYNC_METHODS  # noqa: PLC0415 (sim imports torch)
     from fedforge.sim.multitask_sync import SYNC_METHODS  # noqa: PLC0415
 
