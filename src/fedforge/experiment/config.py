@@ -32,6 +32,7 @@ from pydantic import (
 
 from fedforge.algorithms import algorithm_hparams, build_algorithm
 from fedforge.algorithms.defaults import FEDAST_CODE, METHOD_DEFAULTS, Default, code
+from fedforge.algorithms.personal.fedbn import norm_patterns
 from fedforge.errors import ConfigError, field_part, format_error, shorten
 from fedforge.experiment.config_io import (
     MAX_CONFIG_BYTES,
@@ -471,6 +472,9 @@ def algorithm_kwargs(cfg: SingleTaskConfig) -> dict[str, Any]:
         kwargs["head"] = list(head)
     elif cfg.model.head is not None and "head" not in allowed:
         raise ConfigError(f"model.head: algorithm {cfg.algorithm.name!r} has no body/head split")
+    norm = norm_patterns(cfg.model.name)  # FedBN: the zoo model's normalisation layers
+    if "norm" in allowed and "norm" not in kwargs and norm is not None:
+        kwargs["norm"] = list(norm)
     return kwargs
 
 
