@@ -74,8 +74,8 @@ def gather_round_indices(
 class FederatedDataset:
     """Whole train/test tensors on one device plus each client's sample indices.
 
-    ``client_indices`` may be a list of index tensors or a :class:`ClientRanges` (what
-    :func:`build_federated_dataset` gives); rounds gather through the ranges either way."""
+    ``client_indices`` is a list of index tensors (or a :class:`ClientRanges`, which holds
+    no tensor per client); rounds gather through ``ranges``, built from it once."""
 
     train_x: Tensor
     train_y: Tensor
@@ -245,7 +245,7 @@ def build_federated_dataset(
         train_y=splits.train_y,
         test_x=splits.test_x,
         test_y=splits.test_y,
-        client_indices=ClientRanges.from_lists(parts),
+        client_indices=[torch.from_numpy(p) for p in parts],  # rounds gather by ranges
         client_test_indices=None
         if test_parts is None
         else [torch.from_numpy(p) for p in test_parts],
