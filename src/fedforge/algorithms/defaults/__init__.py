@@ -331,15 +331,15 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Default]] = {
         "per_fedavg_fo": {
             **_sgd_client(),
             "beta": code(1e-3, f"{FLBENCH} src/server/perfedavg.py: --beta 1e-3"),
-            "finetune_steps": paper(1, "Fallah et al. 2020, eq. (3): one gradient step from "
-                                       "the meta-model"),
+            "finetune_steps": paper(1, "Fallah et al. 2020, Sec. 2: a user's model is one "
+                                       "gradient step w - α∇f_i(w) from the meta-model"),
         },
         "per_fedavg_hf": {
             **_sgd_client(),
             "beta": code(1e-3, f"{FLBENCH} src/server/perfedavg.py: --beta 1e-3"),
             "delta": code(1e-3, f"{FLBENCH} src/server/perfedavg.py: --delta 1e-3"),
-            "finetune_steps": paper(1, "Fallah et al. 2020, eq. (3): one gradient step from "
-                                       "the meta-model"),
+            "finetune_steps": paper(1, "Fallah et al. 2020, Sec. 2: a user's model is one "
+                                       "gradient step w - α∇f_i(w) from the meta-model"),
         },
         "fedrod": {**_sgd_client(), "head": _HEAD},
         "fedala": {
