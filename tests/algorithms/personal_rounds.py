@@ -64,7 +64,8 @@ def run(algorithm, loss, params, x_all, y_all, schedule, engine=None):
         params, server_state, _ = federated_round(
             algorithm, engine, loss, params, server_state, store, ids, x_all, y_all, idx,
             weights, round_=t)
-        state = {k: v.numpy().copy() for k, v in flatten_dict(store.gather(torch.arange(n))).items()}
+        stored = flatten_dict(store.gather(torch.arange(n)))
+        state = {k: v.numpy().copy() for k, v in stored.items()}
         out.append(({k: v.numpy().copy() for k, v in params.items()}, state))
     return out
 

@@ -47,7 +47,7 @@ def reference():
         for i, steps in cohort:
             mine, w = local[i], weights[i]
 
-            def mix(mine=mine, w=w):
+            def mix(mine=mine, w=w, glob=glob):
                 return {k: mine[k] + (glob[k] - mine[k]) * w[k] if k in w else glob[k].copy()
                         for k in glob}
 
