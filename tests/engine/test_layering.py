@@ -45,11 +45,7 @@ itself stands for the package's ``__init__``."""
 KNOWN: dict[tuple[str, str], str] = {}
 """(importing module, imported module or package) -> why it is still there."""
 
-KNOWN_CIRCLES: dict[tuple[str, str], str] = {
-    ("fedforge.experiment.options", "fedforge.experiment.config"):
-        "options formats pydantic errors with config's format_error; it moves to "
-        "fedforge/errors.py with experiment/config.py",
-}
+KNOWN_CIRCLES: dict[tuple[str, str], str] = {}
 """Imports that close a circle between modules, (importer, imported) -> why. No plugin
 registry needs one: ``fedforge.plugins`` imports the registries, never the reverse."""
 
