@@ -204,7 +204,10 @@ class _NHWC(nn.Module):
 
     @torch.no_grad()
     def metrics(self, inputs, targets, eval: bool = True):  # noqa: A002
-        from pfl.metrics import Weighted
+        try:
+            from pfl.metrics import Weighted
+        except ImportError as e:  # only pfl-research calls this
+            raise RuntimeError('the pfl row needs pip install "fedforge[bench]"') from e
 
         self.eval() if eval else self.train()
         logits = self(inputs)
