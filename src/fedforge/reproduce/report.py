@@ -37,7 +37,11 @@ METRICS = {  # key -> (column title, format, higher is better)
     "rounds": ("rounds to target", "{:.1f}", False),
     "sim_time": ("sim. s to target", "{:.3g}", False),
     "final_acc": ("final acc. (mean of last 5 evals)", "{:.4f}", True),
+    # personalised FL: each client's model on its own test data, averaged over clients (for a
+    # method without personal models, the global model's accuracy on the same data)
+    "final_personal_acc": ("final mean per-client acc. (mean of last 5 evals)", "{:.4f}", True),
 }
+PERSONAL_METRIC = "personal_accuracy_mean"  # the key final_personal_acc averages
 FINAL_EVALS = 5
 ALPHA = 0.05  # family-wise error rate of a page's verdicts
 
@@ -57,6 +61,13 @@ class RunSummary:
     tasks: dict[str, float | None] = field(default_factory=dict)  # multi-task: T per task
     idle: float = math.nan  # multi-task: share of available client time left idle
     diverged_at: int | None = None  # stopped by non-finite values in this round
+    final_personal_acc: float = math.nan  # mean of the last evaluations' PERSONAL_METRIC
+
+
+def _final(history: list[dict], key: str) -> float:
+    """Mean of ``key`` over the last FINAL_EVALS evaluations that report it (nan if none)."""
+    evals = evaluated(history, key)[-FINAL_EVALS:]
+    return sum(r[key] for r in evals) / len(evals) if evals else math.nan
 
 
 def summarize(history: list[dict], seed: int, target: float | None, key: str) -> RunSummary:
@@ -67,7 +78,8 @@ def summarize(history: list[dict], seed: int, target: float | None, key: str) ->
     rounds = float(hit["round"] if hit else last["round"])
     sim = float((hit or last).get("sim_time_s", math.nan))
     per_round = float(last.get("sim_time_s", math.nan)) / max(1, last["round"])
-    return RunSummary(seed, rounds, sim, final, hit is not None, per_round, history)
+    return RunSummary(seed, rounds, sim, final, hit is not None, per_round, history,
+                      final_personal_acc=_final(history, PERSONAL_METRIC))
 
 
 def summarize_multitask(history: list[dict], summary: dict, seed: int,
@@ -135,6 +147,11 @@ def uses_target(spec: Reproduction) -> bool:
                                           for c in spec.comparisons)
 
 
+def uses_personal(spec: Reproduction) -> bool:
+    """Whether the tables carry the mean per-client accuracy (a personalised-FL claim)."""
+    return any(c.metric == "final_personal_acc" for c in spec.comparisons)
+
+
 def _seeds(runs: dict[int, RunSummary]) -> str:
     """``0, 1†25, 2``: † marks a seed that diverged, with the round."""
     return ", ".join(f"{s}†{runs[s].diverged_at}" if runs[s].diverged_at else str(s)
@@ -144,10 +161,11 @@ def _seeds(runs: dict[int, RunSummary]) -> str:
 def condition_table(spec: Reproduction, runs: dict, names: list[str] | None = None) -> str:
     names = names or [c.name for c in spec.conditions]
     target = "–" if spec.target is None else f"{spec.target:g}"
-    to_target = uses_target(spec)
+    to_target, personal = uses_target(spec), uses_personal(spec)
     head = ["method", spec.paper_title,
             *([f"rounds to {target}", f"sim. s to {target}"] if to_target else []),
-            "final acc.", "sim. s / round", "seeds"]
+            "final acc.", *(["final per-client acc."] if personal else []),
+            "sim. s / round", "seeds"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in names:
         r = runs.get(name, {})
@@ -155,6 +173,7 @@ def condition_table(spec: Reproduction, runs: dict, names: list[str] | None = No
         cells = [spec.condition(name).title, spec.paper.get(name, "–"),
                  *([_cell(r, "rounds"), _cell(r, "sim_time")] if to_target else []),
                  _cell(r, "final_acc"),
+                 *([_cell(r, "final_personal_acc")] if personal else []),
                  per_round if r else "–", _seeds(r)]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)

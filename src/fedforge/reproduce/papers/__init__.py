@@ -1,6 +1,6 @@
 """Built-in reproductions; importing this package registers them, so names are looked up here."""
 
-from fedforge.reproduce.papers import fadamgc, fedast, fednar, fedptr, safl  # noqa: F401
+from fedforge.reproduce.papers import fadamgc, fedast, fednar, fedptr, pfl, safl  # noqa: F401
 from fedforge.reproduce.spec import REPRODUCTIONS, Reproduction
 
 
