@@ -33,7 +33,7 @@ TIMEOUT_X="${MUTATION_TIMEOUT_MULTIPLIER:-5}"
 # modules mutation testing is configured for (globs relative to the repository root)
 CONFIGURED=(src/fedforge/algorithms/*.py src/fedforge/client/*.py src/fedforge/server/*.py
             src/fedforge/comm/*.py src/fedforge/sim/*.py src/fedforge/core/moments.py
-            src/fedforge/engine/round.py)
+            src/fedforge/engine/round.py src/fedforge/algorithms/personal/*.py)
 
 # The pytest arguments (test files, -k filters) that exercise one module. Slow Monte Carlo
 # and end-to-end tests are left out; the *_exact.py and *_factories.py files hold the fast exact
@@ -113,6 +113,16 @@ tests_for() {
     src/fedforge/algorithms/uplink_diagnostics.py)
       echo "tests/comm/test_sketch_diagnostics.py tests/algorithms/test_uplink_diagnostics_exact.py" \
            "-k 'not in_a_run'" ;;
+    src/fedforge/algorithms/personal/apfl.py | src/fedforge/algorithms/personal/pfedme.py \
+    | src/fedforge/algorithms/personal/fedrod.py | src/fedforge/algorithms/personal/fedala.py \
+    | src/fedforge/algorithms/personal/fedbn.py | src/fedforge/algorithms/personal/perfedavg.py)
+      local stem="${1##*/}"  # a method: its own file, the shared rules and the factories
+      stem="${stem%.py}"
+      [[ "$stem" == perfedavg ]] && stem=per_fedavg
+      echo "tests/algorithms/test_personal_${stem}.py tests/algorithms/test_personal_exact.py" \
+           "tests/algorithms/test_defaults.py" ;;
+    src/fedforge/algorithms/personal/*)  # the shared pieces: every method's exact tests
+      echo "tests/algorithms/test_personal_*.py tests/algorithms/test_defaults.py" ;;
     src/fedforge/algorithms/*)
       echo "tests/algorithms -k 'not fedptr and not backbone'" ;;
     src/fedforge/sim/allocation.py)  # the dynamic-allocation run takes a minute
