@@ -66,7 +66,8 @@ eval_every = 1
 METHODS = ("fedast", "fedbuff", "sync_st")
 # the default suite: FedAvg served by every driver, a server optimizer (FedAdam) under
 # FedBuff's staleness weights, a codec (SAFL) served by Sync-ST and refused by FedAST, control
-# variates (SCAFFOLD) refused by every driver; CI=true runs the whole registry
+# variates (SCAFFOLD) served by Sync-ST and refused by the asynchronous ones; CI=true runs the
+# whole registry
 FAST = {*((m, "fedavg") for m in METHODS), ("fedbuff", "fedadam"), ("sync_st", "safl"),
         ("fedast", "safl"), *((m, "scaffold") for m in METHODS)}
 NAMES = sorted(ALGORITHMS)

@@ -29,6 +29,7 @@ import torch
 
 from fedforge.core.malloc import keep_freed_memory
 from fedforge.engine import classification_loss
+from fedforge.engine.distributed import make_client_store
 from fedforge.engine.round import federated_round
 from fedforge.experiment.build import build_scheduler, build_tasks, sample_round
 from fedforge.experiment.config import load_config
@@ -69,9 +70,9 @@ def time_sync(path: str, warmup_rounds: int = 4) -> float:
     loss_fn = classification_loss(exp.network, cfg.engine.precision)
     params = exp.initial_params()
     state = exp.algorithm.server_init(params)
-    from fedforge.core.store import ClientStore
-
-    store = ClientStore(exp.data.num_clients, exp.algorithm.client_init(params), exp.device)
+    # no run folder to keep a disk store in: the clients' state in memory, as the sync runs
+    store = make_client_store(exp.data.num_clients, exp.algorithm.client_init(params),
+                              exp.device, kind="memory")
     n = 0
     t0 = 0.0
     for t in range(1, warmup_rounds + cfg.rounds + 1):

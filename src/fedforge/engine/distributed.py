@@ -121,13 +121,16 @@ class DistributedEngine(VmapEngine):
 def make_client_store(num_clients: int, template: dict, device: torch.device | str = "cpu",
                       storage: torch.device | str | None = None, *, kind: str = "memory",
                       directory: str | Path | None = None, cache_mb: int = 256,
-                      root: str | Path | None = None) -> StateStore:
+                      root: str | Path | None = None, sharded: bool | None = None
+                      ) -> StateStore:
     """The one factory of client stores: ``kind`` ``"memory"`` (:class:`ClientStore`) or
     ``"disk"`` (:class:`DiskClientStore` in ``directory``, inside the run folder ``root``),
-    sharded by client id over the ranks under a multi-rank process group."""
+    sharded by client id over the ranks under a multi-rank process group (``sharded``:
+    default; ``False`` for runs whose ranks each keep every client, such as multi-task
+    runs, where every rank runs the same scheduler and writes its own checkpoints)."""
     if kind not in ("memory", "disk"):
         raise ValueError(f"engine.client_store: expected 'memory' or 'disk', got {kind!r}")
-    sharded = world_size() > 1
+    sharded = world_size() > 1 if sharded is None else sharded
     if kind == "memory":
         cls = ShardedClientStore if sharded else ClientStore
         return cls(num_clients, template, device, storage)

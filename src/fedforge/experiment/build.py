@@ -18,8 +18,8 @@ from fedforge.algorithms import Algorithm, build_algorithm, canonical_name, reso
 from fedforge.core.schedules import first_value
 from fedforge.core.tree import Params
 from fedforge.data import FederatedDataset, build_federated_dataset, load_dataset
-from fedforge.data.client_split import ClientTests
 from fedforge.data.batching import client_batches
+from fedforge.data.client_split import ClientTests
 from fedforge.data.loaders import is_population, load_population
 from fedforge.data.partition import dirichlet_fixed_size
 from fedforge.data.population import PopulationDataset, sample_clients
@@ -49,7 +49,7 @@ from fedforge.sim.allocation_code import code_speed_factors
 from fedforge.sim.buffered import BufferedServer
 from fedforge.sim.delays import delay_from
 from fedforge.sim.fedast import ASYNC_METHODS, AsyncDriver, AsyncOptions
-from fedforge.sim.multitask_sync import SyncDriver, SyncOptions
+from fedforge.sim.multitask_sync import StoreFactory, SyncDriver, SyncOptions, memory_stores
 from fedforge.sim.population import Population
 from fedforge.sim.task import Task
 
@@ -293,10 +293,11 @@ def build_tasks(cfg: RunConfig, device: torch.device,
     return tasks
 
 
-def build_scheduler(cfg: RunConfig, tasks: list[Task], *,
-                    allow_processes: bool = False) -> AsyncDriver | SyncDriver:
+def build_scheduler(cfg: RunConfig, tasks: list[Task], *, allow_processes: bool = False,
+                    make_store: StoreFactory = memory_stores) -> AsyncDriver | SyncDriver:
     """The method's scheduler of a multi-task run over ``tasks`` on one client pool
-    (``allow_processes``: as for :meth:`Setup.from_config`)."""
+    (``allow_processes``: as for :meth:`Setup.from_config`; ``make_store``: the tasks'
+    client stores of a synchronous method, in memory unless the runner passes its own)."""
     s = cfg.system
     pop = Population.build(s.num_clients, [tuple(c) for c in s.speed_classes], s.speed_seed,
                            s.available_fraction)
@@ -315,4 +316,4 @@ def build_scheduler(cfg: RunConfig, tasks: list[Task], *,
     opts = SyncOptions(cfg.method, cfg.sync.clients_per_round, cfg.sync.k,
                        tuple(alloc) if alloc[0] is not None else None, cfg.sync.ucb_c)
     return SyncDriver(tasks, pop, delay, opts, cfg.seed,
-                      build_engine(cfg.engine, allow_processes=allow_processes))
+                      build_engine(cfg.engine, allow_processes=allow_processes), make_store)

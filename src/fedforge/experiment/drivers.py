@@ -60,14 +60,20 @@ from fedforge.experiment.checkpoint import last_checkpoint_note
 from fedforge.experiment.config import RunConfig
 from fedforge.experiment.evaluate import evaluate, population_metrics
 from fedforge.experiment.metrics import MetricsWriter
-from fedforge.experiment.personal_eval import evaluate_personal
 from fedforge.experiment.partition_stats import save_partition_stats
+from fedforge.experiment.personal_eval import evaluate_personal
 from fedforge.experiment.progress import RoundProgress, setup_step
 from fedforge.experiment.state import UPDATES, RunState
 from fedforge.robust.divergence import DivergenceError, log_event
 from fedforge.sim.cost import build_cost_model
-from fedforge.sim.driver_state import driver_state, load_driver_state
+from fedforge.sim.driver_state import (
+    collect_stores,
+    driver_state,
+    load_driver_state,
+    restore_stores,
+)
 from fedforge.sim.fedast import ASYNC_METHODS, AsyncDriver
+from fedforge.sim.multitask_sync import StoreFactory
 from fedforge.sim.rounds import keep_clients, straggler_clock, straggler_round
 
 Show = Callable[[list[dict]], None]
@@ -358,16 +364,9 @@ class RoundsDriver:
         (an unreadable or linked checkpoint JSON: nothing is deleted)."""
         if not isinstance(self.store, DiskClientStore):
             return
-        where, records = self.folder.checkpoints, []
-        for name in checkpoint_jsons(where):
-            path = where / name
-            try:
-                records.append(None if path.is_symlink() else json.loads(path.read_text()))
-            except (OSError, ValueError):
-                return
-            if not isinstance(records[-1], dict):
-                return
-        self.store.collect(self.store.referenced(r.get("store") for r in records))
+        records = kept_checkpoints(self.folder.checkpoints)
+        if records is not None:
+            self.store.collect(self.store.referenced(r.get("store") for r in records))
 
     def rollback(self, error: DivergenceError) -> bool:
         cfg, s = self.cfg, self.state
@@ -407,6 +406,22 @@ class RoundsDriver:
         self.exp.engine.__exit__(*exc)  # procs: its worker processes end with the run
         if isinstance(getattr(self, "store", None), DiskClientStore):
             self.store.close()  # unmap its live files
+
+
+def kept_checkpoints(where: Path) -> list[dict] | None:
+    """The checkpoint JSONs left in ``where``, read; None when one is unreadable, linked or
+    not a table (then a disk store deletes nothing)."""
+    records = []
+    for name in checkpoint_jsons(where):
+        path = where / name
+        try:
+            record = None if path.is_symlink() else json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(record, dict):
+            return None
+        records.append(record)
+    return records
 
 
 def prep_seconds(metrics: dict) -> float:
@@ -465,12 +480,30 @@ class TasksDriver:
                                  ScatteredExecutor if self.scattered else TaskExecutor)
         if self.scattered:
             link_executors(self.tasks)
-        self.scheduler = build_scheduler(cfg, self.tasks, allow_processes=allow_processes)
+        self.scheduler = build_scheduler(cfg, self.tasks, allow_processes=allow_processes,
+                                         make_store=self._store_factory())
         self.state = RunState(seed=cfg.seed, unit=UPDATES)
         self.events: MetricsWriter | None = None
 
+    def _store_factory(self) -> StoreFactory:
+        """Each task's client store, of ``engine.client_store``'s kind (auto: from the task's
+        clients against the free memory); on disk in ``clients/task<m>`` of this process's
+        folder. Every rank of a multi-task run keeps all clients (its own checkpoints)."""
+        cfg, root = self.cfg, self.folder.out
+
+        def make(m: int, n: int, template: dict, kind: str | None) -> StateStore:
+            if kind is None:
+                kind, _ = choose_store(cfg.engine.client_store, n, template_nbytes(template))
+            return make_client_store(
+                n, template, self.device, storage="cpu" if cfg.engine.client_state == "host"
+                else None, kind=kind, directory=root / "clients" / f"task{m}",
+                cache_mb=cfg.engine.store_cache_mb, root=root, sharded=False)
+
+        return make
+
     def load_state_dict(self, tensors: dict, state: RunState) -> None:
-        load_driver_state(self.scheduler, tensors, state.driver)
+        load_driver_state(self.scheduler, tensors, state.driver,
+                          self.folder.checkpoints / f"round_{state.round:05d}.json")
         logged = state.driver["clock"]["num_logged"]
         self.events = MetricsWriter(self.folder.out / "events.jsonl",
                                     keep=lambda r, i: i < logged, remember=False)
@@ -483,6 +516,8 @@ class TasksDriver:
             self.events = MetricsWriter(self.folder.out / "events.jsonl", remember=False)
             if isinstance(self.scheduler, AsyncDriver):
                 self.scheduler.start()
+            else:  # no rows of an earlier run in a disk store's folder
+                restore_stores(self.scheduler, None)
         self.t0 = time.perf_counter() - self.state.wall_s
         self.written = len(self.scheduler.clock.log)
         self._mark_saved()
@@ -530,7 +565,15 @@ class TasksDriver:
                                 wall_s=time.perf_counter() - self.t0)
 
     def checkpointed(self) -> None:
-        """Its checkpoints hold everything in one file: nothing to tidy."""
+        """Disk stores delete the segments that no checkpoint left in the folder names (an
+        unreadable or linked checkpoint JSON: nothing is deleted); the rest of the state is
+        in the checkpoint's own files."""
+        if isinstance(self.scheduler, AsyncDriver) or not any(
+                isinstance(s, DiskClientStore) for s in self.scheduler.stores):
+            return
+        records = kept_checkpoints(self.folder.checkpoints)
+        if records is not None and all(isinstance(r.get("driver"), dict) for r in records):
+            collect_stores(self.scheduler, [r["driver"] for r in records])
 
     def rollback(self, error: DivergenceError) -> bool:
         return False  # a multi-task run stops at a diverged update
@@ -555,6 +598,9 @@ class TasksDriver:
     def __exit__(self, *exc: object) -> None:
         if self.scattered:
             stop_workers()
+        for s in getattr(self.scheduler, "stores", ()):
+            if isinstance(s, DiskClientStore):
+                s.close()  # unmap its live files
 
 
 def write_summary(out: Path, cfg: RunConfig, scheduler, wall_s: float) -> dict:

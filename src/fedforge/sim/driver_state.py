@@ -3,10 +3,18 @@
 Results computed but not yet arrived are saved too: a job's result is a pure function of the
 model version it was sent, its client and its seed, but recomputed in another batch of jobs
 it may differ in the last bits, and a resumed run must equal the uninterrupted one exactly.
+
+The synchronous driver's client stores: a memory store's rows are tensors of the checkpoint
+(``task<m>/store``); a disk store writes the rows changed since the last checkpoint as a
+segment of its own folder, and the meta's ``"stores"`` records, per task, the segments that
+rebuild it (``None`` for a task in memory; the key is absent when no task is on disk).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from fedforge.core.disk_store import DiskClientStore
 from fedforge.core.tree import tree_clone
 from fedforge.sim.fedast import AsyncDriver
 from fedforge.sim.multitask_sync import SyncDriver
@@ -59,12 +67,48 @@ def driver_state(d: AsyncDriver | SyncDriver) -> tuple[dict, dict]:
     else:
         meta.update(round=d.round, first_loss=d.first_loss, last_loss=d.last_loss,
                     assigned=d.assigned)
+        records = []
         for m, s in enumerate(d.stores):
-            tensors[f"task{m}"]["store"] = s.state_dict()
+            if isinstance(s, DiskClientStore):  # version: the updates so far, which grow
+                records.append(s.record(d.c))
+            else:
+                records.append(None)
+                tensors[f"task{m}"]["store"] = s.state_dict()
+        if any(r is not None for r in records):
+            meta["stores"] = records
     return tensors, meta
 
 
-def load_driver_state(d: AsyncDriver | SyncDriver, tensors: dict, meta: dict) -> None:
+def restore_stores(d: SyncDriver, records: list | None, where: object = "checkpoint") -> None:
+    """Each task's store at a checkpoint's ``"stores"`` records (None: a memory store, or no
+    checkpoint), rebuilt as the kind the checkpoint holds; a disk store in a fresh run
+    (``records`` None) drops the rows and segments an earlier run left in its folder."""
+    fresh = records is None
+    records = records if isinstance(records, list) else [None] * len(d.stores)
+    if len(records) != len(d.stores):
+        raise ValueError(f"{where}: \"stores\" has {len(records)} entries for "
+                         f"{len(d.stores)} tasks")
+    for m, rec in enumerate(records):
+        disk = isinstance(d.stores[m], DiskClientStore)
+        if not fresh and disk != (rec is not None):
+            d.stores[m] = d.new_store(m, "disk" if rec is not None else "memory")
+        if isinstance(d.stores[m], DiskClientStore):
+            d.stores[m].restore_record(rec, where)
+
+
+def collect_stores(d: SyncDriver, metas: Iterable[dict]) -> None:
+    """Delete the disk stores' segments that none of the kept checkpoints' driver ``metas``
+    names."""
+    metas = list(metas)
+    for m, s in enumerate(d.stores):
+        if isinstance(s, DiskClientStore):
+            recs = [meta["stores"][m] for meta in metas
+                    if isinstance(meta.get("stores"), list) and len(meta["stores"]) > m]
+            s.collect(s.referenced(recs))
+
+
+def load_driver_state(d: AsyncDriver | SyncDriver, tensors: dict, meta: dict,
+                      where: object = "checkpoint") -> None:
     d.c = meta["c"]
     _set_rng(d.rng, meta["rng"])
     d.clock.load_state_dict(meta["clock"])
@@ -94,7 +138,8 @@ def load_driver_state(d: AsyncDriver | SyncDriver, tensors: dict, meta: dict) ->
     else:
         d.round, d.assigned = meta["round"], list(meta["assigned"])
         d.first_loss, d.last_loss = list(meta["first_loss"]), list(meta["last_loss"])
+        restore_stores(d, meta.get("stores", [None] * len(d.stores)), where)
         for m, s in enumerate(d.stores):
             flat = tensors[f"task{m}"].get("store", {})
-            if flat:
+            if flat and not isinstance(s, DiskClientStore):
                 s.load_state_dict(flat)

@@ -13,7 +13,9 @@ stragglers stay busy (their next request queues behind the unfinished one).
   (a simplification of Bhuyan & Moharir 2022, who score client-task pairs by local loss).
 * ``sequential``: one task at a time, all of the round's clients, until it reaches its target.
 
-Local training is the engine's cohort path (:func:`fedforge.engine.round.federated_round`).
+Local training is the engine's cohort path (:func:`fedforge.engine.round.federated_round`);
+each task keeps its clients' state in a store of the run's kind (``engine.client_store``),
+made by the :data:`StoreFactory` the runner passes.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedforge.core.store import ClientStore
+from fedforge.core.store import StateStore
 from fedforge.engine.base import ChunkedEngine
+from fedforge.engine.distributed import make_client_store
 from fedforge.engine.round import federated_round
 from fedforge.sim.allocation import proportional_split
 from fedforge.sim.clock import EventClock, Job, kth_arrival_round
@@ -35,6 +38,18 @@ from fedforge.sim.population import Population
 from fedforge.sim.task import Task
 
 SYNC_METHODS = ("sync_st", "sync_st_nosm", "sync_ucb_st", "sequential")
+
+StoreFactory = Callable[[int, int, dict, str | None], StateStore]
+"""``(task index, clients, one client's state template, kind)`` -> that task's client store;
+``kind`` ``"memory"`` or ``"disk"``, or ``None`` for the run's ``engine.client_store``."""
+
+
+def memory_stores(task: int, num_clients: int, template: dict, kind: str | None = None
+                  ) -> StateStore:
+    """The default :data:`StoreFactory`: every task's clients in memory (no run folder)."""
+    if kind not in (None, "memory"):
+        raise ValueError(f"engine.client_store: a {kind} store needs the run folder")
+    return make_client_store(num_clients, template, kind="memory", sharded=False)
 
 
 @dataclass
@@ -53,7 +68,8 @@ class SyncOptions:
 
 class SyncDriver:
     def __init__(self, tasks: list[Task], population: Population, delay: DelayLaw,
-                 options: SyncOptions, seed: int, engine: ChunkedEngine) -> None:
+                 options: SyncOptions, seed: int, engine: ChunkedEngine,
+                 make_store: StoreFactory = memory_stores) -> None:
         self.tasks, self.pop, self.delay, self.opt, self.engine = (
             tasks, population, delay, options, engine)
         self.rng = np.random.default_rng(np.random.SeedSequence([seed, 23]))
@@ -73,8 +89,14 @@ class SyncDriver:
         self.first_loss = [None] * m
         self.last_loss = [1.0] * m
         self.assigned = [0] * m
-        self.stores = [ClientStore(t.executor.index_table.shape[0],
-                                   t.algorithm.client_init(t.server.params)) for t in tasks]
+        self.make_store = make_store
+        self.stores = [self.new_store(i) for i in range(m)]
+
+    def new_store(self, m: int, kind: str | None = None) -> StateStore:
+        """Task ``m``'s client store, empty (``kind``: the run's setting when None)."""
+        t = self.tasks[m]
+        return self.make_store(m, t.executor.index_table.shape[0],
+                               t.algorithm.client_init(t.server.params), kind)
 
     def counts(self) -> list[int]:
         active = [m for m, t in enumerate(self.tasks) if not t.done]

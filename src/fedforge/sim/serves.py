@@ -18,9 +18,10 @@ No per-client state (a client may hold several jobs at once), no uploads or code
 buffer mixes jobs sent at different rounds, so round-keyed codecs cannot decode it), no
 per-cohort preparation or per-client round inputs (there is no cohort)."""
 
-SYNC_MULTITASK_SERVES: frozenset[str] = frozenset({"uploads", "codec"})
-"""Synchronous multi-task rounds (sync_st, ...) run whole cohorts through the round, but keep
-no per-client state in checkpoints and draw no per-client round inputs."""
+SYNC_MULTITASK_SERVES: frozenset[str] = frozenset({"client_state", "uploads", "codec"})
+"""Synchronous multi-task rounds (sync_st, ...) run whole cohorts through the round, each task
+keeping its clients' state in a store of the run's kind (checkpointed with the run), but draw
+no per-client round inputs."""
 
 
 def driver_serves(method: str) -> tuple[str, frozenset[str]]:
