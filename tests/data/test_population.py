@@ -125,7 +125,8 @@ def test_the_run_draws_cohorts_from_the_training_ids_only():
     class Exp:  # what sample_round reads of a Setup
         def __init__(self, data):
             self.cfg = NS(seed=0, server=NS(clients_per_round=20, aggregation=None),
-                          client=NS(local_steps=2, local_epochs=None, batch_size=4))
+                          client=NS(local_steps=2, local_epochs=None, batch_size=4),
+                          eval=NS(held_out=15))
             self.data, self.device = data, torch.device("cpu")
             self.algorithm = build_algorithm("fedavg", local_lr=0.1)
             self.client_sizes = data.client_sizes()

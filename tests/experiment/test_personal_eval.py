@@ -64,14 +64,15 @@ def test_hold_out_is_per_client_seeded_and_disjoint():
     assert torch.equal(tests.x, data.train_x)  # held-out samples come from the training set
 
 
-def test_unseen_clients_never_train_but_keep_their_samples():
+def test_held_out_clients_keep_their_samples_for_finetuning():
     data = _data()
-    split, tests = client_split(data, 0.25, seed=0, unseen=2)
-    assert tests.unseen.tolist() == [2, 3]
-    assert [len(p) for p in split.client_indices][2:] == [0, 0]
-    assert tests.train_sizes[2:].tolist() == [13 - 3, 6 - 1]  # fine-tuning samples
-    with pytest.raises(ValueError, match="eval.unseen_clients"):
-        client_split(data, 0.25, seed=0, unseen=4)
+    split, tests = client_split(data, 0.25, seed=0, held_out=2)
+    assert tests.held_out.tolist() == [2, 3]
+    # not drawn to train (the sampler's job), so their training samples stay theirs
+    assert [len(p) for p in split.client_indices] == [8 - 2, 4 - 1, 13 - 3, 6 - 1]
+    assert tests.train_sizes.tolist() == [8 - 2, 4 - 1, 13 - 3, 6 - 1]
+    with pytest.raises(ValueError, match=r"^eval.held_out: expected 0 <= n < 4 .*got 4$"):
+        client_split(data, 0.25, seed=0, held_out=4)
 
 
 def test_natural_test_split_is_used_where_the_dataset_has_one():
@@ -114,7 +115,7 @@ def test_personal_models_read_the_clients_own_leaves():
 
 def test_finetuning_at_evaluation():
     data = _data(sizes=(8, 4, 13, 60))
-    split, tests = client_split(data, 0.25, seed=0, unseen=1)
+    split, tests = client_split(data, 0.25, seed=0, held_out=1)
     model = build_model("logreg", (3,), 3)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     loss_fn = classification_loss(model)
@@ -139,8 +140,8 @@ def test_finetuning_at_evaluation():
     empty = ClientStore(4, {})
     kw = dict(batch_size=64, train_batch_size=2, seed=0, round_=1)
     a = evaluate_personal(model, tuned, loss_fn, params, empty.gather, tests, split.train_x,
-                          split.train_y, unseen_steps=5, **kw)
+                          split.train_y, held_out_steps=5, **kw)
     assert {"personal_accuracy_p10", "global_accuracy_worst",
-            "unseen_personal_accuracy_mean"} <= set(a)
+            "held_out_personal_accuracy_mean"} <= set(a)
     assert a == evaluate_personal(model, tuned, loss_fn, params, empty.gather, tests,
-                                  split.train_x, split.train_y, unseen_steps=5, **kw)
+                                  split.train_x, split.train_y, held_out_steps=5, **kw)

@@ -3,9 +3,9 @@
 Personalised FL evaluates client i's model on client i's data. Datasets whose clients are
 natural writers with a test split of their own (FEMNIST, Shakespeare) use it; any other
 partition holds out ``fraction`` of each client's training samples (a seeded shuffle per
-client, ``floor(fraction * n_i)`` samples; PFLlib and FL-bench hold out 25 %). Unseen clients
-(the ``unseen`` highest ids) keep their samples for evaluation-time fine-tuning only: their
-training set in the run is empty, so they never take a step.
+client, ``floor(fraction * n_i)`` samples; PFLlib and FL-bench hold out 25 %). The held-out
+clients (``eval.held_out``, the highest ids), which the run never draws to train, are evaluated
+the same way after fine-tuning on their own training samples.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from fedforge.data.federated import FederatedDataset, build_index_table
+from fedforge.data.population import check_held_out
 
 
 @dataclass
@@ -28,8 +29,8 @@ class ClientTests:
     y: Tensor
     indices: list[Tensor]  # client i's test samples
     train_table: Tensor  # [N, max n_i] each client's training samples (into train_x), padded
-    train_sizes: Tensor  # [N] int64, unseen clients included
-    unseen: Tensor  # int64 ids of the clients that never train
+    train_sizes: Tensor  # [N] int64, held-out clients included
+    held_out: Tensor  # int64 ids of the clients that never train (the highest)
 
     @property
     def num_clients(self) -> int:
@@ -50,16 +51,15 @@ def _hold_out(parts: list[Tensor], fraction: float, seed: int) -> tuple[list, li
     return train, test
 
 
-def client_split(data: FederatedDataset, fraction: float, seed: int, unseen: int = 0,
+def client_split(data: FederatedDataset, fraction: float, seed: int, held_out: int = 0,
                  natural: bool = False) -> tuple[FederatedDataset, ClientTests]:
-    """``data`` with each client's held-out samples (and unseen clients' whole training set)
-    removed from training, and the clients' test data. ``natural``: the dataset's own
-    per-client test split is used where it has one."""
+    """``data`` with each client's test samples removed from training, and the clients' test
+    data; the ``held_out`` highest ids are the clients that never train (the run does not
+    draw them; they keep their training samples for fine-tuning). ``natural``: the
+    dataset's own per-client test split is used where it has one."""
     if not 0.0 <= fraction < 1.0:
         raise ValueError(f"data.client_test_fraction: expected a value in [0, 1), got {fraction}")
-    if not 0 <= unseen < data.num_clients:
-        raise ValueError(f"eval.unseen_clients: expected 0 <= n < {data.num_clients} (the "
-                         f"number of clients), got {unseen}")
+    check_held_out(held_out, data.num_clients)
     if natural and data.client_test_indices is not None:
         train, test = list(data.client_indices), list(data.client_test_indices)
         x, y = data.test_x, data.test_y
@@ -69,8 +69,7 @@ def client_split(data: FederatedDataset, fraction: float, seed: int, unseen: int
     device = data.train_x.device
     table = build_index_table(train, device)
     sizes = torch.tensor([len(t) for t in train], dtype=torch.int64)
-    ids = torch.arange(data.num_clients - unseen, data.num_clients, dtype=torch.int64)
-    trained = [t if i < data.num_clients - unseen else t[:0] for i, t in enumerate(train)]
+    ids = torch.arange(data.num_clients - held_out, data.num_clients, dtype=torch.int64)
     stale = {f.name: None for f in dataclasses.fields(data) if f.init and f.name == "index_table"}
-    split = dataclasses.replace(data, client_indices=trained, **stale)  # index table rebuilt
+    split = dataclasses.replace(data, client_indices=train, **stale)  # index table rebuilt
     return split, ClientTests(x, y, test, table, sizes, ids)

@@ -178,9 +178,7 @@ class PopulationDataset:
         self._held: tuple[Tensor, Tensor, Tensor] | None = None
         self.train_x = torch.zeros(0, self.source.dim, dtype=self.dtype, device=self.device)
         self.train_y = torch.zeros(0, dtype=torch.int64, device=self.device)
-        if not 0 <= self.held_out < self.num_clients:
-            raise ValueError(f"eval.held_out: must be in [0, {self.num_clients}), got "
-                             f"{self.held_out}")
+        check_held_out(self.held_out, self.num_clients)
 
     # --- what the runner reads -----------------------------------------------------------
     @property
@@ -224,9 +222,7 @@ class PopulationDataset:
     def for_eval(self, clients: int | None, held_out: int, seed: int) -> PopulationDataset:
         """A copy that never trains its ``held_out`` highest ids and is evaluated on the
         sample :func:`eval_sample` draws (``eval.clients``, ``eval.held_out``, the run seed)."""
-        if held_out >= self.num_clients:
-            raise ValueError(f"eval.held_out: {held_out} held-out clients leave none of the "
-                             f"{self.num_clients} to train")
+        check_held_out(held_out, self.num_clients)
         train, held = eval_sample(self.num_clients, clients, held_out, seed)
         return self._copy(eval_clients=train, held_out_eval=held, held_out=held_out)
 
@@ -317,6 +313,13 @@ class PopulationDataset:
         """How many clients the test metrics are measured on."""
         return len(self.eval_clients) if self.eval_clients is not None else min(
             DEFAULT_EVAL_CLIENTS, self.trainable)
+
+
+def check_held_out(held_out: int, num_clients: int) -> None:
+    """``eval.held_out``: the highest ids never drawn to train; at least one client trains."""
+    if not 0 <= held_out < num_clients:
+        raise ValueError(f"eval.held_out: expected 0 <= n < {num_clients} (the number of "
+                         f"clients, one of which must train), got {held_out}")
 
 
 def make_population(

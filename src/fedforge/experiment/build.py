@@ -22,7 +22,7 @@ from fedforge.data.batching import client_batches
 from fedforge.data.client_split import ClientTests
 from fedforge.data.loaders import is_population, load_population
 from fedforge.data.partition import dirichlet_fixed_size
-from fedforge.data.population import PopulationDataset, sample_clients
+from fedforge.data.population import PopulationDataset, check_held_out, sample_clients
 from fedforge.engine import (
     ChunkedEngine,
     build_engine,
@@ -104,19 +104,20 @@ class Setup:
         if algorithm is None:
             algorithm = build_algorithm(cfg.algorithm.name, **algorithm_kwargs(cfg))
         try:
-            check_participation(cfg, algorithm, data.num_clients)
+            check_participation(cfg, algorithm, trainable_clients(cfg, data))
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
-        data, client_tests = personal_data(  # each client's own test data, unseen clients
+        data, client_tests = personal_data(  # each client's own test data, held-out clients
             data, algorithm, on=cfg.eval.personal, fraction=cfg.data.client_test_fraction,
-            unseen=cfg.eval.unseen_clients, finetune_steps=cfg.eval.finetune_steps,
+            held_out=cfg.eval.held_out, finetune_steps=cfg.eval.finetune_steps,
             seed=cfg.seed, natural=cfg.data.partition == "natural")
         algorithm.bind_data(data.input_shape, data.num_classes)  # e.g. FedPTR's synthetic set
         algorithm.bind_eval(test_scorer(network, data, cfg))  # e.g. FedPTR's projected model
         if cfg.privacy.on:  # clipping, noise, Poisson cohorts, accountant (docs/privacy.md)
             from fedforge.privacy.algorithm import for_run  # noqa: PLC0415 (optional extra)
 
-            algorithm = for_run(cfg, algorithm, data.num_clients, dict(network.named_parameters()))
+            algorithm = for_run(cfg, algorithm, trainable_clients(cfg, data),  # held out: never
+                                dict(network.named_parameters()))  # in a Poisson cohort
         robust = build_robust(cfg, data)  # may flip attackers' labels in data.train_y
         engine = build_engine(  # robust aggregators need every client's delta
             cfg.engine, allow_processes=allow_processes, keep_deltas=robust is not None,
@@ -151,20 +152,26 @@ def build_data(cfg: RunConfig, device: torch.device) -> FederatedDataset | Popul
                              "natural")
         data = load_population(cfg.data.dataset, cfg.data.options, cfg.data.num_clients
                                ).for_eval(cfg.eval.clients, cfg.eval.held_out, cfg.seed)
-    elif cfg.eval.clients is not None or cfg.eval.held_out:
-        raise ValueError(f"eval.{'clients' if cfg.eval.clients is not None else 'held_out'}: "
-                         "only a population dataset (synthetic_population) samples clients to "
-                         "evaluate")
+    elif cfg.eval.clients is not None:
+        raise ValueError("eval.clients: only a population dataset (synthetic_population) "
+                         "samples clients to evaluate")
     else:
         splits = load_dataset(cfg.data.dataset, cfg.data.root, **cfg.data.options)
         data = build_federated_dataset(splits, cfg.data.partition, cfg.data.num_clients,
                                        cfg.seed, **cfg.data.partition_options)
+        check_held_out(cfg.eval.held_out, data.num_clients)
     data = data.to(device).with_float_dtype(torch.get_default_dtype())  # float64: float64 data
-    trainable = getattr(data, "trainable", data.num_clients)
+    trainable = trainable_clients(cfg, data)
     if cfg.server.clients_per_round > trainable:
         raise ValueError(f"server.clients_per_round: {cfg.server.clients_per_round} is more "
                          f"than the {trainable} clients of this dataset that train")
     return data
+
+
+def trainable_clients(cfg: RunConfig, data: FederatedDataset | PopulationDataset) -> int:
+    """Clients ``0 .. n - 1`` are drawn to train: all but the ``eval.held_out`` highest ids,
+    whatever the dataset (and whatever their training data)."""
+    return data.num_clients - cfg.eval.held_out
 
 
 def test_scorer(network: torch.nn.Module, data: FederatedDataset, cfg: RunConfig):
@@ -176,12 +183,13 @@ def sample_round(exp: Setup, round_: int):
     """Draw the round's cohort and its mini-batch schedule (deterministic in seed, round)."""
     cfg, data = exp.cfg, exp.data
     gen = round_generator(cfg.seed, round_)
-    num = min(cfg.server.clients_per_round, data.num_clients)
+    trainable = trainable_clients(cfg, data)  # the held-out highest ids are never drawn
+    num = min(cfg.server.clients_per_round, trainable)
     if data.population:  # O(cohort): Floyd's draw over the clients that train
-        client_ids = sample_clients(data.trainable, min(num, data.trainable), gen)
+        client_ids = sample_clients(trainable, num, gen)
     else:
-        client_ids = torch.randperm(data.num_clients, generator=gen)[:num].sort().values
-    if (privacy := exp.algorithm.privacy) is not None:  # Poisson, rate q
+        client_ids = torch.randperm(trainable, generator=gen)[:num].sort().values
+    if (privacy := exp.algorithm.privacy) is not None:  # Poisson over the trainable, rate q
         client_ids = privacy.sample_cohort(gen)
         num = len(client_ids)
     sizes = exp.client_sizes[client_ids]  # on the CPU, like the generator

@@ -133,14 +133,15 @@ class EvalConfig(_Section):
     # multi-task: n evenly spaced test samples (every N // n-th; some test files are class-sorted)
     max_test_samples: int | None = Field(default=None, ge=1)
     # population datasets (synthetic_population): evaluate on this many sampled clients
-    # (default 1000), and never train the held_out highest client ids (docs/scale.md)
+    # (default 1000; docs/scale.md)
     clients: int | None = Field(default=None, ge=1)
+    # the n highest client ids, never drawn to train (any dataset), evaluated apart:
+    # held_out_* (populations, docs/scale.md), held_out_personal_accuracy_* after
+    # finetune_steps steps (personalised evaluation, docs/personalised.md)
     held_out: int = Field(default=0, ge=0)
     # personalised evaluation (docs/personalised.md): each client on its own test data; none
-    # = on for personalised algorithms. The unseen_clients highest ids never train and are
-    # evaluated after finetune_steps local steps on their own samples
+    # = on for personalised algorithms
     personal: bool | None = None
-    unseen_clients: int = Field(default=0, ge=0)
     finetune_steps: int = Field(default=0, ge=0)
 
 

@@ -317,7 +317,7 @@ class RoundsDriver:
                 record.update(evaluate_personal(
                     exp.network, exp.algorithm, self.loss_fn, eval_params, self.store.gather,
                     exp.client_tests, exp.data.train_x, exp.data.train_y,
-                    unseen_steps=cfg.eval.finetune_steps, batch_size=cfg.eval.batch_size,
+                    held_out_steps=cfg.eval.finetune_steps, batch_size=cfg.eval.batch_size,
                     train_batch_size=cfg.client.batch_size, seed=cfg.seed, round_=t))
         record.update({"bytes_up": s.bytes_up, "bytes_down": s.bytes_down,
                        # persistent per-client state (SCAFFOLD c_i, FAdamGC y_i/v_i, ...)

@@ -32,8 +32,8 @@ METRICS: dict[str, Metric] = {
     # personalised evaluation (docs/personalised.md): per client on its own test data
     **{f"{who}_accuracy_{stat}": Metric(f"{label} accuracy, {what}", None, True)
        for who, label in (("personal", "personal"), ("global", "global model's"),
-                          ("unseen_personal", "unseen clients' personal"),
-                          ("unseen_global", "global model's unseen-client"))
+                          ("held_out_personal", "held-out clients' personal"),
+                          ("held_out_global", "global model's held-out-client"))
        for stat, what in (("mean", "mean over clients"), ("weighted", "sample-weighted mean"),
                           ("p10", "10th percentile of clients"), ("worst", "worst client"))},
     "sim_time_s": Metric("simulated time", "s"),

@@ -3,11 +3,11 @@
 Each evaluation reports, over the evaluated clients, the mean accuracy, the sample-weighted
 mean, the 10th percentile and the worst client, for the clients' personal models
 (``personal_accuracy_*``) and, on the same data, for the global model
-(``global_accuracy_*``). Unseen clients, which never train, are reported apart
-(``unseen_personal_accuracy_*``) after ``eval.finetune_steps`` fine-tuning steps on their own
-training samples. Everything is batched over clients (``vmap`` of ``functional_call`` over
-stacked parameters), and every function here takes the client ids to evaluate, so a caller
-may evaluate a sample of clients.
+(``global_accuracy_*``). The held-out clients (``eval.held_out``), which never train, are
+reported apart (``held_out_personal_accuracy_*``) after ``eval.finetune_steps`` fine-tuning
+steps on their own training samples. Everything is batched over clients (``vmap`` of
+``functional_call`` over stacked parameters), and every function here takes the client ids to
+evaluate, so a caller may evaluate a sample of clients.
 """
 
 from __future__ import annotations
@@ -145,25 +145,25 @@ def evaluate_clients(model: nn.Module, algorithm: Algorithm, loss_fn: LossFn,
 
 def evaluate_personal(model: nn.Module, algorithm: Algorithm, loss_fn: LossFn,
                       global_params: Params, gather, tests: ClientTests,
-                      train_x: torch.Tensor, train_y: torch.Tensor, *, unseen_steps: int,
+                      train_x: torch.Tensor, train_y: torch.Tensor, *, held_out_steps: int,
                       batch_size: int, train_batch_size: int, seed: int, round_: int,
                       chunk: int = 64) -> dict[str, float]:
     """The protocol's metrics over every client (``gather(ids)``: their stacked client
     states), ``chunk`` clients at a time: the clients that train with the method's own
-    fine-tuning steps; the unseen ones start from the global model, as a new client would,
-    and take ``unseen_steps``."""
+    fine-tuning steps; the held-out ones start from the global model, as a new client would,
+    and take ``held_out_steps``."""
     personal = getattr(algorithm, "personal", None)
     own_steps = 0 if personal is None else personal.finetune_steps
-    unseen = set(tests.unseen.tolist())
-    groups = {"": ([i for i in range(tests.num_clients) if i not in unseen], own_steps),
-              "unseen_": (sorted(unseen), unseen_steps)}
+    held = set(tests.held_out.tolist())
+    groups = {"": ([i for i in range(tests.num_clients) if i not in held], own_steps),
+              "held_out_": (sorted(held), held_out_steps)}
     out: dict[str, float] = {}
     for prefix, (ids, steps) in groups.items():
         gen = eval_generator(seed, round_)
         parts: dict[str, list] = {"personal": [], "global": [], "sizes": []}
         for lo in range(0, len(ids), chunk):
             cids = torch.tensor(ids[lo:lo + chunk], dtype=torch.int64)
-            states = gather(cids) if not prefix else {}  # an unseen client: the global model
+            states = gather(cids) if not prefix else {}  # held out: from the global model
             got = evaluate_clients(
                 model, algorithm, loss_fn, global_params, cids, states, tests, train_x,
                 train_y, finetune_steps=steps, batch_size=batch_size,
@@ -183,17 +183,20 @@ def is_personal(algorithm: Algorithm) -> bool:
 
 
 def personal_data(data, algorithm: Algorithm, *, on: bool | None, fraction: float,
-                  unseen: int, finetune_steps: int, seed: int, natural: bool):
+                  held_out: int, finetune_steps: int, seed: int, natural: bool):
     """-> (the run's training data, its :class:`ClientTests`) when the protocol is on
-    (``on``, by default for a personalised algorithm), else ``(data, None)``."""
+    (``on``, by default for a personalised algorithm), else ``(data, None)``. The
+    ``held_out`` highest ids are the clients evaluated after ``finetune_steps`` steps."""
     on = is_personal(algorithm) if on is None else on
     if not on:
-        for key, value in (("unseen_clients", unseen), ("finetune_steps", finetune_steps)):
-            if value:
-                raise ValueError(f"eval.{key}: needs the personalised evaluation "
-                                 "(eval.personal = true, or a personalised algorithm)")
+        if finetune_steps:
+            raise ValueError("eval.finetune_steps: needs the personalised evaluation "
+                             "(eval.personal = true, or a personalised algorithm)")
         return data, None
     if finetune_steps and not is_personal(algorithm):
         raise ValueError(f"eval.finetune_steps: {algorithm.name!r} has no personal model to "
                          "fine-tune; use its personalised form (e.g. fedavg_ft)")
-    return client_split(data, fraction, seed, unseen, natural)
+    if finetune_steps and not held_out:
+        raise ValueError("eval.finetune_steps: fine-tunes the held-out clients; set "
+                         "eval.held_out to how many of the highest ids never train")
+    return client_split(data, fraction, seed, held_out, natural)

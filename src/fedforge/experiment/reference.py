@@ -222,9 +222,7 @@ NOTES: dict[str, str] = {
     "data.num_clients": "clients to split into (natural splits: the first n; null: all)",
     "data.options": "options of the dataset's loader, e.g. `{max_samples_per_client = 500}`",
     "data.partition_options": "options of the partition, e.g. `{alpha = 0.5}` for `dirichlet`",
-    "eval.unseen_clients": "personalised evaluation: the n highest client ids never train and "
-                           "are evaluated apart (docs/personalised.md)",
-    "eval.finetune_steps": "personalised evaluation: local steps each unseen client takes "
+    "eval.finetune_steps": "personalised evaluation: local steps each held-out client takes "
                            "from the global model before it is evaluated",
     "model.name": "a model from `fedforge models` (or a plugin's)",
     "model.options": "options of the model class, e.g. `{hidden = [200, 200]}`",
@@ -239,8 +237,6 @@ NOTES: dict[str, str] = {
     "server.aggregator_options": "options of the robust aggregator (`beta`, `max_norm`, `f`, "
                                  "`m`)",
     "eval.batch_size": "evaluation batch size (speed only)",
-    "eval.held_out": "population datasets: the highest client ids, never trained, held out "
-                     "for evaluation",
     "engine.name": "`vmap` (cohort chunks as one batched computation), `loop` (one client at "
                    "a time, the reference) or `distributed` (under torchrun)",
     "engine.chunk_size": "clients per vmapped chunk; `auto` sizes it from free memory",
