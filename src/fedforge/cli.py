@@ -437,7 +437,7 @@ def reproduce(
         return
     try:
         page = run_reproduction(spec, runs=runs, data=data, out=out, report_only=report_only,
-                                progress=not quiet)
+                                progress=not quiet, allow_processes=True)
     except (ConfigError, ValueError, OSError, FloatingPointError) as exc:
         _fail(str(exc))
     console.print(f"report: {page}")

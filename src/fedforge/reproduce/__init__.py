@@ -36,9 +36,10 @@ def default_out(name: str) -> Path:
 def reproduce(
     spec: Reproduction | str, *, root: Path = Path("."), runs: Path | None = None,
     data: Path | None = None, out: Path | None = None, report_only: bool = False,
-    progress: bool = True,
+    progress: bool = True, allow_processes: bool = False,
 ) -> Path:
     """Run the grid (unless ``report_only``) and write the report; -> the report page.
+    ``allow_processes``: as for :func:`fedforge.run_experiment` (the command passes True).
 
     Defaults: runs in ``<root>/runs/reproduce``, raw metrics in ``<root>/docs/data`` (where
     a source checkout commits them), the page and figures in :func:`default_out`."""
@@ -50,5 +51,6 @@ def reproduce(
     data = data or root / "docs" / "data"
     out = out or default_out(spec.name)
     if not report_only:
-        run_grid(spec, root=root, runs=runs, data=data, progress=progress)
+        run_grid(spec, root=root, runs=runs, data=data, progress=progress,
+                 allow_processes=allow_processes)
     return write_report(spec, data, out, command=f"fedforge reproduce {spec.name}")

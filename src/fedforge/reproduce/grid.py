@@ -130,9 +130,10 @@ def _capacity(cfg: RunConfig) -> int:
 
 def run_grid(
     spec: Reproduction, *, root: Path, runs: Path, data: Path, progress: bool = True,
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] = print, allow_processes: bool = False,
 ) -> dict[str, int]:
     """Run what is missing; -> counts ``{"skipped", "ran", "diverged", "total"}``.
+    ``allow_processes``: whether ``engine.name = "auto"`` may start worker processes.
 
     A run stopped by non-finite values is an outcome, not a failure of the grid: its metrics
     up to the divergence are kept, ``seed<k>.diverged.json`` records the round, and the grid
@@ -157,7 +158,8 @@ def run_grid(
         else:
             log(f"[reproduce {spec.name}] {cond.name} seed {cfg.seed} -> {out}")
             try:
-                run_experiment(cfg, out, resume=out.exists(), progress=progress)
+                run_experiment(cfg, out, resume=out.exists(), progress=progress,
+                               allow_processes=allow_processes)
             except FloatingPointError as err:  # DivergenceError or a non-finite loss
                 log(f"[reproduce {spec.name}] {cond.name} seed {cfg.seed} diverged: {err}")
                 if divergence_stop(out) is None:  # the loss check stops without an event
