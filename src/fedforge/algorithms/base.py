@@ -103,6 +103,10 @@ class Part:
         """This part's new server state from the mean of its uploads over the aggregate."""
         return server_state
 
+    # Whether an overridden ``finalize`` may return uploads (a need a driver must serve);
+    # False for a part that only keeps its client state, such as a personal model.
+    sends_uploads: bool = True
+
     # How the server averages this part's uploads over the aggregate's clients: "uniform"
     # (1/S) or "num_samples" (n_i / n over those clients, n_i the client's training samples;
     # FedNova's normalised updates). The deltas keep ``Algorithm.aggregation``.
@@ -207,6 +211,28 @@ class PrivacyMechanism(Protocol):
         """The checkpoint meta's privacy ledger after ``rounds`` rounds."""
 
 
+class PersonalSpec(Protocol):
+    """What the engine's local round and the personalised evaluation ask of a personalised
+    method. :class:`fedforge.algorithms.personal.Personal` implements it; it is declared here,
+    with the algorithm that carries it (:attr:`Algorithm.personal`), so the engine and the
+    evaluation read a typed field and never probe an algorithm for it."""
+
+    step_batch: bool  # its local step takes gradients at other points of the step's batch
+    finetune_steps: int  # the method's own evaluation-time fine-tuning steps
+
+    def begin(self, train: Callable, ctx: RoundContext) -> tuple[Params, RoundContext]:
+        """Where the client's shared round starts, and the context it runs in."""
+
+    def shared(self, delta: Params) -> Params:
+        """The delta a client sends (its kept leaves zeroed)."""
+
+    def client_params(self, global_params: Params, state: dict) -> Params:
+        """One client's personal model from its stored state."""
+
+    def finetuner(self) -> Algorithm | None:
+        """The algorithm whose local round is the evaluation-time fine-tuning, if any."""
+
+
 @dataclass(frozen=True)
 class Algorithm:
     """``(local_optimizer, parts, server optimizer, codec)`` plus paper defaults.
@@ -231,6 +257,9 @@ class Algorithm:
     # differential privacy (fedforge.privacy sets it on a private run's algorithm); the engine
     # and the runner read this field, and a driver that cannot serve it refuses the need
     privacy: PrivacyMechanism | None = None
+    # personalised FL (fedforge.algorithms.personal sets it on a personalised method): where
+    # a client's round starts, what it sends, its personal model at evaluation
+    personal: PersonalSpec | None = None
 
     @property
     def needs_grad_sum(self) -> bool:
@@ -241,7 +270,7 @@ class Algorithm:
         needs = set(self.requires)
         if self.client_init(params):
             needs.add("client_state")
-        if any(type(p).finalize is not Part.finalize for p in self.parts):
+        if any(type(p).finalize is not Part.finalize and p.sends_uploads for p in self.parts):
             needs.add("uploads")
         if self.codec is not None:
             needs.add("codec")

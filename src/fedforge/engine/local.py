@@ -146,9 +146,9 @@ def make_local_update(
     keep_grad_sum = algorithm.needs_grad_sum
     privacy = algorithm.privacy  # fedforge.privacy: DP-SGD, clipped deltas
     # personalised FL (fedforge.algorithms.personal): where the round starts, what is sent
-    personal = getattr(algorithm, "personal", None)
+    personal = algorithm.personal
     # a spec whose steps take gradients at other points on the step's batch (APFL, pFedMe)
-    batch_access = bool(getattr(personal, "step_batch", False))
+    batch_access = personal is not None and personal.step_batch
     keyed = is_keyed(loss_fn)  # dropout layers: masks from (client key, step, layer)
 
     def randomness(key: torch.Tensor | None, step: int):

@@ -109,7 +109,7 @@ def personal_models(algorithm: Algorithm, global_params: Params, states: dict, n
                     ) -> Params:
     """The clients' personal models, stacked (their states stacked ``[C, ...]``); the global
     model for an algorithm without a personal part."""
-    personal = getattr(algorithm, "personal", None)
+    personal = algorithm.personal
     if personal is None:
         return stack(global_params, num)
     return torch.func.vmap(personal.client_params, in_dims=(None, 0))(global_params, states) \
@@ -131,7 +131,7 @@ def evaluate_clients(model: nn.Module, algorithm: Algorithm, loss_fn: LossFn,
     """Accuracy of ``client_ids``' personal models (from their stacked ``states``, after
     ``finetune_steps`` fine-tuning steps) and of the global model on their own test data:
     ``{"personal": [C], "global": [C], "sizes": [C]}``."""
-    personal = getattr(algorithm, "personal", None)
+    personal = algorithm.personal
     models = personal_models(algorithm, global_params, states, len(client_ids))
     tuner = None if personal is None else personal.finetuner()
     if finetune_steps > 0 and tuner is not None:
@@ -152,7 +152,7 @@ def evaluate_personal(model: nn.Module, algorithm: Algorithm, loss_fn: LossFn,
     states), ``chunk`` clients at a time: the clients that train with the method's own
     fine-tuning steps; the held-out ones start from the global model, as a new client would,
     and take ``held_out_steps``."""
-    personal = getattr(algorithm, "personal", None)
+    personal = algorithm.personal
     own_steps = 0 if personal is None else personal.finetune_steps
     held = set(tests.held_out.tolist())
     groups = {"": ([i for i in range(tests.num_clients) if i not in held], own_steps),
@@ -179,7 +179,7 @@ def evaluate_personal(model: nn.Module, algorithm: Algorithm, loss_fn: LossFn,
 
 
 def is_personal(algorithm: Algorithm) -> bool:
-    return getattr(algorithm, "personal", None) is not None
+    return algorithm.personal is not None
 
 
 def personal_data(data, algorithm: Algorithm, *, on: bool | None, fraction: float,

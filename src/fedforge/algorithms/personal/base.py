@@ -11,17 +11,18 @@ optimizer, parts, server optimizer) plus a :class:`Personal` spec. The spec says
   epochs), whose result is where the shared round starts;
 * ``side``: an optional separate personal model trained beside the shared round (Ditto's
   ``v_i``), stored whole in the client store;
-* ``finetune``: evaluation-time fine-tuning (FedAvg-FT, FedBABU, and every unseen client).
+* ``finetune``: evaluation-time fine-tuning (FedAvg-FT, FedBABU, and every held-out client).
 
-The engine knows none of this: its local round asks ``algorithm.personal`` (when present)
-where to start (:meth:`Personal.begin`) and which delta to send (:meth:`Personal.shared`).
+The engine knows none of this: its local round asks ``algorithm.personal`` (the typed field
+:attr:`fedforge.algorithms.base.Algorithm.personal`, None for other algorithms) where to
+start (:meth:`Personal.begin`) and which delta to send (:meth:`Personal.shared`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import NamedTuple
+from dataclasses import dataclass, replace
+from typing import ClassVar, NamedTuple
 
 import torch
 
@@ -58,6 +59,8 @@ class Personal:
     finetune: Phase | None = None  # its optimizer; the steps come from finetune_steps
     finetune_part: str = "all"  # which leaves evaluation-time fine-tuning changes
     finetune_steps: int = 0  # method's own evaluation-time steps (FedAvg-FT, FedBABU)
+    # its local step takes gradients at other points of the step's batch (personal/batch.py)
+    step_batch: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         for key in ("kept", "finetune_part"):
@@ -126,6 +129,7 @@ class PersonalPart(Part):
     """Keeps the client's personal leaves (or side model) in the client store."""
 
     name = NAME
+    sends_uploads = False
 
     def __init__(self, spec: Personal) -> None:
         self.spec = spec
@@ -140,12 +144,9 @@ class PersonalPart(Part):
         return {k: fin.params[k] for k in mine}, {}
 
 
-@dataclass(frozen=True)
-class PersonalAlgorithm(Algorithm):
-    """An algorithm with a :class:`Personal` spec (read by the engine's local round and by
-    the pFL evaluation)."""
-
-    personal: Personal = field(default_factory=Personal)
+PersonalAlgorithm = Algorithm
+"""A personalised method is an :class:`Algorithm` whose ``personal`` field holds its
+:class:`Personal` spec (the name stays for the factories' annotations)."""
 
 
 def personalised(name: str, local_optimizer: Transform, spec: Personal, description: str,

@@ -77,6 +77,7 @@ class ALAPart(Part):
     """Keeps the client's trained model as its θ_i and the weights ``begin`` learned."""
 
     name = NAME
+    sends_uploads = False
 
     def __init__(self, init: Callable[[Params], dict]) -> None:
         self.init = init

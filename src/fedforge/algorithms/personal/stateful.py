@@ -40,6 +40,7 @@ class OptimizerStatePart(Part):
     local optimizer's final state (the same keys, top level)."""
 
     name = NAME
+    sends_uploads = False
 
     def __init__(self, init: Callable[[Params], dict]) -> None:
         self.init = init
