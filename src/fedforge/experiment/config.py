@@ -45,6 +45,7 @@ from fedforge.experiment.config_io import (
     parse_yaml,
 )
 from fedforge.experiment.options import check_builders
+from fedforge.experiment.population_checks import check_population_run, check_population_task
 from fedforge.models import head_patterns
 from fedforge.privacy.checks import check_privacy
 from fedforge.privacy.config import PrivacyConfig
@@ -737,6 +738,7 @@ def _check_tasks(cfg: MultiTaskConfig) -> None:
     for i, t in enumerate(cfg.tasks):
         where = f"tasks[{i}]"
         _check_data_model(f"{where}.", t.data, t.model, extra_partitions=("dirichlet_fixed",))
+        check_population_task(f"{where}.", t.data.dataset)
         _check_hparam_names(f"{where}.", t.algorithm)
         try:
             algorithm = build_algorithm(t.algorithm.name, **t.algorithm.hparams)
@@ -790,6 +792,7 @@ def _check_registries(cfg: SingleTaskConfig) -> None:
     check_participation(cfg, algorithm, cfg.data.num_clients)
     _check_robust(cfg)
     check_privacy(cfg, algorithm)
+    check_population_run(cfg, algorithm)
 
 
 def check_participation(cfg: SingleTaskConfig, algorithm: Any, population: int | None) -> None:

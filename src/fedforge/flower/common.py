@@ -13,6 +13,7 @@ from fedforge.core.tree import flatten_dict, unflatten_dict
 from fedforge.engine import classification_loss
 from fedforge.engine.loop import LoopEngine
 from fedforge.experiment.config import RunConfig
+from fedforge.experiment.population_checks import refuse_population
 from fedforge.experiment.runner import Experiment
 
 try:
@@ -32,6 +33,7 @@ def experiment(cfg: RunConfig) -> tuple[Experiment, Callable]:
     """Build (once per process) the experiment: the same data, partition and model as a run."""
     key = json.dumps(cfg.model_dump(mode="json"), sort_keys=True, default=str)
     if key not in _EXPERIMENTS:
+        refuse_population(cfg.data.dataset, "the Flower bridge")
         exp = Experiment.from_config(cfg)
         exp.engine = LoopEngine()  # one client per call: the reference engine
         _EXPERIMENTS[key] = (exp, classification_loss(exp.network, cfg.engine.precision))
