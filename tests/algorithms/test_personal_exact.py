@@ -15,6 +15,10 @@ import pytest
 import torch
 
 from fedforge.algorithms import build_algorithm
+from fedforge.algorithms.personal import PERSONAL_ALGORITHMS, Personal, Phase, personalised
+from fedforge.algorithms.personal.split import PARTS, freeze
+from fedforge.client.optimizers import local_optimizer
+from fedforge.client.transforms import chain
 from fedforge.core.store import ClientStore
 from fedforge.core.tree import flatten_dict
 from fedforge.engine import LoopEngine, VmapEngine
@@ -64,7 +68,7 @@ def run(algorithm, engine=None):
 
 
 def reference(kept: str | None = None, train: str = "both", head_passes: int = 0,
-              ditto_lam: float | None = None):
+              ditto_lam: float | None = None, side_passes: int = 1):
     """Round by round (body, head, personal state [N, 2] by leaf) of one method's rule."""
     body, head = BODY0.copy(), HEAD0.copy()
     mine = {"body": np.tile(BODY0, (N, 1)), "head": np.tile(HEAD0, (N, 1))}
@@ -75,7 +79,7 @@ def reference(kept: str | None = None, train: str = "both", head_passes: int = 0
         for i, k in zip(ids, steps, strict=True):
             if ditto_lam is not None:  # v_i: k steps on f_i + lam/2 ||v - w^t||²
                 vb, vh = v["body"][i].copy(), v["head"][i].copy()
-                for _ in range(k):
+                for _ in range(side_passes * k):
                     gb, gh = grads(i, vb, vh)
                     vb, vh = (vb - LR * (gb + ditto_lam * (vb - body)),
                               vh - LR * (gh + ditto_lam * (vh - head)))
@@ -87,7 +91,7 @@ def reference(kept: str | None = None, train: str = "both", head_passes: int = 0
             for _ in range(k):
                 gb, gh = grads(i, b, h)
                 b = b - LR * gb if train in ("both", "body") else b
-                h = h - LR * gh if train == "both" else h
+                h = h - LR * gh if train in ("both", "head") else h
             if kept is not None:
                 mine[kept][i] = b if kept == "body" else h
             d_body += (body - b) / len(ids) if kept != "body" else 0.0
@@ -187,3 +191,90 @@ def test_the_extending_snippet_runs():
         assert kept == {k for k in params if k.startswith("classifier.")}
     finally:
         registry.ALGORITHMS.pop("fedper_deep_head", None)
+
+
+def test_ditto_personal_passes_repeat_the_side_models_steps():
+    got = run(build_algorithm("ditto", local_lr=LR, lam=0.7, personal_passes=2))
+    want = reference(ditto_lam=0.7, side_passes=2)
+    for (gb, _, gs), (wb, _, ws) in zip(got, want, strict=True):
+        np.testing.assert_allclose(gb, wb, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(gs["personal/body"], ws["v_body"], rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(gs["personal/head"], ws["v_head"], rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("part", PARTS)
+def test_finetuner_trains_only_its_part(part):
+    """The evaluation-time fine-tuning is a plain algorithm (server step 1) whose local
+    steps change ``finetune_part`` only: four rounds of it are FedAvg on that part."""
+    spec = build_algorithm("fedbabu", local_lr=LR, head=HEAD, finetune_part=part).personal
+    tuner = spec.finetuner()
+    assert tuner.name == "finetune"
+    got = run(tuner)
+    want = reference(train={"all": "both", "head": "head", "body": "body",
+                            "none": "none"}[part])
+    for t, ((gb, gh, _), (wb, wh, _)) in enumerate(zip(got, want, strict=True), start=1):
+        np.testing.assert_allclose(gb, wb, rtol=1e-12, atol=1e-14, err_msg=f"{part} {t}")
+        np.testing.assert_allclose(gh, wh, rtol=1e-12, atol=1e-14, err_msg=f"{part} {t}")
+
+
+def test_finetuner_over_a_frozen_chain_and_without_an_optimizer():
+    """A fine-tuning optimizer that already freezes a part still chains (distinct names);
+    a spec without one has no fine-tuning."""
+    opt = local_optimizer("sgd", LR)
+    frozen = Phase(chain(opt, freeze("head", HEAD)))
+    assert Personal(head=tuple(HEAD), finetune=frozen, finetune_part="body").finetuner()
+    assert Personal().finetuner() is None
+
+
+def test_client_params_are_the_kept_leaves_over_the_global_model():
+    spec = Personal(kept="head", head=tuple(HEAD))
+    g = {"body": torch.tensor([1.0, 2.0]), "head": torch.tensor([3.0, 4.0])}
+    mine = {"personal": {"head": torch.tensor([5.0, 6.0])}}
+    got = spec.client_params(g, mine)
+    assert set(got) == {"body", "head"}
+    assert got["body"].tolist() == [1.0, 2.0] and got["head"].tolist() == [5.0, 6.0]
+    assert {k: v.tolist() for k, v in spec.client_params(g, {}).items()} == {
+        "body": [1.0, 2.0], "head": [3.0, 4.0]}
+
+
+def test_with_head_replaces_the_split_only():
+    spec = Personal(kept="head", finetune_part="head", finetune_steps=3)
+    assert spec.with_head(None) is spec
+    other = spec.with_head(["a", "b"])
+    assert other.head == ("a", "b") and isinstance(other.head, tuple)
+    assert (other.kept, other.finetune_part, other.finetune_steps) == ("head", "head", 3)
+    assert spec.head is None
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"kept": "x"}, "personal.kept: expected one of ('none', 'head', 'body', 'all'), got 'x'"),
+    ({"finetune_part": "y"},
+     "personal.finetune_part: expected one of ('none', 'head', 'body', 'all'), got 'y'"),
+    ({"kept": "head", "side": Phase(local_optimizer("sgd", LR))},
+     "personal: a method keeps either leaves of the shared model or a separate personal "
+     "model, not both"),
+    ({"finetune_steps": -1}, "algorithm.finetune_steps: expected >= 0, got -1"),
+])
+def test_spec_errors_are_one_line_naming_the_field(kwargs, message):
+    with pytest.raises(ValueError) as err:
+        Personal(**kwargs)
+    assert str(err.value) == message
+
+
+STATELESS = {"fedavg_ft", "fedbabu", "per_fedavg_fo", "per_fedavg_hf"}  # nothing per client
+
+
+@pytest.mark.parametrize("name", sorted(PERSONAL_ALGORITHMS))
+def test_every_method_weights_by_samples_and_keeps_state_only_when_it_has_some(name):
+    algorithm = build_algorithm(name)
+    assert algorithm.aggregation == "num_samples"
+    assert len(algorithm.parts) == (0 if name in STATELESS else 1)
+
+
+def test_personalised_copies_its_hparams():
+    opt = local_optimizer("sgd", LR)
+    given = {"lam": 0.5}
+    algorithm = personalised("m", opt, Personal(), "d", given)
+    assert algorithm.hparams == {"lam": 0.5} and algorithm.hparams is not given
+    assert personalised("m", opt, Personal(), "d").hparams == {}
+    assert algorithm.parts == () and algorithm.personal == Personal()
