@@ -24,7 +24,7 @@ LR, ALPHA_LR, A0, W0 = 0.1, 0.05, 0.3, np.array([0.4, -0.3])
 LOSS = quadratic(lambda p: p["w"])
 
 
-def reference(adaptive: bool):
+def reference(adaptive: bool, alpha_lr: float = ALPHA_LR):
     w, n = W0.copy(), 3
     v, alpha = np.tile(W0, (n, 1)), np.full(n, A0)
     out = []
@@ -38,7 +38,7 @@ def reference(adaptive: bool):
                 mixed = a * v[i] + (1 - a) * wl
                 g = quad_grad(mixed, rows)
                 if adaptive:
-                    alpha[i] = np.clip(a - ALPHA_LR * (v[i] - wl) @ g, 0.0, 1.0)
+                    alpha[i] = np.clip(a - alpha_lr * (v[i] - wl) @ g, 0.0, 1.0)
                 v[i] = v[i] - LR * a * g
                 wl = wl - LR * quad_grad(wl, rows)
             deltas.append(w - wl)
@@ -47,8 +47,8 @@ def reference(adaptive: bool):
     return out
 
 
-def _run(adaptive: bool, engine=None):
-    algorithm = build_algorithm("apfl", local_lr=LR, alpha=A0, alpha_lr=ALPHA_LR,
+def _run(adaptive: bool, engine=None, alpha_lr: float = ALPHA_LR):
+    algorithm = build_algorithm("apfl", local_lr=LR, alpha=A0, alpha_lr=alpha_lr,
                                 adaptive_alpha=adaptive)
     x, y = torch.tensor(ROWS), torch.zeros(len(ROWS), dtype=torch.long)
     return algorithm, run(algorithm, LOSS, {"w": W0}, x, y, batches(batch=2), engine)
@@ -81,3 +81,14 @@ def test_apfl_loop_equals_vmap():
 def test_apfl_refuses_a_mixing_weight_outside_0_1():
     with pytest.raises(ValueError, match="algorithm.alpha"):
         build_algorithm("apfl", alpha=1.5)
+
+
+def test_apfl_mixing_weight_is_clipped_to_0_1():
+    """A large α step drives α_i past both ends; it stays in [0, 1] as the reference's."""
+    got, want = _run(True, alpha_lr=40.0)[1], reference(True, alpha_lr=40.0)
+    alphas = np.array([a for _, _, a in want])
+    assert (alphas == 0.0).any() and (alphas == 1.0).any()
+    for (params, state), (w, v, alpha) in zip(got, want, strict=True):
+        np.testing.assert_allclose(params["w"], w, rtol=1e-12)
+        np.testing.assert_allclose(state["personal/v/w"], v, rtol=1e-12)
+        np.testing.assert_allclose(state["personal/alpha"], alpha, rtol=1e-12)

@@ -18,7 +18,7 @@ from fedforge.algorithms import build_algorithm
 from fedforge.algorithms.personal import PERSONAL_ALGORITHMS, Personal, Phase, personalised
 from fedforge.algorithms.personal.split import PARTS, freeze
 from fedforge.client.optimizers import local_optimizer
-from fedforge.client.transforms import chain
+from fedforge.client.transforms import RoundContext, chain, local_step
 from fedforge.core.store import ClientStore
 from fedforge.core.tree import flatten_dict
 from fedforge.engine import LoopEngine, VmapEngine
@@ -278,3 +278,95 @@ def test_personalised_copies_its_hparams():
     assert algorithm.hparams == {"lam": 0.5} and algorithm.hparams is not given
     assert personalised("m", opt, Personal(), "d").hparams == {}
     assert algorithm.parts == () and algorithm.personal == Personal()
+
+
+def _point():
+    """The model and a gradient, float64 (large enough that a 0.05 clip binds)."""
+    params = {"body": torch.tensor(BODY0), "head": torch.tensor(HEAD0)}
+    grads = {"body": torch.tensor([1.0, -2.0], dtype=torch.float64),
+             "head": torch.tensor([0.5, 3.0], dtype=torch.float64)}
+    ctx = RoundContext(params, {"round": torch.tensor(1.0, dtype=torch.float64)}, {}, {})
+    return params, grads, ctx
+
+
+def _build(name, **hparams):
+    split = {"head": HEAD} if name in ("fedper", "fedrep", "fedbabu", "lg_fedavg",
+                                       "fedrod") else {}
+    return build_algorithm(name, local_lr=LR, **split, **hparams)
+
+
+KNOBS = {"weight_decay": 0.1, "max_grad_norm": 0.05}
+WITH_KNOBS = sorted(set(PERSONAL_ALGORITHMS) - {"per_fedavg_fo", "per_fedavg_hf"})
+
+
+@pytest.mark.parametrize("nar", [False, True])
+@pytest.mark.parametrize("name", WITH_KNOBS)
+def test_client_optimizer_knobs_reach_the_local_optimizer(name, nar):
+    """The method's optimizer (its local steps' and fine-tuning's) is client_optimizer's
+    chain with the given decay, clip and FedNAR switch: two steps equal the chain built
+    directly (Per-FedAvg's meta step: its own test file)."""
+    opt = _build(name, client_optimizer="momentum", nar=nar, **KNOBS).personal.finetune.optimizer
+    want = local_optimizer("momentum", LR, nar=nar, **KNOBS)
+    params, grads, ctx = _point()
+    got_p, want_p = params, params
+    got_s, want_s = opt.init(params, ctx), want.init(params, ctx)
+    for _ in range(2):
+        got_p, got_s = local_step(opt, grads, got_s, got_p, ctx)
+        want_p, want_s = local_step(want, grads, want_s, want_p, ctx)
+        for k in params:
+            np.testing.assert_allclose(got_p[k].numpy(), want_p[k].numpy(), rtol=1e-14)
+    plain = local_step(local_optimizer("momentum", LR), grads,
+                       local_optimizer("momentum", LR).init(params, ctx), params, ctx)[0]
+    assert not np.allclose(plain["body"].numpy(), got_p["body"].numpy())
+
+
+@pytest.mark.parametrize("name", sorted(PERSONAL_ALGORITHMS))
+def test_a_client_without_state_evaluates_the_global_model(name):
+    g = _point()[0]
+    got = _build(name).personal.client_params(g, {})
+    assert set(got) == set(g)
+    for k in g:
+        assert torch.equal(got[k], g[k])
+
+
+STEP_BATCH = ("apfl", "pfedme", "fedrod", "fedala", "per_fedavg_fo", "per_fedavg_hf")
+
+
+@pytest.mark.parametrize("name", STEP_BATCH)
+def test_a_step_without_the_batch_is_refused_naming_the_method(name):
+    """Outside a local round the step's batch is missing: a one-line error naming the
+    method (its optimizer state starts from the client store, momentum included)."""
+    algorithm = _build(name, client_optimizer="momentum")
+    params, grads, ctx = _point()
+    ctx = ctx._replace(client_state=algorithm.client_init(params))
+    opt = algorithm.personal.ala if name == "fedala" else algorithm.local_optimizer
+    state = opt.init(params, ctx)
+    with pytest.raises(ValueError) as err:
+        local_step(opt, grads, state, params, ctx)
+    assert str(err.value) == (f"algorithm {name!r}: its local step needs the step's batch "
+                              "(a personal spec with step_batch = True)")
+
+
+@pytest.mark.parametrize("name, hparams, message", [
+    ("apfl", {"alpha": -0.1}, "algorithm.alpha: expected a mixing weight in [0, 1], got -0.1"),
+    ("apfl", {"alpha": 1.5}, "algorithm.alpha: expected a mixing weight in [0, 1], got 1.5"),
+    ("pfedme", {"lam": 0.0}, "algorithm.lam: expected lam > 0, got 0.0"),
+    ("pfedme", {"inner_steps": 0}, "algorithm.inner_steps: expected an integer >= 1, got 0"),
+    ("ditto", {"lam": -1.0}, "algorithm.lam: expected lam >= 0, got -1.0"),
+    ("ditto", {"personal_passes": 0},
+     "algorithm.personal_passes: expected an integer >= 1, got 0"),
+    ("fedrep", {"head_passes": 0}, "algorithm.head_passes: expected an integer >= 1, got 0"),
+])
+def test_bad_hparams_are_one_line_naming_the_field(name, hparams, message):
+    with pytest.raises(ValueError) as err:
+        _build(name, **hparams)
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize("name, hparams", [
+    ("apfl", {"alpha": 0.0}), ("apfl", {"alpha": 1.0}), ("pfedme", {"lam": 0.5}),
+    ("pfedme", {"inner_steps": 1}), ("ditto", {"lam": 0.0}), ("ditto", {"personal_passes": 1}),
+    ("fedrep", {"head_passes": 1}),
+])
+def test_boundary_hparams_are_accepted(name, hparams):
+    assert _build(name, **hparams).name == name
