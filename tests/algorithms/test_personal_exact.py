@@ -356,6 +356,10 @@ def test_a_step_without_the_batch_is_refused_naming_the_method(name):
     ("ditto", {"personal_passes": 0},
      "algorithm.personal_passes: expected an integer >= 1, got 0"),
     ("fedrep", {"head_passes": 0}, "algorithm.head_passes: expected an integer >= 1, got 0"),
+    ("fedala", {"rand_percent": 100.5},
+     "algorithm.rand_percent: expected a percentage in (0, 100], got 100.5"),
+    ("fedala", {"layer_idx": 0}, "algorithm.layer_idx: expected an integer >= 1, got 0"),
+    ("fedala", {"eta": -0.5}, "algorithm.eta: expected eta >= 0, got -0.5"),
 ])
 def test_bad_hparams_are_one_line_naming_the_field(name, hparams, message):
     with pytest.raises(ValueError) as err:
@@ -366,7 +370,8 @@ def test_bad_hparams_are_one_line_naming_the_field(name, hparams, message):
 @pytest.mark.parametrize("name, hparams", [
     ("apfl", {"alpha": 0.0}), ("apfl", {"alpha": 1.0}), ("pfedme", {"lam": 0.5}),
     ("pfedme", {"inner_steps": 1}), ("ditto", {"lam": 0.0}), ("ditto", {"personal_passes": 1}),
-    ("fedrep", {"head_passes": 1}),
+    ("fedrep", {"head_passes": 1}), ("fedala", {"rand_percent": 100.0}),
+    ("fedala", {"rand_percent": 0.5}), ("fedala", {"layer_idx": 1}), ("fedala", {"eta": 0.0}),
 ])
 def test_boundary_hparams_are_accepted(name, hparams):
     assert _build(name, **hparams).name == name

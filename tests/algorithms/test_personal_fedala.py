@@ -19,6 +19,7 @@ from fedforge.algorithms.personal.fedala import top
 from tests.algorithms.personal_rounds import (
     ENGINES,
     ROWS,
+    SCHEDULE,
     batches,
     quad_grad,
     quadratic,
@@ -37,12 +38,12 @@ def gradients(p, rows):
     return {k: SCALE[k] * du for k in p}
 
 
-def reference():
+def reference(percent=PERCENT, eta=ETA, schedule=SCHEDULE, upper=1.0):
     glob = {k: v.copy() for k, v in P0.items()}
     local = {i: {k: v.copy() for k, v in P0.items()} for i in range(3)}
     weights = {i: {k: np.ones(2) for k in ("b", "c")} for i in range(3)}
     out = []
-    for cohort in samples():
+    for cohort in samples(schedule):
         finals = []
         for i, steps in cohort:
             mine, w = local[i], weights[i]
@@ -51,10 +52,10 @@ def reference():
                 return {k: mine[k] + (glob[k] - mine[k]) * w[k] if k in w else glob[k].copy()
                         for k in glob}
 
-            for rows in steps[:math.ceil(len(steps) * PERCENT / 100)]:
+            for rows in steps[:math.ceil(len(steps) * percent / 100)]:
                 g = gradients(mix(), rows)
                 for k in w:
-                    w[k] = np.clip(w[k] - ETA * g[k] * (glob[k] - mine[k]), 0.0, 1.0)
+                    w[k] = np.clip(w[k] - eta * g[k] * (glob[k] - mine[k]), 0.0, upper)
             p = mix()
             for rows in steps:
                 g = gradients(p, rows)
@@ -68,10 +69,10 @@ def reference():
     return out
 
 
-def _run(engine=None):
-    algorithm = build_algorithm("fedala", local_lr=LR, eta=ETA, rand_percent=PERCENT)
+def _run(engine=None, percent=PERCENT, eta=ETA, schedule=SCHEDULE):
+    algorithm = build_algorithm("fedala", local_lr=LR, eta=eta, rand_percent=percent)
     x, y = torch.tensor(ROWS), torch.zeros(len(ROWS), dtype=torch.long)
-    return algorithm, run(algorithm, LOSS, P0, x, y, batches(), engine)
+    return algorithm, run(algorithm, LOSS, P0, x, y, batches(schedule), engine)
 
 
 def test_fedala_matches_adaptive_local_aggregation():
@@ -112,3 +113,37 @@ def test_fedala_top_layers_are_the_last_tensors():
 def test_fedala_refuses_bad_hparams(key, value):
     with pytest.raises(ValueError, match=f"algorithm.{key}"):
         build_algorithm("fedala", **{key: value})
+
+
+# four steps per client: a step with one real sample, a padded last step (client 2 in
+# round 1 has four real steps); the share of steps that learn W_i is ceil(steps · p / 100)
+# of the steps with data, so 67 % learns on 3 of 3 (2 of 3 at p/101 or when a one-sample
+# step is not counted), 30 % on 1 of 3 (2 of 4 if the padded step counted)
+LONG = [
+    ([0, 1, 2], [[[0, 1, 2], [2, -1, -1], [1, 0, 2], [-1, -1, -1]],
+                 [[3, 4, 5], [5, 3, 4], [4, -1, -1], [-1, -1, -1]],
+                 [[6, 7, 8], [8, 6, 7], [7, 8, 6], [6, -1, -1]]]),
+    ([0, 2], [[[1, 2, 0], [0, -1, -1], [2, 1, 0], [-1, -1, -1]],
+              [[7, 8, 6], [6, 7, 8], [8, -1, -1], [-1, -1, -1]]]),
+    ([1, 2, 0], [[[4, 5, 3], [3, -1, -1], [5, 4, 3], [-1, -1, -1]],
+                 [[6, 8, 7], [7, 6, 8], [8, 7, -1], [-1, -1, -1]],
+                 [[2, 1, 0], [1, 0, 2], [0, -1, -1], [-1, -1, -1]]]),
+]
+
+
+@pytest.mark.parametrize(("percent", "eta"), [(67.0, 0.5), (30.0, 0.5), (67.0, 40.0)])
+def test_fedala_learns_on_its_share_of_the_steps_with_data(percent, eta):
+    """The share counts the steps with data (one sample is enough, padding is not), each
+    learning step once; a large η drives W_i past both ends of [0, 1]."""
+    got = _run(percent=percent, eta=eta, schedule=LONG)[1]
+    want = reference(percent, eta, LONG)
+    for (params, state), (glob, _, weights) in zip(got, want, strict=True):
+        for k in P0:
+            np.testing.assert_allclose(params[k], glob[k], rtol=1e-10)
+        for k in ("b", "c"):
+            np.testing.assert_allclose(state[f"personal/weights/{k}"],
+                                       [weights[i][k] for i in range(3)], rtol=1e-10)
+    if eta > 1:  # the clip binds at both ends
+        unclipped = reference(percent, eta, LONG, upper=np.inf)
+        assert not np.allclose(want[-1][0]["c"], unclipped[-1][0]["c"])
+        assert any((w[k] == 0.0).any() for _, _, ws in want for w in ws.values() for k in w)
