@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from fedforge.algorithms import build_algorithm
-from tests.algorithms.personal_rounds import ENGINES, batches, run, samples
+from tests.algorithms.personal_rounds import ENGINES, SCHEDULE, batches, run, samples
 
 LR = 0.5
 X = np.array([[1.0, 0.0], [0.5, -1.0], [-1.0, 2.0], [0.0, 2.0], [2.0, 1.0], [-0.5, 0.5],
@@ -40,11 +40,11 @@ def grads(body, W, b, rows):
     return (dz @ W).T @ x, dz.T @ h, dz.sum(0)
 
 
-def reference():
+def reference(schedule=SCHEDULE):
     body, W, b = P0["body"].copy(), P0["head.weight"].copy(), P0["head.bias"].copy()
     mine = {i: (P0["head.weight"].copy(), P0["head.bias"].copy()) for i in range(3)}
     out = []
-    for cohort in samples():
+    for cohort in samples(schedule):
         finals = []
         for i, steps in cohort:
             counts = np.bincount(Y[[s for rows in steps for s in rows]], minlength=3)
@@ -64,10 +64,10 @@ def reference():
     return out
 
 
-def _run(engine=None):
+def _run(engine=None, params=P0, schedule=SCHEDULE):
     algorithm = build_algorithm("fedrod", local_lr=LR, head=["head.*"])
     x, y = torch.tensor(X), torch.tensor(Y)
-    return algorithm, run(algorithm, loss, P0, x, y, batches(), engine)
+    return algorithm, run(algorithm, loss, params, x, y, batches(schedule), engine)
 
 
 def test_fedrod_matches_balanced_softmax_and_personal_head():
@@ -100,3 +100,23 @@ def test_fedrod_refuses_a_head_without_one_bias():
     algorithm = build_algorithm("fedrod", head=["head.weight"])
     with pytest.raises(ValueError, match="fedrod: the model's head needs exactly one bias"):
         algorithm.client_init({k: torch.tensor(v) for k, v in P0.items()})
+
+
+# partly padded steps (the label counts take real samples only) and the head first in
+# parameter order (the split's patterns name it, not the last layer)
+PADDED = [([0, 1, 2], [[[0, 1, -1], [2, 0, 1]], [[3, -1, -1], [5, 3, 4]],
+                       [[6, 7, 8], [8, -1, -1]]]),
+          ([0, 2], [[[1, 2, 0], [0, -1, -1]], [[7, 8, -1], [-1, -1, -1]]])]
+HEAD_FIRST = {k: P0[k] for k in ("head.weight", "head.bias", "body")}
+
+
+def test_fedrod_counts_real_samples_and_takes_the_head_from_the_patterns():
+    got = _run(params=HEAD_FIRST, schedule=PADDED)[1]
+    for (params, state), (ref, mine) in zip(got, reference(PADDED), strict=True):
+        for k in P0:
+            np.testing.assert_allclose(params[k], ref[k], rtol=1e-10, atol=1e-14)
+        assert sorted(k for k in state if k.startswith("personal/")) == [
+            "personal/head/head.bias", "personal/head/head.weight"]
+        for i in range(3):
+            np.testing.assert_allclose(state["personal/head/head.bias"][i], mine[i][1],
+                                       rtol=1e-10)
