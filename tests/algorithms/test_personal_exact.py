@@ -375,3 +375,19 @@ def test_bad_hparams_are_one_line_naming_the_field(name, hparams, message):
 ])
 def test_boundary_hparams_are_accepted(name, hparams):
     assert _build(name, **hparams).name == name
+
+
+# the evaluation-time fine-tuning of each method: the part it changes (FedPer, FedRep: the
+# personal head; LG-FedAvg: the personal body) and whether its steps are a knob
+FINETUNE_PART = {"fedper": "head", "fedrep": "head", "lg_fedavg": "body"}
+FINETUNE_STEPS = ("fedavg_ft", "fedbabu", "per_fedavg_fo", "per_fedavg_hf")
+
+
+@pytest.mark.parametrize("name", sorted(PERSONAL_ALGORITHMS))
+def test_every_methods_fine_tuning_part_and_steps(name):
+    spec = _build(name, **({"finetune_steps": 7} if name in FINETUNE_STEPS else {})).personal
+    assert spec.finetune is not None
+    assert spec.finetune_part == FINETUNE_PART.get(name, "all")
+    assert spec.finetune_steps == (7 if name in FINETUNE_STEPS else 0)
+    if name == "fedbabu":
+        assert _build(name, finetune_part="body").personal.finetune_part == "body"

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from fedforge.algorithms import build_algorithm
-from fedforge.algorithms.personal.fedbn import NORM_LAYERS
+from fedforge.algorithms.personal.fedbn import NORM_LAYERS, norm_patterns
 from fedforge.algorithms.personal.split import head_names
 from fedforge.experiment.config import algorithm_kwargs, load_config
 from fedforge.models import MODELS, build_model
@@ -104,3 +104,9 @@ def test_a_fedbn_config_takes_the_zoo_models_normalisation_layers():
     assert algorithm_kwargs(cfg)["norm"] == list(NORM_LAYERS["convnet"])
     plain = load_config(ROOT / "examples/quickstart.toml", ["algorithm.name=fedbn"])
     assert "norm" not in algorithm_kwargs(plain)  # logreg has none: FedAvg
+
+
+def test_norm_patterns_are_the_zoo_models_entry():
+    assert norm_patterns("convnet") == ("features.1.*", "features.5.*", "features.9.*")
+    assert norm_patterns("resnet18_gn") == NORM_LAYERS["resnet18_gn"]
+    assert norm_patterns("mlp") is None
