@@ -16,7 +16,7 @@ import torch
 
 from fedforge.algorithms import build_algorithm
 from fedforge.algorithms.personal import PERSONAL_ALGORITHMS, Personal, Phase, personalised
-from fedforge.algorithms.personal.split import PARTS, freeze
+from fedforge.algorithms.personal.split import PARTS, freeze, head_names, select
 from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import RoundContext, chain, local_step
 from fedforge.core.store import ClientStore
@@ -391,3 +391,25 @@ def test_every_methods_fine_tuning_part_and_steps(name):
     assert spec.finetune_steps == (7 if name in FINETUNE_STEPS else 0)
     if name == "fedbabu":
         assert _build(name, finetune_part="body").personal.finetune_part == "body"
+
+
+@pytest.mark.parametrize("n, shown", [
+    (8, "p0, p1, p2, p3, p4, p5, p6, p7"),
+    (9, "p0, p1, p2, p3, p4, p5, p6, p7 ..."),
+])
+def test_a_head_pattern_matching_nothing_names_the_field_and_the_parameters(n, shown):
+    names = [f"p{i}" for i in range(n)]
+    with pytest.raises(ValueError) as err:
+        head_names(names, ["p1", "zz"])
+    assert str(err.value) == (f"model.head: pattern 'zz' matches no parameter of the model "
+                              f"(parameters: {shown})")
+    with pytest.raises(ValueError, match=r"^algorithm\.norm: pattern 'zz'"):
+        head_names(names, ["zz"], "algorithm.norm")
+
+
+def test_select_refuses_an_unknown_part_and_freeze_is_named_freeze():
+    with pytest.raises(ValueError) as err:
+        select(["a"], "legs", None)
+    assert str(err.value) == ("personal part: expected one of ('none', 'head', 'body', 'all'), "
+                              "got 'legs'")
+    assert freeze("head", None).name == "freeze"  # its key in a chained optimizer's state
