@@ -413,3 +413,10 @@ def test_select_refuses_an_unknown_part_and_freeze_is_named_freeze():
     assert str(err.value) == ("personal part: expected one of ('none', 'head', 'body', 'all'), "
                               "got 'legs'")
     assert freeze("head", None).name == "freeze"  # its key in a chained optimizer's state
+
+
+@pytest.mark.parametrize("name, key", [("apfl", "alpha_lr"), ("pfedme", "personal_lr")])
+def test_a_bad_personal_step_schedule_names_its_field(name, key):
+    with pytest.raises(ValueError) as err:
+        _build(name, **{key: {"kind": "zz"}})
+    assert str(err.value).startswith(f"{key}: schedule kind 'zz' unknown")
