@@ -207,10 +207,13 @@ def test_every_source_names_where_or_why():
 
 @pytest.mark.parametrize("method", sorted(METHOD_DEFAULTS))
 def test_multitask_options_are_of_the_methods_kind(method):
-    """An async method's options live in ``[async]``, a baseline's in ``[sync]`` (the config
-    sections take their defaults from this table: tests/experiment/test_run_kinds.py)."""
+    """An async method's options live in ``[async]``, a baseline's in ``[sync]``, and its
+    tasks' client work in ``client.*`` (the config sections take their defaults from this
+    table: tests/experiment/test_run_kinds.py)."""
     kind = "async" if method in ASYNC_METHODS else "sync"
-    assert all(k.startswith(kind + ".") for k in METHOD_DEFAULTS[method])
+    assert all(k.startswith((kind + ".", "client.")) for k in METHOD_DEFAULTS[method])
+    assert {k for k in METHOD_DEFAULTS[method] if k.startswith("client.")} == {
+        "client.batch_size", "client.local_steps"}
 
 
 def test_all_methods_lists_every_kind():

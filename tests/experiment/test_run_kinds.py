@@ -20,7 +20,6 @@ from pydantic import TypeAdapter
 from fedforge.algorithms.defaults import METHOD_DEFAULTS, ours
 from fedforge.experiment.config import (
     RUN_KINDS,
-    TASK_CLIENT_DEFAULTS,
     AsyncSection,
     BaseRunConfig,
     ClientConfig,
@@ -36,6 +35,7 @@ from fedforge.experiment.config import (
     load_raw,
     method_option,
     run_kind,
+    task_client_defaults,
     validate,
 )
 
@@ -176,7 +176,8 @@ def test_every_table_option_is_a_section_field():
     for method, table in METHOD_DEFAULTS.items():
         for key in table:
             section, name = key.split(".")
-            assert name in SECTIONS[section].model_fields, f"{method}: {key}"
+            fields = (ClientConfig if section == "client" else SECTIONS[section]).model_fields
+            assert name in fields, f"{method}: {key}"
 
 
 def test_method_option_refuses_disagreeing_methods(monkeypatch):
@@ -194,8 +195,8 @@ def test_a_task_leaves_its_client_to_the_method(monkeypatch):
     cfg = validate({"tasks": [{}, {"client": {"batch_size": 5, "drop_last": True}}]})
     first, second = cfg.tasks[0].client, cfg.tasks[1].client
     assert (first.batch_size, first.local_steps, first.local_epochs) == (32, 27, None)
-    assert {k: d.value for k, d in TASK_CLIENT_DEFAULTS.items()} == {
-        "client.batch_size": 32, "client.local_steps": 27}
+    assert {m: task_client_defaults(m) for m in METHOD_DEFAULTS} == dict.fromkeys(
+        METHOD_DEFAULTS, {"batch_size": 32, "local_steps": 27})
     assert (second.batch_size, second.local_steps, second.drop_last) == (5, 27, True)
     assert MultiTaskConfig(tasks=[TaskConfig()]).tasks[0].client.local_steps == 27
     single = validate({}).client

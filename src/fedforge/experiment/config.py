@@ -31,7 +31,7 @@ from pydantic import (
 )
 
 from fedforge.algorithms import algorithm_hparams, build_algorithm
-from fedforge.algorithms.defaults import FEDAST_CODE, METHOD_DEFAULTS, Default, code
+from fedforge.algorithms.defaults import METHOD_DEFAULTS
 from fedforge.algorithms.personal.fedbn import norm_patterns
 from fedforge.errors import ConfigError, field_part, format_error, shorten
 from fedforge.experiment.config_io import (
@@ -298,19 +298,10 @@ class SyncSection(_Section):
     ucb_c: float = Field(default=method_option("sync.ucb_c"), ge=0)
 
 
-TASK_CLIENT_DEFAULTS: dict[str, Default] = {
-    "client.batch_size": code(32, f"{FEDAST_CODE}: the clients' DataLoader batches of B = 32"),
-    "client.local_steps": code(27, f"{FEDAST_CODE}: 3 local epochs of 9 batches (300 samples "
-                                   "per client, B = 32) per request"),
-}
-"""What a multi-task run's task leaves unset in ``tasks[].client``, for every method; an
-entry ``client.*`` of the method in ``METHOD_DEFAULTS`` wins over it."""
-
-
 def task_client_defaults(method: str) -> dict[str, Any]:
     """``{client key: value}`` the multi-task ``method`` gives a task's unset client keys."""
-    own = {k: d for k, d in METHOD_DEFAULTS.get(method, {}).items() if k.startswith("client.")}
-    return {k.removeprefix("client."): d.value for k, d in {**TASK_CLIENT_DEFAULTS, **own}.items()}
+    return {k.removeprefix("client."): d.value for k, d in METHOD_DEFAULTS.get(method, {}).items()
+            if k.startswith("client.")}
 
 
 class LoggingConfig(_Section):

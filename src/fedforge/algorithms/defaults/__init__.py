@@ -370,6 +370,12 @@ _MAX_BATCH = ours(64, "jobs per vmapped call; changes speed only, never the resu
 _K = paper(30, f"{FEDAST}, App. D.1: the first k = 30 updates per task are kept")
 _PER_ROUND = ours(None, "the availability cap (system.available_fraction of the clients)")
 
+_TASK_CLIENT = {  # what a task leaves unset in tasks[].client, for every multi-task method
+    "client.batch_size": code(32, f"{FEDAST_CODE}: the clients' DataLoader batches of B = 32"),
+    "client.local_steps": code(27, f"{FEDAST_CODE}: 3 local epochs of 9 batches (300 samples "
+                                   "per client, B = 32) per request"),
+}
+
 ASYNC_DEFAULTS: dict[str, dict[str, Default]] = {
     "fedast": {
         "async.requests": _REQUESTS,
@@ -413,7 +419,11 @@ BASELINE_DEFAULTS: dict[str, dict[str, Default]] = {
 }
 """The multi-task baselines' ``[sync]`` options (``sim/multitask_sync.py`` runs them)."""
 
-METHOD_DEFAULTS: dict[str, dict[str, Default]] = {**ASYNC_DEFAULTS, **BASELINE_DEFAULTS}
+METHOD_DEFAULTS: dict[str, dict[str, Default]] = {
+    name: {**_TASK_CLIENT, **options}
+    for name, options in {**ASYNC_DEFAULTS, **BASELINE_DEFAULTS}.items()}
+"""Every multi-task method's options: its ``[async]`` or ``[sync]`` table and the client
+work of its tasks (``client.*``)."""
 METHOD_KINDS: dict[str, str] = {**dict.fromkeys(ASYNC_DEFAULTS, ASYNC),
                                 **dict.fromkeys(BASELINE_DEFAULTS, SYNC_BASELINE)}
 """Every multi-task method -> its kind, in the order ``fedforge algorithms`` lists them."""
