@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedforge.algorithms import build_algorithm
+from fedforge.algorithms import algorithm_hparams, build_algorithm
 from fedforge.algorithms.personal import PERSONAL_ALGORITHMS, Personal, Phase, personalised
 from fedforge.algorithms.personal.split import PARTS, freeze, head_names, select
 from fedforge.client.optimizers import local_optimizer
@@ -420,3 +420,11 @@ def test_a_bad_personal_step_schedule_names_its_field(name, key):
     with pytest.raises(ValueError) as err:
         _build(name, **{key: {"kind": "zz"}})
     assert str(err.value).startswith(f"{key}: schedule kind 'zz' unknown")
+
+
+@pytest.mark.parametrize("name", sorted(n for n in PERSONAL_ALGORITHMS
+                                        if "head" in algorithm_hparams(n)))
+def test_the_spec_records_the_methods_split(name):
+    """The split a method was built with is its spec's (fine-tuning freezes by it)."""
+    assert build_algorithm(name, head=["head", "x.*"]).personal.head == ("head", "x.*")
+    assert build_algorithm(name).personal.head is None
