@@ -17,6 +17,7 @@ import torch
 from fedforge.algorithms import algorithm_hparams, build_algorithm
 from fedforge.algorithms.personal import PERSONAL_ALGORITHMS, Personal, Phase, personalised
 from fedforge.algorithms.personal.split import PARTS, freeze, head_names, select
+from fedforge.algorithms.personal.stateful import stepping
 from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import RoundContext, chain, local_step
 from fedforge.core.store import ClientStore
@@ -428,3 +429,21 @@ def test_the_spec_records_the_methods_split(name):
     """The split a method was built with is its spec's (fine-tuning freezes by it)."""
     assert build_algorithm(name, head=["head", "x.*"]).personal.head == ("head", "x.*")
     assert build_algorithm(name).personal.head is None
+
+
+def test_stepping_derives_its_additive_update_from_the_whole_step():
+    """A method given by its whole step (APFL, pFedMe, Per-FedAvg, FedRoD, FedALA's weights)
+    is still a transform with an update: ``new - params``, the step's state."""
+    def step(grads, state, params, ctx):
+        return {k: 2.0 * p - 0.5 * grads[k] for k, p in params.items()}, {"n": state["n"] + 1}
+
+    opt = stepping("whole", lambda params, ctx: {"n": 0}, step)
+    params, grads, ctx = _point()
+    assert opt.name == "whole" and opt.init(params, ctx) == {"n": 0}
+    updates, state = opt.update(grads, {"n": 3}, params, ctx)
+    new, state2 = local_step(opt, grads, {"n": 3}, params, ctx)
+    assert state == state2 == {"n": 4}
+    for k in params:
+        np.testing.assert_allclose(updates[k].numpy(),
+                                   (params[k] - 0.5 * grads[k]).numpy(), rtol=1e-15)
+        np.testing.assert_allclose(new[k].numpy(), (2 * params[k] - 0.5 * grads[k]).numpy())
