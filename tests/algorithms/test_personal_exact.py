@@ -435,7 +435,8 @@ def test_stepping_derives_its_additive_update_from_the_whole_step():
     """A method given by its whole step (APFL, pFedMe, Per-FedAvg, FedRoD, FedALA's weights)
     is still a transform with an update: ``new - params``, the step's state."""
     def step(grads, state, params, ctx):
-        return {k: 2.0 * p - 0.5 * grads[k] for k, p in params.items()}, {"n": state["n"] + 1}
+        return ({k: 2.0 * p - 0.5 * ctx.round * grads[k] for k, p in params.items()},
+                {"n": state["n"] + 1})
 
     opt = stepping("whole", lambda params, ctx: {"n": 0}, step)
     params, grads, ctx = _point()
@@ -446,4 +447,5 @@ def test_stepping_derives_its_additive_update_from_the_whole_step():
     for k in params:
         np.testing.assert_allclose(updates[k].numpy(),
                                    (params[k] - 0.5 * grads[k]).numpy(), rtol=1e-15)
-        np.testing.assert_allclose(new[k].numpy(), (2 * params[k] - 0.5 * grads[k]).numpy())
+        # a local step is the whole step itself, not params + (new - params) (which rounds)
+        assert torch.equal(new[k], 2.0 * params[k] - 0.5 * grads[k])
