@@ -117,3 +117,6 @@ def test_per_fedavg_errors_name_the_field():
     with pytest.raises(ValueError) as err:
         _per_fedavg("x", "so", ALPHA, BETA, DELTA, 1, "sgd", 0.0, None, False)
     assert str(err.value) == "per_fedavg variant: expected one of ('fo', 'hf'), got 'so'"
+    with pytest.raises(ValueError) as err:  # α is read before the evaluation step's SGD
+        build_algorithm("per_fedavg_fo", local_lr={"kind": "zz"})
+    assert str(err.value).startswith("local_lr: schedule kind 'zz' unknown")
