@@ -2,7 +2,7 @@
 
 Every check has a value where a wrong store differs: random rows of several dtypes (a
 float written as another dtype, a row written to a neighbour's slot, a client read before
-its first write as anything but the template would all fail), slot counts, mapped-file
+its first write as anything but the template would all fail), slot counts, open-file
 counts under a tiny cache budget, and the rows a restore must bring back or drop.
 """
 
@@ -92,11 +92,11 @@ def test_a_stateless_algorithm_writes_nothing(tmp_path):
     assert not (tmp_path / "clients").exists()
 
 
-def test_mapped_files_stay_within_the_cache_budget(tmp_path):
-    # 64 KiB rows, a 1 MiB budget: files of 4 rows, at most 4 of them mapped at once
+def test_open_files_stay_within_the_cache_budget(tmp_path):
+    # 64 KiB rows, a 1 MiB budget: files of 4 rows, at most 4 of them open at once
     template = {"x": torch.zeros(16384)}
     disk = DiskClientStore(400, template, tmp_path / "clients", cache_mb=1)
-    assert (disk.rows_per_file, disk.max_mapped) == (4, 4)
+    assert (disk.rows_per_file, disk.max_open) == (4, 4)
     g = torch.Generator().manual_seed(0)
     memory = ClientStore(400, template)
     for _ in range(5):
@@ -104,10 +104,10 @@ def test_mapped_files_stay_within_the_cache_budget(tmp_path):
         values = {"x": torch.randn(20, 16384, generator=g)}
         disk.scatter(ids, values)
         memory.scatter(ids, values)
-        assert len(disk._mapped) <= 4
+        assert len(disk._open) <= 4
     ids = torch.randperm(400, generator=g)[:50]
     assert _equal(disk.gather(ids), memory.gather(ids))
-    assert len(disk._mapped) <= 4
+    assert len(disk._open) <= 4
     assert disk.state == {}  # 400 x 64 KiB is over the budget: no whole-population view
     assert len(list((tmp_path / "clients").glob("live_*.rows"))) == -(-disk.allocated() // 4)
     disk.close()

@@ -160,7 +160,7 @@ class EngineConfig(_Section):
     client_state: Literal["device", "host"] = "device"  # host: per-client state in CPU RAM
     # where every client's state lives between rounds (docs/scale.md): memory, disk (files in
     # the run folder, O(cohort) per round) or auto (memory while it fits a quarter of the free
-    # RAM); store_cache_mb bounds the disk store's mapped files
+    # RAM); store_cache_mb bounds the disk store's open files
     client_store: Literal["auto", "memory", "disk"] = "auto"
     store_cache_mb: int = Field(default=256, ge=1)
     # vmap/distributed: torch.compile the chunk function (for GPUs); true = mode "default",

@@ -240,7 +240,7 @@ NOTES: dict[str, str] = {
     "engine.name": "`vmap` (cohort chunks as one batched computation), `loop` (one client at "
                    "a time, the reference) or `distributed` (under torchrun)",
     "engine.chunk_size": "clients per vmapped chunk; `auto` sizes it from free memory",
-    "engine.store_cache_mb": "`disk` client store: MiB of its files kept mapped at a time",
+    "engine.store_cache_mb": "`disk` client store: MiB of its live files kept open at a time",
     "checkpoint.keep": "checkpoints kept on disk",
     "attack.kind": "simulated Byzantine clients' behaviour",
     "attack.fraction": "fraction of clients that attack",
