@@ -138,7 +138,8 @@ def test_quick_run_through_the_command_fills_every_column(tmp_path):
     assert all(len(r) == len(HEADER) for r in rows)
     assert all(cell for cell in fedforge), fedforge  # every column filled
     s_round, ups, mem = (float(v) for v in fedforge[3:6])
-    assert s_round > 0 and ups == pytest.approx(2 / s_round, rel=0.05) and mem > 50
+    # the table rounds seconds to 0.01: compare where that rounding cannot matter
+    assert s_round > 0 and 2 / ups == pytest.approx(s_round, abs=0.006) and mem > 50
     assert 0 <= float(fedforge[6]) <= 1 and 0 <= float(fedforge[7]) <= 1
     assert fedforge[10].startswith("yes (")
     assert plain[8] == plain[9] == "1.00" and plain[10] == ""

@@ -40,9 +40,10 @@ def test_five_rounds_every_two_records_every_round_and_evaluates_2_4_5(tmp_path)
     assert [r["round"] for r in history] == [1, 2, 3, 4, 5]
     assert [r["round"] for r in evaluated(history)] == [2, 4, 5]
     assert history[1]["engine_auto"] == "vmap chunk auto conv native"  # once, at the 1st eval
+    assert history[1]["client_store_auto"] == "memory"  # the store auto chose, likewise
     for rec in history:
         if rec["round"] in (2, 4, 5):  # the evaluated record's keys, in today's order
-            keys = [k for k in rec if not k.startswith("engine_auto")]
+            keys = [k for k in rec if not k.startswith(("engine_auto", "client_store_auto"))]
             assert keys == [*PER_ROUND[:2], *TEST, *PER_ROUND[2:]]
         else:
             assert list(rec) == PER_ROUND and not is_evaluated(rec)

@@ -28,6 +28,11 @@ from fedforge.models import build_model
 RUN_ITERATIONS = 1500  # central_num_iterations of pfl-research's CIFAR-10 baseline
 
 
+def _array(path: Path, mmap: bool = False) -> np.ndarray:
+    """A cached array of this benchmark's run folder (never a pickle)."""
+    return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+
+
 class Data:
     """The prepared arrays, normalised with the training set's channel statistics."""
 
@@ -37,10 +42,10 @@ class Data:
         std = np.asarray(spec["std"], np.float32).reshape(1, 3, 1, 1)
         self.norm = (mean, std)
         if train:  # Flower's driver process only evaluates
-            self.x = self.images(np.load(folder / "train_x.npy", mmap_mode="r"))
-            self.y = torch.from_numpy(np.load(folder / "train_y.npy"))
-        self.test_x = self.images(np.load(folder / "test_x.npy", mmap_mode="r"))
-        self.test_y = torch.from_numpy(np.load(folder / "test_y.npy"))
+            self.x = self.images(_array(folder / "train_x.npy", mmap=True))
+            self.y = torch.from_numpy(_array(folder / "train_y.npy"))
+        self.test_x = self.images(_array(folder / "test_x.npy", mmap=True))
+        self.test_y = torch.from_numpy(_array(folder / "test_y.npy"))
 
     def images(self, raw: np.ndarray) -> torch.Tensor:
         mean, std = self.norm

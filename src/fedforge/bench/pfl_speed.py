@@ -38,7 +38,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-import torch
+from safetensors.torch import load_file
 
 from fedforge.bench.pfl_cifar10 import tree_memory
 from fedforge.bench.workload import LR, W1
@@ -113,16 +113,29 @@ def run_one(spec: dict, folder: Path, timeout_s: float) -> Run:
         why = lines[-1][:160] if lines else proc.returncode
         return Run(name, cohort, group, error=f"failed: {why}")
     res = json.loads(out_path.read_text())
-    params = folder / f"{name}-{cohort}-{group}.pt"
-    Path(f"{out_path}.pt").replace(params)
+    params = folder / f"{name}-{cohort}-{group}.safetensors"
+    Path(f"{out_path}.safetensors").replace(params)
     return Run(name, cohort, group, res["label"], res["iteration_s"], res["global_accuracy"],
                res["personal_accuracy"], peak, params)
+
+
+def _params(path: Path) -> dict:
+    """A run's saved models: {"global": {name: t}, "personal": {client: {name: t}}}."""
+    out: dict = {"global": {}, "personal": {}}
+    for key, t in load_file(str(path)).items():
+        kind, rest = key.split("/", 1)
+        if kind == "global":
+            out["global"][rest] = t
+        else:
+            client, name = rest.split("/", 1)
+            out["personal"].setdefault(client, {})[name] = t
+    return out
 
 
 def params_difference(a: Path, b: Path) -> float:
     """Largest |a - b| over the global model and the sampled personal models, relative to
     the largest |b| (``inf`` where they hold different clients or leaves)."""
-    pa, pb = torch.load(a), torch.load(b)
+    pa, pb = _params(a), _params(b)
     trees = [(pa["global"], pb["global"])]
     if set(pa["personal"]) != set(pb["personal"]):
         return float("inf")

@@ -3,7 +3,7 @@
 ``python -m fedforge.bench.pfl_speed_run SPEC OUT`` reads the spec the parent wrote
 (:mod:`fedforge.bench.pfl_speed`), builds the cohort's random data and the initial model, runs
 the warm-up and timed Ditto rounds with the named framework and writes ``OUT`` (JSON: seconds
-of each round, what ran, the accuracies) and ``OUT.pt`` (the global model and the sampled
+of each round, what ran, the accuracies) and ``OUT.safetensors`` (the global model and the sampled
 clients' personal models after the last round, which the parent compares across frameworks).
 Evaluation happens after the timed rounds and is never timed.
 
@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save_file
 from torch import nn
 
 from fedforge.bench.pfl_cifar10_run import Clock
@@ -213,6 +214,13 @@ def correct(model: nn.Module, state: dict | None, x: torch.Tensor, y: torch.Tens
 RUNNERS = {"fedforge": run_fedforge, "plain": run_plain}
 
 
+def save_params(global_params: dict, personal: dict, path: str) -> None:
+    """The global and sampled personal models as one safetensors file (no pickle)."""
+    flat = {f"global/{k}": v for k, v in global_params.items()}
+    flat.update({f"personal/{c}/{k}": v for c, tree in personal.items() for k, v in tree.items()})
+    save_file({k: v.detach().cpu().contiguous() for k, v in flat.items()}, path)
+
+
 def main(spec_path: str, out_path: str) -> None:
     """Run the spec's framework and write its result (see the module docstring)."""
     spec = json.loads(Path(spec_path).read_text())
@@ -225,7 +233,7 @@ def main(spec_path: str, out_path: str) -> None:
     net = initial_model(work)
     net.load_state_dict(res["global"])
     glob = sum(correct(net, None, x, y, idx[c]) for c in range(spec["cohort"]))
-    torch.save({"global": res["global"], "personal": res["personal"]}, f"{out_path}.pt")
+    save_params(res["global"], res["personal"], f"{out_path}.safetensors")
     Path(out_path).write_text(json.dumps({
         **clock.result(spec["warmup"]), "label": res["label"], "global_accuracy": glob / total,
         "personal_accuracy": res["personal_correct"] / total, "torch": torch.__version__}))
