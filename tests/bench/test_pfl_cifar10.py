@@ -60,7 +60,8 @@ def test_quick_runs_every_row_and_the_table_has_every_column(tmp_path):
         it, ups, start, first, mem, acc, ratio = row[2:9]
         assert it > 0 and ups == pytest.approx(QUICK.cohort / it, rel=0.01)
         assert start > 0 and first > 0 and mem > 50 and 0 <= acc <= 1
-        assert ratio == pytest.approx(it / ran["fedforge"][2], abs=0.011)  # both rounded
+        ref = ran["fedforge"][2]  # it and ref are rounded to 3 decimals, the ratio to 2
+        assert (it - 5e-4) / (ref + 5e-4) - 5e-3 <= ratio <= (it + 5e-4) / (ref - 5e-4) + 5e-3
     for name in set(names) - set(ran):  # peers absent here: the reason, never a crash
         assert next(r for r in rows if r[0] == name)[1].startswith("not installed")
     assert "synthetic random images" in note and "load average" in note

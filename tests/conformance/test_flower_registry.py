@@ -19,7 +19,9 @@ from tests.flower.test_bridge import (  # noqa: E402
     tiny_cfg,
 )
 
-FAST = {"fedavg", "fedexp", "feddyn", "fetchsgd", "fedptr"}
+# fedala: a fresh client's state is built from the initial model, in the bridge too (its
+# local model once started from the model of the round the client was first sampled)
+FAST = {"fedavg", "fedexp", "feddyn", "fetchsgd", "fedptr", "fedala"}
 
 
 def _served(name: str) -> bool:

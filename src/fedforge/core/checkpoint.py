@@ -132,10 +132,15 @@ def save_checkpoint(
     meta = {**meta, "round": round_, "tensors": f"{stem}.safetensors", "sha256": sha,
             "keys": list(flat)}
     _atomic_write_text(directory / f"{stem}.json", json.dumps(meta, indent=1))
-    _atomic_write_text(directory / "latest.json", json.dumps({"checkpoint": f"{stem}.json"}))
-    _fsync_dir(directory)  # the renames themselves survive a power cut, not only a kill
+    commit_latest(directory, f"{stem}.json")
     prune_checkpoints(directory, round_, keep)
     return directory / f"{stem}.json"
+
+
+def commit_latest(directory: Path, name: str) -> None:
+    """Point ``latest.json`` at the checkpoint JSON ``name``: the commit of a checkpoint."""
+    _atomic_write_text(directory / "latest.json", json.dumps({"checkpoint": name}))
+    _fsync_dir(directory)  # the renames themselves survive a power cut, not only a kill
 
 
 def prune_checkpoints(directory: Path, current: int, keep: int) -> list[Path]:

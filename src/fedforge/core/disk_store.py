@@ -204,11 +204,7 @@ class DiskClientStore:
         """:meth:`restore` this rank's part of a checkpoint's ``"store"`` record."""
         if record is None:
             return self.restore(None, where)
-        if not isinstance(record, dict) or record.get("world") != self.world or not (
-                isinstance(record.get("ranks"), list) and len(record["ranks"]) == self.world):
-            got = record.get("world") if isinstance(record, dict) else record
-            raise CheckpointError(f"{where}: the client store was written by {got!r} ranks; "
-                                  f"resume it with as many ({self.world} now)")
+        check_record_world(record, self.world, where)
         self.restore({"version": record.get("version"), "segments": record["ranks"][self.rank]},
                      where)
         return None
@@ -509,6 +505,16 @@ def _checked_meta(meta: object, where: object) -> tuple[int, list[dict]]:
             raise CheckpointError(f"{where}: each store segment needs \"file\", a 64-hex "
                                   f"\"sha256\" and \"rows\" >= 0, got {seg!r}"[:300])
     return version, segments
+
+
+def check_record_world(record: object, world: int, where: object) -> None:
+    """Refuse a checkpoint's ``"store"`` record written by another number of ranks (before
+    any folder is opened: each rank's rows live in their own folder)."""
+    if not isinstance(record, dict) or record.get("world") != world or not (
+            isinstance(record.get("ranks"), list) and len(record["ranks"]) == world):
+        got = record.get("world") if isinstance(record, dict) else record
+        raise CheckpointError(f"{where}: the client store was written by {got!r} ranks; "
+                              f"resume it with as many ({world} now)")
 
 
 def _not_plain(path: Path) -> str | None:

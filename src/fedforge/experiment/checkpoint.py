@@ -6,15 +6,28 @@ The file format (save, prune, load, verify; :class:`CheckpointError`) is
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
-from fedforge.core.checkpoint import CheckpointError, checkpoint_jsons, verified
+from fedforge.core.checkpoint import (
+    CheckpointError,
+    checkpoint_jsons,
+    commit_latest,
+    verified,
+)
+
+logger = logging.getLogger(__name__)
 
 
 def resumable(directory: Path) -> bool:
     """Whether ``--resume`` has a checkpoint to continue: True with ``latest.json``, False in a
-    folder without checkpoint files. Checkpoint files without ``latest.json`` (its write
-    failed, e.g. on a full disk) are a CheckpointError saying in one line how to resume."""
+    folder without checkpoint files.
+
+    Checkpoint files without ``latest.json`` are a commit that did not finish: a kill or a
+    full disk while the first ``latest.json`` was written. The newest checkpoint whose tensors
+    match their SHA-256 is complete (its JSON is written atomically after its tensors), so
+    the commit is finished here, naming it, and the run resumes from it; a warning says so.
+    Without one that verifies it is a CheckpointError."""
     directory = Path(directory)
     latest = directory / "latest.json"
     if latest.is_file() or latest.is_symlink():  # a link: loading refuses it in one line
@@ -25,15 +38,14 @@ def resumable(directory: Path) -> bool:
     torn = (directory / "latest.json.tmp").exists()
     if not names and not torn:
         return False
-    why = "latest.json is missing" + (
-        " and latest.json.tmp is an incomplete write (a full disk?)" if torn else "")
+    why = "latest.json is missing" + (" and latest.json.tmp is an unfinished write" if torn
+                                      else "")
     for name in names:
         if verified(directory, directory / name):
-            raise CheckpointError(
-                f"{directory}: {why}; the newest complete checkpoint is {name} (its tensors "
-                f"match their SHA-256): to resume from it, write {{\"checkpoint\": \"{name}\"}} "
-                f"to {directory / 'latest.json'} and run --resume again, or start over with "
-                "--overwrite")
+            commit_latest(directory, name)
+            logger.warning("%s: %s; resuming from %s, the newest checkpoint whose tensors match "
+                           "their SHA-256", directory, why, name)
+            return True
     raise CheckpointError(f"{directory}: {why} and no complete checkpoint verifies; start over "
                           "with --overwrite")
 

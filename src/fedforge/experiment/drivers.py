@@ -35,7 +35,7 @@ from fedforge.algorithms.base import (
     SERVER_PREP_SECONDS,
 )
 from fedforge.core.checkpoint import checkpoint_jsons, load_checkpoint
-from fedforge.core.disk_store import DiskClientStore
+from fedforge.core.disk_store import DiskClientStore, check_record_world
 from fedforge.core.store import ClientStore, StateStore, choose_store, template_nbytes
 from fedforge.core.tree import restore_like
 from fedforge.engine import classification_loss
@@ -224,6 +224,9 @@ class RoundsDriver:
         n = exp.data.num_clients
         if self._loaded is not None:
             kind = "disk" if self.state.store is not None else "memory"
+            if kind == "disk":
+                check_record_world(self.state.store, world_size(), self.folder.checkpoints /
+                                   f"round_{self.state.round:05d}.json")
         else:
             kind, _ = choose_store(cfg.engine.client_store, -(-n // world_size()),
                                    template_nbytes(template))

@@ -63,8 +63,9 @@ def local_train(cfg: RunConfig, round_: int, client_id: int, params: Params, bro
                 state: dict | None) -> tuple[dict, dict, dict, dict]:
     """One client's local round, identical to its row of the simulator's cohort.
 
-    Returns ``(delta, uploads, new_state, metrics)``; ``state`` None means a fresh client.
-    """
+    Returns ``(delta, uploads, new_state, metrics)``; ``state`` None means a fresh client,
+    whose state starts, as in the simulator, from the initial model (FedALA's and Ditto's
+    local models are the initial model until the client is first sampled)."""
     exp, _ = experiment(cfg)
     ids, sample_idx, weights, _, info = sample_round(exp, round_)
     rows = (ids == client_id).nonzero().flatten()
@@ -72,7 +73,7 @@ def local_train(cfg: RunConfig, round_: int, client_id: int, params: Params, bro
         raise ValueError(f"client {client_id} is not in round {round_}'s cohort")
     r = slice(int(rows[0]), int(rows[0]) + 1)
     if state is None:
-        state = exp.algorithm.client_init(params)
+        state = exp.algorithm.client_init(exp.initial_params())
     return _run_one(exp, round_, params, broadcast, state, sample_idx[r], weights[r],
                     {k: v[r] for k, v in info.items()})
 
