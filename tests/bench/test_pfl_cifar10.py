@@ -58,7 +58,7 @@ def test_quick_runs_every_row_and_the_table_has_every_column(tmp_path):
     assert {"fedforge", "plain"} <= set(ran)
     for row in ran.values():
         it, ups, start, first, mem, acc, ratio = row[2:9]
-        assert it > 0 and ups == pytest.approx(QUICK.cohort / it, rel=0.01)
+        assert it > 0 and ups == pytest.approx(QUICK.cohort / it, rel=0.01, abs=0.051)  # 1 dp
         assert start > 0 and first > 0 and mem > 50 and 0 <= acc <= 1
         ref = ran["fedforge"][2]  # it and ref are rounded to 3 decimals, the ratio to 2
         assert (it - 5e-4) / (ref + 5e-4) - 5e-3 <= ratio <= (it + 5e-4) / (ref - 5e-4) + 5e-3

@@ -222,15 +222,22 @@ def _rss(pid: int, page: int) -> int:
         return 0
 
 
-def run_one(name: str, spec: dict, folder: Path, python: str, timeout_s: float) -> Run:
-    """``name`` in a fresh subprocess of ``python``; polls its process tree's memory."""
-    spec_path, out_path = folder / f"{name.replace(':', '-')}.spec.json", folder / "result.json"
+POLL_S = 1.0  # memory polls: reading every process's smaps_rollup at 10 Hz took a quarter
+# of a core from the timed run (more with Ray's many processes)
+
+
+def launch(module: str, spec: dict, stem: Path, timeout_s: float,
+           python: str = sys.executable) -> tuple[int, str | None]:
+    """``python -m module STEM.spec.json STEM.out`` in a fresh process, its output in
+    ``STEM.log``, polling its process tree's memory every :data:`POLL_S` -> (peak bytes, why
+    it failed or None)."""
+    spec_path, out_path, log = (Path(f"{stem}.spec.json"), Path(f"{stem}.out"),
+                                Path(f"{stem}.log"))
     out_path.unlink(missing_ok=True)
-    spec_path.write_text(json.dumps({**spec, "framework": name, "launched": time.time()}))
-    log = folder / f"{name.replace(':', '-')}.log"
+    spec_path.write_text(json.dumps({**spec, "launched": time.time()}))
     with log.open("w") as err:
-        proc = subprocess.Popen([python, "-m", "fedforge.bench.pfl_cifar10_run",
-                                 str(spec_path), str(out_path)], stdout=err, stderr=err,
+        proc = subprocess.Popen([python, "-m", module, str(spec_path), str(out_path)],
+                                stdout=err, stderr=err,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
         peak, end = 0, time.monotonic() + timeout_s
         while proc.poll() is None:
@@ -238,12 +245,22 @@ def run_one(name: str, spec: dict, folder: Path, python: str, timeout_s: float) 
             if time.monotonic() > end:
                 proc.kill()
                 proc.wait()
-                return Run(name, error=f"failed: ran past {timeout_s:.0f} s")
-            time.sleep(0.1)
+                return peak, f"failed: ran past {timeout_s:.0f} s"
+            time.sleep(POLL_S)
     if proc.returncode != 0 or not out_path.is_file():
         lines = [ln for ln in log.read_text().splitlines() if ln.strip()]
-        return Run(name, error=f"failed: {lines[-1][:160] if lines else proc.returncode}")
-    res = json.loads(out_path.read_text())
+        return peak, f"failed: {lines[-1][:160] if lines else proc.returncode}"
+    return peak, None
+
+
+def run_one(name: str, spec: dict, folder: Path, python: str, timeout_s: float) -> Run:
+    """``name`` in a fresh subprocess of ``python``; polls its process tree's memory."""
+    stem = folder / name.replace(":", "-")
+    peak, why = launch("fedforge.bench.pfl_cifar10_run", {**spec, "framework": name}, stem,
+                       timeout_s, python)
+    if why is not None:
+        return Run(name, error=why)
+    res = json.loads(Path(f"{stem}.out").read_text())
     return Run(name, res["label"], res["iteration_s"], res["first_s"], res["startup_s"],
                res["accuracy"], peak, res.get("versions", {}))
 

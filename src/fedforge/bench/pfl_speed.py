@@ -32,15 +32,12 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
-import sys
-import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from safetensors.torch import load_file
 
-from fedforge.bench.pfl_cifar10 import tree_memory
+from fedforge.bench.pfl_cifar10 import launch
 from fedforge.bench.workload import LR, W1
 
 FRAMEWORKS = ("fedforge", "plain")
@@ -92,26 +89,10 @@ def run_one(spec: dict, folder: Path, timeout_s: float) -> Run:
     """One framework at one cohort in a fresh subprocess; polls its process tree's memory."""
     name, cohort, group = spec["framework"], spec["cohort"], spec["group"]
     stem = folder / f"{name}-{cohort}"
-    spec_path, out_path, log = (stem.with_suffix(".spec.json"), stem.with_suffix(".json"),
-                                stem.with_suffix(".log"))
-    out_path.unlink(missing_ok=True)
-    spec_path.write_text(json.dumps({**spec, "launched": time.time()}))
-    with log.open("w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "fedforge.bench.pfl_speed_run",
-                                 str(spec_path), str(out_path)], stdout=err, stderr=err,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        peak, end = 0, time.monotonic() + timeout_s
-        while proc.poll() is None:
-            peak = max(peak, tree_memory(proc.pid))
-            if time.monotonic() > end:
-                proc.kill()
-                proc.wait()
-                return Run(name, cohort, group, error=f"failed: ran past {timeout_s:.0f} s")
-            time.sleep(0.1)
-    if proc.returncode != 0 or not out_path.is_file():
-        lines = [ln for ln in log.read_text().splitlines() if ln.strip()]
-        why = lines[-1][:160] if lines else proc.returncode
-        return Run(name, cohort, group, error=f"failed: {why}")
+    out_path = Path(f"{stem}.out")
+    peak, why = launch("fedforge.bench.pfl_speed_run", spec, stem, timeout_s)
+    if why is not None:
+        return Run(name, cohort, group, error=why)
     res = json.loads(out_path.read_text())
     params = folder / f"{name}-{cohort}-{group}.safetensors"
     Path(f"{out_path}.safetensors").replace(params)
