@@ -129,7 +129,7 @@ tests_for() {
     src/fedforge/algorithms/*)
       echo "tests/algorithms -k 'not fedptr and not backbone'" ;;
     src/fedforge/experiment/personal_eval.py)  # the pFL evaluation (held-out data per client)
-      echo "tests/experiment/test_personal_eval.py" ;;
+      echo "tests/experiment/test_personal_eval.py tests/experiment/test_personal_eval_rules.py" ;;
     src/fedforge/sim/allocation.py)  # the dynamic-allocation run takes a minute
       echo "tests/sim/test_allocation.py tests/sim/test_allocation_exact.py" \
            "-k 'not dynamic_allocation'" ;;
