@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from fedforge.core.files import create_new, fsync_dir
 from fedforge.core.tree import flatten_dict, unflatten_dict
 
 _META_NAME = re.compile(r"round_(\d{5,})\.json")
@@ -43,24 +44,11 @@ class CheckpointError(ValueError):
 def _atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.unlink(missing_ok=True)  # never write through a link left at the temporary name
-    with open(tmp, "x", encoding="utf-8") as f:
+    with os.fdopen(create_new(tmp, os.O_WRONLY), "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # e.g. platforms without directory handles
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def file_sha256(path: Path) -> str:
@@ -140,7 +128,7 @@ def save_checkpoint(
 def commit_latest(directory: Path, name: str) -> None:
     """Point ``latest.json`` at the checkpoint JSON ``name``: the commit of a checkpoint."""
     _atomic_write_text(directory / "latest.json", json.dumps({"checkpoint": name}))
-    _fsync_dir(directory)  # the renames themselves survive a power cut, not only a kill
+    fsync_dir(directory)  # the renames themselves survive a power cut, not only a kill
 
 
 def prune_checkpoints(directory: Path, current: int, keep: int) -> list[Path]:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
@@ -43,6 +42,7 @@ import torch
 from safetensors import safe_open
 
 from fedforge.core.checkpoint import CheckpointError, file_sha256
+from fedforge.core.files import NOFOLLOW, create_new, fsync_dir, not_plain
 from fedforge.core.tree import PyTree, flatten_dict
 
 SEGMENT = re.compile(r"segment_(\d{5,})_(\d{5,})\.safetensors")
@@ -365,7 +365,7 @@ class DiskClientStore:
             os.ftruncate(fd, size)  # sparse: untouched slots take no disk blocks
             self._files = k + 1
         else:
-            fd = os.open(path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
+            fd = os.open(path, os.O_RDWR | NOFOLLOW)
         self._open[k] = fd
         return fd, pos * self.row_nbytes
 
@@ -404,7 +404,7 @@ class DiskClientStore:
             os.fsync(f.fileno())
         sha = file_sha256(tmp)
         os.replace(tmp, path)
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
         return sha
 
     def _segment_path(self, name: object, where: object) -> Path:
@@ -412,7 +412,7 @@ class DiskClientStore:
             raise CheckpointError(f"{where}: store segment names must be plain file names "
                                   f"like 'segment_00001_00010.safetensors', got {name!r}")
         path = self.directory / name
-        problem = _not_plain(path)
+        problem = not_plain(path)
         if problem:
             raise CheckpointError(f"{path}: {problem} (named by {where}); the client store "
                                   "reads only plain files inside its folder")
@@ -477,7 +477,7 @@ class DiskClientStore:
             path = d / entry.name
             seg = SEGMENT.fullmatch(entry.name)
             known = seg or LIVE.fullmatch(entry.name) or _SCRATCH.fullmatch(entry.name)
-            problem = _not_plain(path)
+            problem = not_plain(path)
             if not known or problem:
                 raise CheckpointError(
                     f"{path}: {problem or 'is not a file the client store writes'}; remove it "
@@ -517,21 +517,6 @@ def check_record_world(record: object, world: int, where: object) -> None:
                               f"resume it with as many ({world} now)")
 
 
-def _not_plain(path: Path) -> str | None:
-    """Why ``path`` is not a plain file of its own (None: absent or plain)."""
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return None
-    if stat.S_ISLNK(st.st_mode):
-        return "is a symbolic link"
-    if not stat.S_ISREG(st.st_mode):
-        return "is not a regular file"
-    if st.st_nlink > 1:
-        return f"has {st.st_nlink} hard links"
-    return None
-
-
 _IOV = 512  # buffers per vectored call (the system's limit is at least 1024)
 
 
@@ -544,23 +529,10 @@ def _vectored(call, fd: int, buffers: list[np.ndarray], offset: int) -> int:
 
 
 def _create(path: Path) -> int:
-    """A new file at ``path`` (never an existing name, never through a link) -> its fd."""
-    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    """A new file at ``path`` (see :func:`create_new`) -> its fd; CheckpointError if a name
+    stands there already."""
     try:
-        return os.open(path, flags, 0o666)
+        return create_new(path)
     except FileExistsError:
         raise CheckpointError(f"{path}: exists already (planted?); the client store creates "
                               "its files itself") from None
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -40,6 +40,8 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
+from fedforge.core.files import NOFOLLOW, not_plain
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -85,7 +87,7 @@ def claim_run_dir(
     if resume and overwrite:
         raise RunDirError(f"{out}: choose one of --resume and --overwrite")
     _make_folder(out)
-    problem = _not_plain(out / LOCK_NAME)
+    problem = not_plain(out / LOCK_NAME)
     if problem:
         raise RunDirError(f"{out}: cannot lock the run folder: {LOCK_NAME} {problem}; "
                           "remove it or choose another --out")
@@ -164,7 +166,7 @@ def _check_plain_files(out: Path, remove: bool) -> None:
             problem = ("is a symbolic link" if stat.S_ISLNK(st.st_mode) else
                        None if stat.S_ISDIR(st.st_mode) else "is not a folder")
         else:
-            problem = _not_plain(path)
+            problem = not_plain(path)
         if problem is None:
             continue
         if not remove:
@@ -267,29 +269,14 @@ def read_config_history(out: str | Path) -> list[dict]:
 
 # ------------------------------------------------------------------ the one writer
 
-def _not_plain(path: Path) -> str | None:
-    """Why ``path`` may not be written through (None: absent, or a regular file with one
-    link). ``lstat``: a link, dangling or not, is refused as a link."""
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return None
-    if stat.S_ISLNK(st.st_mode):
-        return "is a symbolic link"
-    if not stat.S_ISREG(st.st_mode):
-        return "is not a regular file"
-    if st.st_nlink > 1:
-        return f"has {st.st_nlink} hard links"
-    return None
-
-
 def writable_path(folder: str | Path, name: str | Path) -> Path:
     """``folder/name``, its sub-folders created, once checked that it may be written: the
-    file is absent or plain (see :func:`_not_plain`) and its folder resolves inside
-    ``folder`` (a planted sub-folder link cannot lead elsewhere). RunDirError otherwise."""
+    file is absent or plain (see :func:`~fedforge.core.files.not_plain`) and its folder
+    resolves inside ``folder`` (a planted sub-folder link cannot lead elsewhere).
+    RunDirError otherwise."""
     path = Path(folder) / name
     subfolder(folder, Path(name).parent)
-    problem = _not_plain(path)
+    problem = not_plain(path)
     if problem:
         raise RunDirError(f"{path}: {problem}; fedforge writes only plain files (remove it "
                           "or choose another --out)")
@@ -352,7 +339,7 @@ def append_text(folder: str | Path, name: str | Path, text: str) -> Path:
     """Append UTF-8 ``text`` to ``folder/name`` (created if absent), flushed and fsync'd ->
     the path. Opened with ``O_NOFOLLOW`` and re-checked for hard links once open."""
     path = writable_path(folder, name)
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW
     try:
         fd = os.open(path, flags, 0o666)
     except OSError as exc:
