@@ -121,11 +121,14 @@ tests_for() {
       stem="${stem%.py}"
       [[ "$stem" == perfedavg ]] && stem=per_fedavg
       echo "tests/algorithms/test_personal_${stem}.py tests/algorithms/test_personal_exact.py" \
-           "tests/algorithms/test_defaults.py -k 'not extending_snippet and not fedbn_config'" ;;
+           "tests/privacy/test_personal_privacy.py" \
+           "tests/algorithms/test_defaults.py" \
+           "-k 'not extending_snippet and not fedbn_config and not quickstart'" ;;
     src/fedforge/algorithms/personal/*)  # the shared pieces: every method's exact tests
-      # (the docs/extending.md snippet and the examples/ config are not in the scratch copy)
+      # (the docs/extending.md snippet and the examples/ configs are not in the scratch copy)
       echo "tests/algorithms/test_personal_*.py tests/algorithms/test_defaults.py" \
-           "-k 'not extending_snippet and not fedbn_config'" ;;
+           "tests/privacy/test_personal_privacy.py" \
+           "-k 'not extending_snippet and not fedbn_config and not quickstart'" ;;
     src/fedforge/algorithms/*)
       echo "tests/algorithms -k 'not fedptr and not backbone'" ;;
     src/fedforge/experiment/personal_eval.py)  # the pFL evaluation (held-out data per client)

@@ -212,10 +212,10 @@ class PrivacyMechanism(Protocol):
 
 
 class PersonalSpec(Protocol):
-    """What the engine's local round and the personalised evaluation ask of a personalised
-    method. :class:`fedforge.algorithms.personal.Personal` implements it; it is declared here,
-    with the algorithm that carries it (:attr:`Algorithm.personal`), so the engine and the
-    evaluation read a typed field and never probe an algorithm for it."""
+    """What the engine's local round, the personalised evaluation and differential privacy
+    ask of a personalised method. :class:`fedforge.algorithms.personal.Personal` implements
+    it; it is declared here, with the algorithm that carries it (:attr:`Algorithm.personal`),
+    so they read a typed field and never probe an algorithm for it."""
 
     step_batch: bool  # its local step takes gradients at other points of the step's batch
     finetune_steps: int  # the method's own evaluation-time fine-tuning steps
@@ -231,6 +231,12 @@ class PersonalSpec(Protocol):
 
     def finetuner(self) -> Algorithm | None:
         """The algorithm whose local round is the evaluation-time fine-tuning, if any."""
+
+    def kept_names(self, params: Params) -> frozenset[str]:
+        """The leaves no client sends (zero in every delta; no DP noise on them)."""
+
+    def covered_by_dp_sgd(self) -> bool:
+        """Whether DP-SGD covers the delta a client sends (privacy mode ``sample``)."""
 
 
 @dataclass(frozen=True)

@@ -203,6 +203,8 @@ def make_local_update(
             delta = personal.shared(delta)
         if privacy is not None:  # clipped (central) or clipped and noised (local) upload
             delta, dp_uploads = privacy.client_delta(delta, broadcast, info)
+            if personal is not None:  # kept leaves carry no data: no local noise either
+                delta = personal.shared(delta)
         fin = FinalizeInputs(ctx, delta, params, state, grad_sum, steps)
         new_client_state, uploads = algorithm.finalize(fin)
         if privacy is not None:

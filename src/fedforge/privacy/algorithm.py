@@ -181,8 +181,10 @@ class Mechanism:
         return clipped, ({"privacy": {"unclipped": unclipped}} if self.cfg.adaptive else {})
 
     # --- server side ----------------------------------------------------------------------
-    def stage(self) -> ServerTransform:
-        """The server stage: central noise on the aggregate, adaptive clip, round count."""
+    def stage(self, kept: Callable[[Params], frozenset[str]] | None = None) -> ServerTransform:
+        """The server stage: central noise on the aggregate, adaptive clip, round count.
+        ``kept(params)`` names leaves no client ever sends (a personalised method's own
+        leaves, zero in every delta): they carry no data, so they get no noise."""
 
         def init(params: Params) -> dict:
             dtype = next(iter(params.values())).dtype
@@ -198,7 +200,11 @@ class Mechanism:
             gen = self._generator(agg.round)
             m = self.expected_cohort
             std = self.delta_sigma * clip / m  # N(0, σ²C²) on the sum -> σC/(qN) on the mean
-            delta = {k: v + std * _randn(v, gen) for k, v in agg.delta.items()}
+            skip = kept(agg.delta) if kept is not None else frozenset()
+            delta = {}
+            for k, v in agg.delta.items():  # every leaf draws, so the stream stays the same
+                noise = _randn(v, gen)
+                delta[k] = v if k in skip else v + std * noise
             if self.cfg.adaptive:  # Andrew et al. 2021: geometric update toward the quantile
                 count = agg.uploads["privacy"]["unclipped"] * agg.num_sampled
                 noisy = (count + self.count_noise * _randn(count, gen)) / m
@@ -227,7 +233,8 @@ class PrivateAlgorithm(Algorithm):
     @cached_property
     def server(self) -> ServerChain:
         inner = Algorithm.server.func(self)  # type: ignore[attr-defined]
-        return ServerChain((self.privacy.stage(), *inner.stages))
+        kept = None if self.personal is None else self.personal.kept_names
+        return ServerChain((self.privacy.stage(kept), *inner.stages))
 
     def broadcast(self, server_state) -> dict:
         return {**super().broadcast(server_state),

@@ -30,8 +30,19 @@ REFUSED = {
 }
 
 
-def check_algorithm(algorithm: Algorithm, template: Params, cfg: PrivacyConfig) -> None:
-    """Refuse, in one line naming the algorithm and the field, what DP cannot protect."""
+def check_algorithm(algorithm: Algorithm, template: Params | None, cfg: PrivacyConfig
+                    ) -> None:
+    """Refuse, in one line naming the algorithm and the field, what DP cannot protect.
+    ``template`` None: the model is not known yet (a config being loaded), so what depends
+    on its parameters is left to the check when the run is built."""
+    personal = algorithm.personal
+    if cfg.mode == "sample" and personal is not None and not personal.covered_by_dp_sgd():
+        raise ValueError(f"privacy.mode: 'sample' is ill-defined for algorithm "
+                         f"{algorithm.name!r}: its shared model trains on gradients DP-SGD "
+                         f"does not noise or after personal passes the accountant does not "
+                         f"charge; use mode 'central' or 'local'")
+    if template is None:
+        return
     refused = sorted(algorithm.needs(template) & REFUSED[cfg.mode])
     if refused:
         what = ", ".join(NEEDS.get(n, n) for n in refused)
@@ -91,7 +102,10 @@ def check_privacy(run, algorithm: Algorithm) -> None:
             raise ValueError("privacy: needs the dp-accounting package; pip install "
                              "'fedforge[privacy]'")
         check_run(run)
-        check_algorithm(algorithm, {"weight": torch.zeros(2, 2), "bias": torch.zeros(2)},
-                        run.privacy)
+        # a personalised method's client state depends on the model's head, not known
+        # here (and none of them sends more than its delta): checked again when built
+        template = (None if algorithm.personal is not None
+                    else {"weight": torch.zeros(2, 2), "bias": torch.zeros(2)})
+        check_algorithm(algorithm, template, run.privacy)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

@@ -37,6 +37,9 @@ from fedforge.core.tree import Params
 class APFLSpec(BatchPersonal):
     """The evaluated model is the mix ``α_i v_i + (1 - α_i) w`` of the client's state."""
 
+    def covered_by_dp_sgd(self) -> bool:
+        return True  # w steps on the loop's gradient alone; v_i and α_i stay on the client
+
     def client_params(self, global_params: Params, state: dict) -> Params:
         mine = state.get(NAME)
         if not mine:

@@ -120,6 +120,15 @@ class Personal:
             opt = chain(opt, freeze(rest, self.head, "finetune_freeze"))
         return Algorithm("finetune", opt, server_sgd(1.0))
 
+    # --- differential privacy --------------------------------------------------------------
+    def covered_by_dp_sgd(self) -> bool:
+        """Whether DP-SGD (privacy mode ``sample``) covers the delta a client sends: the
+        shared round starts after no personal pass and its steps take no gradient besides
+        the step loop's, so the delta is a function of one noised gradient per step, which
+        is what the accountant charges. A personal model trained beside it (Ditto's v_i)
+        never leaves the client."""
+        return self.first is None and not self.step_batch
+
     def with_head(self, head: Sequence[str] | None) -> Personal:
         """This spec under another split (``[model] head``; ``None`` keeps it)."""
         return self if head is None else replace(self, head=tuple(head))
