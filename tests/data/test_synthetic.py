@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fedforge.data import load_dataset, make_synthetic
+from fedforge.data.synthetic import train_count
 
 
 def test_defaults_shapes_and_groups():
@@ -66,3 +67,13 @@ def test_bad_arguments():
         make_synthetic(train_fraction=1.0)
     with pytest.raises(ValueError, match="unknown option"):
         load_dataset("synthetic", clients=3)
+
+
+def test_train_count_rounds_half_to_even_and_keeps_both_sides():
+    # 2.5 -> 2 and 0.5 -> 0 -> 1 (half to even, then at least one training sample);
+    # 9.9 of 10 -> 10 -> 9 (at least one test sample); the same rule for both generators
+    n = np.array([5, 10, 2, 10, 7])
+    frac = [0.5, 0.99, 0.25, 0.8, 0.5]
+    got = [int(train_count(k, f)) for k, f in zip(n, frac, strict=True)]
+    assert got == [2, 9, 1, 8, 4]
+    assert train_count(n, 0.5).tolist() == [2, 5, 1, 5, 4]

@@ -28,6 +28,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedforge.data.synthetic import check_synthetic, draw_samples, train_count
+
 MASK64 = (1 << 64) - 1
 SIZE_STREAM = 0x5123_A17E  # the counter hash's stream for client sizes
 SHARED_ID = MASK64  # the Philox key of the model every client shares with iid=True
@@ -60,13 +62,6 @@ def lognormal_sizes(seed: int, ids: np.ndarray, mean: float = 4.0, sigma: float 
     return np.minimum(sizes, cap).astype(np.int32)
 
 
-def train_count(n: np.ndarray | int, train_fraction: float) -> np.ndarray:
-    """Training samples of a client of ``n`` (at least 1, at most ``n - 1``), as in
-    :func:`fedforge.data.synthetic.make_synthetic`."""
-    return np.clip(np.round(train_fraction * np.asarray(n, dtype=np.float64)), 1,
-                   np.asarray(n) - 1).astype(np.int32)
-
-
 @dataclass(frozen=True)
 class SyntheticPopulation:
     """Synthetic(alpha, beta) with client ``k`` a function of ``(seed, k)`` only."""
@@ -82,16 +77,8 @@ class SyntheticPopulation:
     max_samples_per_client: int | None = None
 
     def __post_init__(self) -> None:
-        if self.num_clients < 1 or self.dim < 1 or self.num_classes < 2:
-            raise ValueError(f"need num_clients >= 1, dim >= 1, num_classes >= 2; got "
-                             f"{self.num_clients}, {self.dim}, {self.num_classes}")
-        if not 0.0 < self.train_fraction < 1.0:
-            raise ValueError(f"train_fraction must be in (0, 1), got {self.train_fraction}")
-        if self.max_samples_per_client is not None and self.max_samples_per_client < 2:
-            raise ValueError("max_samples_per_client must be >= 2, got "
-                             f"{self.max_samples_per_client}")
-        if self.alpha < 0 or self.beta < 0:
-            raise ValueError(f"alpha and beta must be >= 0, got {self.alpha}, {self.beta}")
+        check_synthetic(self.alpha, self.beta, self.num_clients, self.dim, self.num_classes,
+                        self.train_fraction, self.max_samples_per_client)
 
     def sizes(self, ids: np.ndarray | None = None) -> np.ndarray:
         """int32 samples (train + test) of clients ``ids`` (default: every client)."""
@@ -116,10 +103,8 @@ class SyntheticPopulation:
             w = u + g.standard_normal((c, d))
             b = u + g.standard_normal(c)
             v = g.normal(0.0, self.beta) + g.standard_normal(d)
-        sd = np.arange(1, d + 1, dtype=np.float64) ** (-1.2 / 2)  # sqrt of Sigma_jj = j^-1.2
         n_train = int(train_count(n, self.train_fraction))
-        x = v + g.standard_normal((n_train if train_only else n, d)) * sd  # rows in order
-        y = np.argmax(x @ w.T + b, axis=1).astype(np.int64)
+        x, y = draw_samples(g, n_train if train_only else n, w, b, v)  # rows in order
         return x.astype(np.float32), y, n_train
 
 

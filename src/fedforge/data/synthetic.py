@@ -52,6 +52,40 @@ def synthetic_nbytes(num_clients: int, dim: int, num_classes: int,
     return num_clients * (per_model + samples * per_sample)
 
 
+def check_synthetic(alpha: float, beta: float, num_clients: int, dim: int, num_classes: int,
+                    train_fraction: float, max_samples_per_client: int | None) -> None:
+    """Refuse parameters neither generator (this one, or the procedural
+    :mod:`fedforge.data.population`) can draw from; ValueError naming the parameter."""
+    if num_clients < 1 or dim < 1 or num_classes < 2:
+        raise ValueError(
+            f"need num_clients >= 1, dim >= 1, num_classes >= 2; got {num_clients}, {dim}, "
+            f"{num_classes}"
+        )
+    if not 0.0 < train_fraction < 1.0:
+        raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
+    if max_samples_per_client is not None and max_samples_per_client < 2:
+        raise ValueError(f"max_samples_per_client must be >= 2, got {max_samples_per_client}")
+    if alpha < 0 or beta < 0:
+        raise ValueError(f"alpha and beta must be >= 0, got {alpha}, {beta}")
+
+
+def train_count(n: np.ndarray | int, train_fraction: float) -> np.ndarray:
+    """Training samples of a client of ``n``: ``round(train_fraction * n)``, at least 1 and at
+    most ``n - 1`` (both generators split each client this way, training samples first)."""
+    return np.clip(np.round(train_fraction * np.asarray(n, dtype=np.float64)), 1,
+                   np.asarray(n) - 1).astype(np.int32)
+
+
+def draw_samples(rng: np.random.Generator, n: int, w: np.ndarray, b: np.ndarray,
+                 v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` samples of the client with model ``w, b`` and input mean ``v``: float64 inputs
+    ``x ~ N(v, Sigma)`` (``Sigma_jj = j^-1.2``) drawn from ``rng``, int64 labels
+    ``argmax(w x + b)``."""
+    sd = np.arange(1, v.shape[-1] + 1, dtype=np.float64) ** (-1.2 / 2)  # sqrt of Sigma_jj
+    x = v + rng.standard_normal((n, v.shape[-1])) * sd
+    return x, np.argmax(x @ w.T + b, axis=1).astype(np.int64)
+
+
 def make_synthetic(
     alpha: float = 1.0,
     beta: float = 1.0,
@@ -64,17 +98,8 @@ def make_synthetic(
     max_samples_per_client: int | None = None,
 ) -> DatasetSplits:
     """Build Synthetic(alpha, beta) with one natural group per client (deterministic in seed)."""
-    if num_clients < 1 or dim < 1 or num_classes < 2:
-        raise ValueError(
-            f"need num_clients >= 1, dim >= 1, num_classes >= 2; got {num_clients}, {dim}, "
-            f"{num_classes}"
-        )
-    if not 0.0 < train_fraction < 1.0:
-        raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
-    if max_samples_per_client is not None and max_samples_per_client < 2:
-        raise ValueError(f"max_samples_per_client must be >= 2, got {max_samples_per_client}")
-    if alpha < 0 or beta < 0:
-        raise ValueError(f"alpha and beta must be >= 0, got {alpha}, {beta}")
+    check_synthetic(alpha, beta, num_clients, dim, num_classes, train_fraction,
+                    max_samples_per_client)
     check_allocation(synthetic_nbytes(num_clients, dim, num_classes, max_samples_per_client),
                      f"data.options.num_clients: {num_clients} synthetic clients of dim {dim}")
     rng = np.random.default_rng(seed)
@@ -89,14 +114,12 @@ def make_synthetic(
         b = u[:, None] + rng.standard_normal((k, c))
         big_b = rng.normal(0.0, beta, k)
         v = big_b[:, None] + rng.standard_normal((k, dim))
-    sd = np.arange(1, dim + 1, dtype=np.float64) ** (-1.2 / 2)  # sqrt of Sigma_jj = j^-1.2
     sizes = client_sizes_lognormal(k, rng, min_samples=50, max_samples=max_samples_per_client)
 
     parts: dict[str, list[np.ndarray]] = {n: [] for n in ("xtr", "ytr", "gtr", "xte", "yte", "gte")}
     for i, n in enumerate(sizes.tolist()):
-        x = v[i] + rng.standard_normal((n, dim)) * sd
-        y = np.argmax(x @ w[i].T + b[i], axis=1)
-        n_tr = min(max(int(round(train_fraction * n)), 1), n - 1)
+        x, y = draw_samples(rng, n, w[i], b[i], v[i])
+        n_tr = int(train_count(n, train_fraction))
         for tag, sl in (("tr", slice(0, n_tr)), ("te", slice(n_tr, n))):
             parts["x" + tag].append(x[sl])
             parts["y" + tag].append(y[sl])
