@@ -19,17 +19,16 @@ averaged as in FedAvg and kept as its θ_i; the client's evaluated model is θ̂
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
-from fedforge.algorithms.base import FinalizeInputs, Part
+from fedforge.algorithms.base import FinalizeInputs
 from fedforge.algorithms.defaults import defaults_from
 from fedforge.algorithms.personal.base import NAME, Personal, PersonalAlgorithm, Phase, Train
 from fedforge.algorithms.personal.batch import step_batch
-from fedforge.algorithms.personal.stateful import clone, stepping
+from fedforge.algorithms.personal.stateful import PersonalStatePart, clone, stepping
 from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import RoundContext, Transform
 from fedforge.core.schedules import ScheduleLike
@@ -73,17 +72,8 @@ def ala(eta: float, rand_percent: float) -> Transform:
     return stepping("ala", init, step)
 
 
-class ALAPart(Part):
+class ALAPart(PersonalStatePart):
     """Keeps the client's trained model as its θ_i and the weights ``begin`` learned."""
-
-    name = NAME
-    sends_uploads = False
-
-    def __init__(self, init: Callable[[Params], dict]) -> None:
-        self.init = init
-
-    def client_init(self, params: Params) -> dict:
-        return self.init(params)
 
     def finalize(self, fin: FinalizeInputs) -> tuple[dict, dict]:
         return {"local": dict(fin.params),

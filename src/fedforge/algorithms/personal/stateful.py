@@ -35,9 +35,9 @@ class BatchPersonal(Personal):
         return ctx.global_params, ctx
 
 
-class OptimizerStatePart(Part):
-    """Keeps, in the client store, the entries ``init(params)`` names, read back from the
-    local optimizer's final state (the same keys, top level)."""
+class PersonalStatePart(Part):
+    """The client's personal state in the client store (under the personal name, nothing
+    uploaded), started by ``init(params)``; a subclass's ``finalize`` says what it keeps."""
 
     name = NAME
     sends_uploads = False
@@ -47,6 +47,11 @@ class OptimizerStatePart(Part):
 
     def client_init(self, params: Params) -> dict:
         return self.init(params)
+
+
+class OptimizerStatePart(PersonalStatePart):
+    """Keeps, in the client store, the entries ``init(params)`` names, read back from the
+    local optimizer's final state (the same keys, top level)."""
 
     def finalize(self, fin: FinalizeInputs) -> tuple[dict, dict]:
         return {k: fin.opt_state[k] for k in fin.ctx.client_state.get(NAME, {})}, {}
