@@ -70,6 +70,13 @@ def run(algorithm, loss, params, x_all, y_all, schedule, engine=None):
     return out
 
 
+def run_rows(algorithm, loss, params, engine=None, schedule=SCHEDULE,
+             batch: int | None = None):
+    """:func:`run` on the samples ``ROWS`` (no labels) over ``batches(schedule, batch)``."""
+    x, y = torch.tensor(ROWS), torch.zeros(len(ROWS), dtype=torch.long)
+    return run(algorithm, loss, params, x, y, batches(schedule, batch), engine)
+
+
 def samples(schedule=SCHEDULE, batch: int | None = None):
     """The reference's view of the schedule: per round [(client, [[sample, ...] per step])]
     with padded steps dropped."""

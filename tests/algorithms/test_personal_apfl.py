@@ -10,15 +10,7 @@ import pytest
 import torch
 
 from fedforge.algorithms import build_algorithm
-from tests.algorithms.personal_rounds import (
-    ENGINES,
-    ROWS,
-    batches,
-    quad_grad,
-    quadratic,
-    run,
-    samples,
-)
+from tests.algorithms.personal_rounds import ENGINES, ROWS, quad_grad, quadratic, run_rows, samples
 
 LR, ALPHA_LR, A0, W0 = 0.1, 0.05, 0.3, np.array([0.4, -0.3])
 LOSS = quadratic(lambda p: p["w"])
@@ -50,8 +42,7 @@ def reference(adaptive: bool, alpha_lr: float = ALPHA_LR):
 def _run(adaptive: bool, engine=None, alpha_lr: float = ALPHA_LR):
     algorithm = build_algorithm("apfl", local_lr=LR, alpha=A0, alpha_lr=alpha_lr,
                                 adaptive_alpha=adaptive)
-    x, y = torch.tensor(ROWS), torch.zeros(len(ROWS), dtype=torch.long)
-    return algorithm, run(algorithm, LOSS, {"w": W0}, x, y, batches(batch=2), engine)
+    return algorithm, run_rows(algorithm, LOSS, {"w": W0}, engine, batch=2)
 
 
 @pytest.mark.parametrize("adaptive", [True, False])

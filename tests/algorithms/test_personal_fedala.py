@@ -20,10 +20,9 @@ from tests.algorithms.personal_rounds import (
     ENGINES,
     ROWS,
     SCHEDULE,
-    batches,
     quad_grad,
     quadratic,
-    run,
+    run_rows,
     samples,
 )
 
@@ -71,8 +70,7 @@ def reference(percent=PERCENT, eta=ETA, schedule=SCHEDULE, upper=1.0):
 
 def _run(engine=None, percent=PERCENT, eta=ETA, schedule=SCHEDULE):
     algorithm = build_algorithm("fedala", local_lr=LR, eta=eta, rand_percent=percent)
-    x, y = torch.tensor(ROWS), torch.zeros(len(ROWS), dtype=torch.long)
-    return algorithm, run(algorithm, LOSS, P0, x, y, batches(schedule), engine)
+    return algorithm, run_rows(algorithm, LOSS, P0, engine, schedule)
 
 
 def test_fedala_matches_adaptive_local_aggregation():

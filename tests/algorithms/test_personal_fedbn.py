@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from torch import nn
 
 from fedforge.algorithms import build_algorithm
@@ -17,15 +16,7 @@ from fedforge.algorithms.personal.fedbn import NORM_LAYERS, norm_patterns
 from fedforge.algorithms.personal.split import head_names
 from fedforge.experiment.config import algorithm_kwargs, load_config
 from fedforge.models import MODELS, build_model
-from tests.algorithms.personal_rounds import (
-    ENGINES,
-    ROWS,
-    batches,
-    quad_grad,
-    quadratic,
-    run,
-    samples,
-)
+from tests.algorithms.personal_rounds import ENGINES, ROWS, quad_grad, quadratic, run_rows, samples
 
 LR = 0.05
 P0 = {"conv": np.array([0.4, -0.3]), "gn.weight": np.array([0.1, 0.2]),
@@ -56,8 +47,7 @@ def reference():
 
 def _run(engine=None, norm=("gn.*",)):
     algorithm = build_algorithm("fedbn", local_lr=LR, norm=list(norm))
-    x, y = torch.tensor(ROWS), torch.zeros(len(ROWS), dtype=torch.long)
-    return run(algorithm, LOSS, P0, x, y, batches(), engine)
+    return run_rows(algorithm, LOSS, P0, engine)
 
 
 def test_fedbn_keeps_the_normalisation_leaves_local():

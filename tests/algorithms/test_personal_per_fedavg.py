@@ -13,15 +13,7 @@ import torch
 from fedforge.algorithms import build_algorithm
 from fedforge.algorithms.personal.perfedavg import _per_fedavg
 from fedforge.client.transforms import RoundContext, local_step
-from tests.algorithms.personal_rounds import (
-    ENGINES,
-    ROWS,
-    batches,
-    quad_grad,
-    quadratic,
-    run,
-    samples,
-)
+from tests.algorithms.personal_rounds import ENGINES, ROWS, quad_grad, quadratic, run_rows, samples
 
 ALPHA, BETA, DELTA, W0 = 0.2, 0.3, 1e-3, np.array([0.4, -0.3])
 LOSS = quadratic(lambda p: p["w"])
@@ -61,8 +53,7 @@ def _run(variant: str, engine=None, **hparams):
     extra = {"delta": DELTA} if variant == "hf" else {}
     algorithm = build_algorithm(f"per_fedavg_{variant}", local_lr=ALPHA, beta=BETA, **extra,
                                 **hparams)
-    x, y = torch.tensor(ROWS), torch.zeros(len(ROWS), dtype=torch.long)
-    return algorithm, run(algorithm, LOSS, {"w": W0}, x, y, batches(batch=3), engine)
+    return algorithm, run_rows(algorithm, LOSS, {"w": W0}, engine, batch=3)
 
 
 @pytest.mark.parametrize("variant", ["fo", "hf"])

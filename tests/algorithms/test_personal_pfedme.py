@@ -11,15 +11,7 @@ import pytest
 import torch
 
 from fedforge.algorithms import build_algorithm
-from tests.algorithms.personal_rounds import (
-    ENGINES,
-    ROWS,
-    batches,
-    quad_grad,
-    quadratic,
-    run,
-    samples,
-)
+from tests.algorithms.personal_rounds import ENGINES, ROWS, quad_grad, quadratic, run_rows, samples
 
 LR, P_LR, LAM, K, MU, BETA = 0.1, 0.05, 2.0, 3, 0.01, 0.7
 W0 = np.array([0.4, -0.3])
@@ -47,8 +39,7 @@ def reference():
 def _run(engine=None):
     algorithm = build_algorithm("pfedme", local_lr=LR, personal_lr=P_LR, lam=LAM,
                                 inner_steps=K, mu=MU, beta=BETA)
-    x, y = torch.tensor(ROWS), torch.zeros(len(ROWS), dtype=torch.long)
-    return algorithm, run(algorithm, LOSS, {"w": W0}, x, y, batches(batch=2), engine)
+    return algorithm, run_rows(algorithm, LOSS, {"w": W0}, engine, batch=2)
 
 
 def test_pfedme_matches_the_papers_local_and_server_steps():
