@@ -120,11 +120,13 @@ def fedforge_round(engine, model, x, y, idx, precision: str = "fp32", algo=None,
 
 def make_engine(engine: str, chunk, compile_=False, cohort: int = 1,
                 channels_last: bool = False):
-    """The fedforge engine a benchmark row names; ``auto`` is given a 1000-round budget."""
+    """The fedforge engine a benchmark row names; ``auto`` is given a 1000-round budget and,
+    as under ``fedforge run``, may start worker processes (without them it lost to the plain
+    floor of two single-threaded processes on every small conv net)."""
     if engine == "loop":
         return LoopEngine(channels_last=channels_last)
     if engine == "auto":
-        return AutoEngine(chunk_size=chunk, budget_updates=1000 * cohort)
+        return AutoEngine(chunk_size=chunk, budget_updates=1000 * cohort, allow_processes=True)
     if engine == "procs":  # one single-threaded worker per CPU, each running the loop
         return ProcessEngine(channels_last=channels_last)
     return VmapEngine(chunk_size=chunk, compile=compile_)
