@@ -515,7 +515,8 @@ def bench(
              "fedforge,plain,flower): the config as a fedforge run, as a plain PyTorch FedAvg "
              "loop and on Flower's simulation engine, each stopped at the target. "
              "pfl-cifar10 (default fedforge,pfl,flower,plain): fedforge (engine auto) or "
-             "fedforge:loop|vmap|procs, pfl, flower, plain")] = None,
+             "fedforge:loop|vmap|procs, pfl, flower, plain, each optionally ending in "
+             ":bf16 (that row in bf16)")] = None,
     device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
     chunk: Annotated[str, typer.Option(help="vmap chunk size or auto")] = "auto",
     repeats: Annotated[int, typer.Option(help="timed repetitions after a warm-up")] = 1,

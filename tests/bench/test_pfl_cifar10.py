@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from fedforge.bench import pfl_cifar10
 from fedforge.bench.pfl_cifar10 import (
     HEADER,
     PFL_CIFAR10,
@@ -74,3 +75,19 @@ def _cpu():
     import torch
 
     return torch.device("cpu")
+
+
+def test_a_bf16_row_runs_in_bf16_beside_fp32_rows(tmp_path, monkeypatch):
+    """``fedforge:procs:bf16`` and ``pfl`` in one interleaved run: the row's own precision
+    reaches its process, the suffix never reaches the framework's engine name."""
+    assert parse_frameworks("fedforge:procs:bf16,pfl,pfl:bf16") == [
+        "fedforge:procs:bf16", "pfl", "pfl:bf16"]
+    with pytest.raises(ValueError, match="--engines"):
+        parse_frameworks("fedforge:bf16:procs")
+    sent = {}
+    monkeypatch.setattr(pfl_cifar10, "launch", lambda module, spec, stem, timeout_s,
+                        python: (sent.update({stem.name: spec}), (0, "failed: stub"))[1])
+    for name in ("fedforge:procs:bf16", "pfl"):
+        pfl_cifar10.run_one(name, {"precision": "fp32"}, tmp_path, sys.executable, 1.0)
+    assert sent["fedforge-procs-bf16"] == {"precision": "bf16", "framework": "fedforge:procs"}
+    assert sent["pfl"] == {"precision": "fp32", "framework": "pfl"}

@@ -150,18 +150,26 @@ class Run:
     error: str | None = None
 
 
+def row_precision(name: str) -> tuple[str, str | None]:
+    """A row's name without its ``:bf16`` suffix, and that precision (None: ``--precision``)."""
+    return (name[:-len(":bf16")], "bf16") if name.endswith(":bf16") else (name, None)
+
+
 def parse_frameworks(text: str) -> list[str]:
     """``--engines`` for this workload: ``fedforge[:engine]``, ``pfl``, ``flower``,
-    ``plain``; a one-line ``ValueError`` naming the option otherwise."""
+    ``plain``, each optionally with ``:bf16`` (that row in bf16 whatever ``--precision``
+    says, so bf16 and fp32 rows share one interleaved run); a one-line ``ValueError`` naming
+    the option otherwise."""
     names = [t.strip() for t in text.split(",") if t.strip()]
     if not names:
         raise ValueError("--engines: no framework given")
     for name in names:
-        base, _, engine = name.partition(":")
+        base, _, engine = row_precision(name)[0].partition(":")
         if base not in FRAMEWORKS or (engine and (base != "fedforge"
                                                   or engine not in FEDFORGE_ENGINES)):
             raise ValueError(f"--engines: unknown entry {name!r}; expected fedforge[:"
-                             f"{'|'.join(FEDFORGE_ENGINES)}], pfl, flower or plain")
+                             f"{'|'.join(FEDFORGE_ENGINES)}], pfl, flower or plain, each "
+                             "optionally followed by :bf16")
     if len(set(names)) != len(names):
         raise ValueError(f"--engines: an entry is named twice in {text!r}")
     return names
@@ -256,8 +264,10 @@ def launch(module: str, spec: dict, stem: Path, timeout_s: float,
 def run_one(name: str, spec: dict, folder: Path, python: str, timeout_s: float) -> Run:
     """``name`` in a fresh subprocess of ``python``; polls its process tree's memory."""
     stem = folder / name.replace(":", "-")
-    peak, why = launch("fedforge.bench.pfl_cifar10_run", {**spec, "framework": name}, stem,
-                       timeout_s, python)
+    framework, precision = row_precision(name)
+    peak, why = launch("fedforge.bench.pfl_cifar10_run",
+                       {**spec, "framework": framework, "precision": precision
+                        or spec["precision"]}, stem, timeout_s, python)
     if why is not None:
         return Run(name, error=why)
     res = json.loads(Path(f"{stem}.out").read_text())
@@ -292,6 +302,8 @@ def run_pfl_cifar10(frameworks: list[str], out: Path, *, data_root: str | Path |
                 python = peer_python if base == "pfl" else sys.executable
                 runs[name].append(run_one(name, spec, out, python, timeout_s))
     rows = summarize(frameworks, runs, why, work)
+    mixed = " (rows ending in :bf16: bf16)" if any(row_precision(n)[1] for n in frameworks) \
+        else ""
     versions: dict = {}
     for group in runs.values():
         for r in group:
@@ -299,7 +311,7 @@ def run_pfl_cifar10(frameworks: list[str], out: Path, *, data_root: str | Path |
     note = (f"Workload: {work.users} users x {work.per_user} images, cohort {work.cohort}, "
             f"{work.epochs} epoch of batch {work.batch} ({work.steps} steps), local lr "
             f"{work.local_lr}, FedAvg (central lr {work.central_lr}), {work.model}, "
-            f"{precision}; data: {data['source']}, test set {work.test_size}. Groups: "
+            f"{precision}{mixed}; data: {data['source']}, test set {work.test_size}. Groups: "
             f"{groups}, each with {warmup} warm-up + {iterations} timed iterations per "
             f"framework in a fresh process, round-robin. Cores: {os.cpu_count()}; load average "
             f"(1, 5, 15 min) before {_load(load_before)}, after {_load(os.getloadavg())}. "
