@@ -160,7 +160,7 @@ def test_dataset_error_is_value_error():
     assert issubclass(DatasetError, ValueError)
 
 
-# --- issue 11: wrong shapes, out-of-range labels, pickled arrays, count mismatches ----------
+# --- wrong shapes, out-of-range labels, pickled arrays, count mismatches ----------
 
 
 def _cifar_dir(tmp_path: Path, images: np.ndarray, labels: np.ndarray) -> Path:

@@ -1,4 +1,4 @@
-"""FedAST and Sync-ST on 2 gloo ranks equal the one-process run (issue 10).
+"""FedAST and Sync-ST on 2 gloo ranks equal the one-process run.
 
 Async: rank 0 simulates and scatters each batch of dispatched jobs; the event log must be
 the same event for event and the evaluations equal to float tolerance. Sync: every rank runs

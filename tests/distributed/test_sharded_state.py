@@ -1,14 +1,17 @@
-"""Per-client state sharded by client id over 2 gloo ranks (issue 10).
+"""Per-client state sharded by client id over 2 gloo ranks.
 
 The store test checks the layout by hand (rank r holds clients r, r+2, ...); the run test
 checks that a 2-rank SCAFFOLD run (state in every client) writes the same checkpoint as one
 process, and that checkpoints resume across world sizes both ways (2 ranks -> 1 process and
-1 process -> 2 ranks) to the same model and client states.
+1 process -> 2 ranks) to the same model and client states, and that an unfinished first commit
+of ``latest.json`` is finished by the writing rank alone.
 """
 
+import json
 import os
 import socket
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -18,6 +21,7 @@ from fedforge.core.checkpoint import load_checkpoint
 from fedforge.core.tree import flatten_dict
 from fedforge.engine.distributed import ShardedClientStore
 from fedforge.experiment.config import load_config
+from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.runner import run_experiment
 
 N = 7  # odd: the shards differ in length (4 and 3 rows)
@@ -114,3 +118,36 @@ def test_two_ranks_shard_state_and_checkpoint_like_one_process(tmp_path):
     _spawn(_run_worker, str(one), "rounds=3")
     assert load_checkpoint(one / "checkpoints")[1]["round"] == 3
     _assert_same(two, one)
+
+
+def _resume_worker(rank, port, out):
+    """Resume on 2 ranks; rank 1 must not write the shared folder's ``latest.json``."""
+    import fedforge.experiment.checkpoint as checkpoints
+
+    def refuse(*_args):
+        raise AssertionError("rank 1 wrote latest.json")
+
+    _init(rank, port)
+    torch.set_num_threads(1)
+    if rank == 1:
+        checkpoints.commit_latest = refuse
+    run_experiment(_cfg("engine.name=distributed", "engine.chunk_size=2", "rounds=3"), out,
+                   resume=True, progress=False)
+    _leave()
+
+
+@pytest.mark.slow
+def test_two_ranks_finish_an_unfinished_first_commit_once(tmp_path):
+    """A kill while the first ``latest.json`` was written: rank 0 alone finishes the commit
+    (the ranks share its folder), and the resumed run logs what an uninterrupted one does."""
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    _spawn(_run_worker, str(whole), "rounds=3")  # resume=True on an empty folder: a new run
+    _spawn(_run_worker, str(cut), "rounds=2")
+    (cut / "checkpoints" / "latest.json").unlink()
+    (cut / "checkpoints" / "latest.json.tmp").write_text('{"torn": ')
+    _spawn(_resume_worker, str(cut))
+    assert load_checkpoint(cut / "checkpoints")[1]["round"] == 3
+    _assert_same(cut, whole)
+    metrics = [[without_wall_clock(json.loads(x)) for x in (run / "metrics.jsonl")
+                .read_text().splitlines()] for run in (cut, whole)]
+    assert metrics[0] == metrics[1]

@@ -54,7 +54,7 @@ def drive(cfg: RunConfig, folder: RunFolder, build: Callable[[], Driver], *,
     with claim_run_dir(folder.out, lambda path: dump_config(cfg, path), resume=resume,
                        overwrite=overwrite, may_change=may_change):
         driver = build()
-        if resume and resumable(folder.checkpoints):
+        if resume and resume_point(folder):
             driver.load_state_dict(*read_checkpoint(driver))
         driver.start()
         metrics = open_log(folder, driver.state)
@@ -73,6 +73,21 @@ def drive(cfg: RunConfig, folder: RunFolder, build: Callable[[], Driver], *,
                 show(records)
         driver.summarise()
         return metrics.records
+
+
+def resume_point(folder: RunFolder) -> bool:
+    """Whether the run continues from a checkpoint (:func:`resumable`). Where the ranks share
+    one checkpoint folder, only the rank that writes it may finish an unfinished first commit
+    of ``latest.json``; the others look after it has (or has found nothing to continue)."""
+    if not folder.shared:
+        return resumable(folder.checkpoints)
+    if folder.writes:
+        try:
+            return resumable(folder.checkpoints)
+        finally:
+            barrier()
+    barrier()
+    return resumable(folder.checkpoints)
 
 
 def open_log(folder: RunFolder, state: RunState) -> MetricsWriter:
