@@ -91,3 +91,19 @@ def test_a_bf16_row_runs_in_bf16_beside_fp32_rows(tmp_path, monkeypatch):
         pfl_cifar10.run_one(name, {"precision": "fp32"}, tmp_path, sys.executable, 1.0)
     assert sent["fedforge-procs-bf16"] == {"precision": "bf16", "framework": "fedforge:procs"}
     assert sent["pfl"] == {"precision": "fp32", "framework": "pfl"}
+
+
+def test_lazy_images_are_the_normalised_rows():
+    """Flower's actors read batches of the uint8 file normalised on access: the same values
+    as the rows of the normalised array, bit for bit."""
+    import numpy as np
+    import torch
+
+    from fedforge.bench.pfl_cifar10_run import LazyImages, normalised
+
+    raw = np.random.default_rng(0).integers(0, 256, (7, 3, 4, 4), dtype=np.uint8)
+    norm = (np.asarray([0.49, 0.48, 0.45], np.float32).reshape(1, 3, 1, 1),
+            np.asarray([0.25, 0.24, 0.26], np.float32).reshape(1, 3, 1, 1))
+    rows = torch.tensor([5, 0, 3])
+    assert torch.equal(LazyImages(raw, norm)[rows], normalised(raw, norm)[rows])
+    assert not torch.equal(normalised(raw, norm)[rows], normalised(raw, norm)[[5, 0, 2]])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -34,23 +35,46 @@ def _array(path: Path, mmap: bool = False) -> np.ndarray:
 
 
 class Data:
-    """The prepared arrays, normalised with the training set's channel statistics."""
+    """The prepared arrays, normalised with the training set's channel statistics.
 
-    def __init__(self, spec: dict, train: bool = True) -> None:
+    ``lazy``: the training images stay the memory-mapped uint8 file and a batch is normalised
+    when it is read (:class:`LazyImages`, to the same values), so a process that trains a few
+    users at a time does not hold the whole set in float32. Flower's actors load it so: each
+    holding its own float32 copy (0.6 GB, 2.4 GB while it is made) pushed the machine past
+    Ray's memory threshold, and the updates of the actors Ray killed were left out of the
+    average."""
+
+    def __init__(self, spec: dict, train: bool = True, lazy: bool = False) -> None:
         folder = Path(spec["data"])
         mean = np.asarray(spec["mean"], np.float32).reshape(1, 3, 1, 1)
         std = np.asarray(spec["std"], np.float32).reshape(1, 3, 1, 1)
         self.norm = (mean, std)
         if train:  # Flower's driver process only evaluates
-            self.x = self.images(_array(folder / "train_x.npy", mmap=True))
+            raw = _array(folder / "train_x.npy", mmap=True)
+            self.x = LazyImages(raw, self.norm) if lazy else self.images(raw)
             self.y = torch.from_numpy(_array(folder / "train_y.npy"))
         self.test_x = self.images(_array(folder / "test_x.npy", mmap=True))
         self.test_y = torch.from_numpy(_array(folder / "test_y.npy"))
 
     def images(self, raw: np.ndarray) -> torch.Tensor:
-        mean, std = self.norm
-        return torch.from_numpy(((raw.astype(np.float32) / 255.0 - mean) / std)
-                                .astype(np.float32))
+        return normalised(raw, self.norm)
+
+
+def normalised(raw: np.ndarray, norm: tuple[np.ndarray, np.ndarray]) -> torch.Tensor:
+    """uint8 images -> float32, scaled to [0, 1] and standardised per channel."""
+    mean, std = norm
+    return torch.from_numpy(((raw.astype(np.float32) / 255.0 - mean) / std).astype(np.float32))
+
+
+class LazyImages:
+    """uint8 images normalised when rows are read: ``images[rows]`` equals the same rows of
+    the normalised array, element for element."""
+
+    def __init__(self, raw: np.ndarray, norm: tuple[np.ndarray, np.ndarray]) -> None:
+        self.raw, self.norm = raw, norm
+
+    def __getitem__(self, rows: torch.Tensor) -> torch.Tensor:
+        return normalised(self.raw[np.asarray(rows)], self.norm)
 
 
 def initial_model(work: Workload) -> nn.Module:
@@ -281,6 +305,22 @@ def run_pfl(spec: dict, work: Workload, data: Data, clock: Clock
 _ACTOR: dict = {}  # per Flower actor process: the data and a model, loaded once
 
 
+def flower_actor(spec: dict, work: Workload) -> tuple[Data, nn.Module]:
+    """This Flower actor process's data and model, loaded on its first client.
+
+    Module level, and called by its module's name: Flower's Ray backend sends the ClientApp
+    with every message, and a function nested in :func:`run_flower` (or one of ``__main__``,
+    which this module is in its subprocess) arrives with its own copy of ``_ACTOR``
+    (cloudpickle copies such a function's globals), so every client would load the data
+    again; this one is imported in the actor and its cache is the process's."""
+    if not _ACTOR:
+        print(f"flower actor {os.getpid()}: loading the training set", file=sys.stderr,
+              flush=True)  # once per actor process: the log shows it
+        torch.set_num_threads(1)
+        _ACTOR.update(data=Data(spec, lazy=True), net=initial_model(work))
+    return _ACTOR["data"], _ACTOR["net"]
+
+
 def run_flower(spec: dict, work: Workload, data: Data, clock: Clock
                ) -> tuple[nn.Module, str, dict]:
     """Flower's FedAvg on its simulation engine: one supernode per user, the cohort's
@@ -302,16 +342,13 @@ def run_flower(spec: dict, work: Workload, data: Data, clock: Clock
     except ImportError as e:  # the parent checks first; this is for a direct call
         raise RuntimeError('the flower row needs pip install "fedforge[bench]"') from e
 
+    # by its module's name, not this process's __main__: pickled by reference (see the function)
+    from fedforge.bench.pfl_cifar10_run import flower_actor
+
     net = initial_model(work)
     rounds = spec["warmup"] + spec["iterations"]
-    state: dict = {}
+    state: dict = {"failed": 0}
     client_app = ClientApp()
-
-    def actor() -> tuple[Data, nn.Module]:
-        if not _ACTOR:
-            torch.set_num_threads(1)
-            _ACTOR.update(data=Data(spec), net=initial_model(work))
-        return _ACTOR["data"], _ACTOR["net"]
 
     @client_app.query()
     def query(msg: Message, context: Context) -> Message:
@@ -321,7 +358,7 @@ def run_flower(spec: dict, work: Workload, data: Data, clock: Clock
 
     @client_app.train()
     def train(msg: Message, context: Context) -> Message:
-        data, cnet = actor()
+        data, cnet = flower_actor(spec, work)
         user = int(context.node_config["partition-id"])
         cnet.load_state_dict(msg.content["arrays"].to_torch_state_dict())
         train_user(cnet, data, work, user, spec["precision"])
@@ -330,7 +367,13 @@ def run_flower(spec: dict, work: Workload, data: Data, clock: Clock
                        reply_to=msg)
 
     class CohortFedAvg(FedAvg):
-        """Flower's FedAvg on the nodes of the benchmark's cohort."""
+        """Flower's FedAvg on the nodes of the benchmark's cohort; counts failed replies,
+        which Flower's FedAvg leaves out of the average."""
+
+        def aggregate_train(self, server_round, replies):
+            replies = list(replies)
+            state["failed"] += sum(m.has_error() for m in replies)
+            return super().aggregate_train(server_round, replies)
 
         def configure_train(self, server_round, arrays, config, grid):
             return [Message(RecordDict({"arrays": arrays, "config": ConfigRecord(
@@ -362,6 +405,9 @@ def run_flower(spec: dict, work: Workload, data: Data, clock: Clock
 
     run_simulation(server_app=server_app, client_app=client_app, num_supernodes=work.users,
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+    if state["failed"]:  # its model would not be FedAvg's over the whole cohort
+        raise RuntimeError(f"flower: {state['failed']} of {rounds * work.cohort} client updates "
+                           "failed (Ray's log above says why); the row is not reported")
     from fedforge.engine.procs import default_workers
 
     return net, f"{default_workers()} actors x 1 thread", {"flwr": md.version("flwr")}
