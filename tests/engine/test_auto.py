@@ -209,8 +209,8 @@ def _clients_timed_per_process_call(monkeypatch, timings: dict, best: dict,
     monkeypatch.setattr(AutoEngine, "build", lambda self, cand: ProcessEngine(workers=1))
     timed = []
     monkeypatch.setattr(auto_mod, "_ms_per_update",
-                        lambda eng, a, l, x, y, inputs: timed.append(inputs.sample_idx.shape[0])
-                        or 1.0)
+                        lambda eng, a, l, x, y, inputs, *_: timed.append(
+                            inputs.sample_idx.shape[0]) or 1.0)
     engine = AutoEngine(budget_updates=10**9)
     engine.timings = dict(timings)
     inputs = CohortInputs(dict(model.named_parameters()), {}, {}, {}, idx, w,
@@ -233,14 +233,15 @@ def test_a_fast_models_workers_are_timed_on_enough_clients(monkeypatch, loop_ms,
 def test_workers_are_sized_by_the_loops_time_not_the_in_process_winners(monkeypatch):
     """A vmap winner at 10 ms would ask 10 clients of each worker (0.2 s reserved); the workers
     run the loop, whose faster layout takes 250 ms, so they are timed on 4 each and the
-    calibration keeps 2 s for that."""
+    calibration keeps 3 s for that."""
     timed, engine = _clients_timed_per_process_call(
         monkeypatch, {"loop": 500.0, "loop channels_last": 250.0,
                       "vmap chunk 8 conv native": 10.0},
         {"engine": "vmap", "chunk": 8, "conv": "native"}, 10.0)
     assert timed[0] == 2 * 4
     assert engine._fastest_loop(10.0) == ("channels_last", 250.0)
-    assert engine._process_reserve_s(2, 250.0) == pytest.approx(2 * 4 * 0.25)
+    # a warm-up and PROCESS_TIMED_CALLS (2) timed calls of 4 clients at 250 ms
+    assert engine._process_reserve_s(2, 250.0) == pytest.approx(3 * 4 * 0.25)
 
 
 @pytest.mark.slow  # spawns worker processes
@@ -307,3 +308,33 @@ def test_calibration_leaves_the_worker_processes_their_share(monkeypatch):
     engine = AutoEngine(budget_updates=5000, allow_processes=True)
     _run(algo, engine, model, x, y, idx, w)
     assert seen["left_s"] >= auto_mod.PROCESS_START_S
+
+
+def test_worker_processes_are_timed_by_their_fastest_call(monkeypatch):
+    """One slow moment must not decide a pick: worker processes are timed by the best of
+    ``PROCESS_TIMED_CALLS`` calls after the warm-up, in-process candidates by one."""
+    class Slow:
+        def __init__(self):
+            self.sleeps = [0.0, 0.12, 0.02]  # warm-up, a call during a load spike, a quiet one
+
+        def run_cohort(self, *args):
+            time.sleep(self.sleeps.pop(0))
+
+    sub = type("Sub", (), {"sample_idx": torch.zeros(4, 1, 1)})()
+    assert auto_mod.PROCESS_TIMED_CALLS == 2
+    fastest = auto_mod._ms_per_update(Slow(), None, None, None, None, sub,
+                                      auto_mod.PROCESS_TIMED_CALLS)
+    assert 20.0 / 4 <= fastest < 60.0 / 4  # the quiet call: 5 ms per update, not 30
+    assert auto_mod._ms_per_update(Slow(), None, None, None, None, sub) >= 120.0 / 4
+    model, (x, y, idx, w), algo = _setup()
+    monkeypatch.setattr(auto_mod, "PROCESS_START_S", 0.0)
+    monkeypatch.setattr(AutoEngine, "build", lambda self, cand: ProcessEngine(workers=1))
+    calls = []
+    monkeypatch.setattr(auto_mod, "_ms_per_update", lambda *a: calls.append(a[6:]) or 1.0)
+    inputs = CohortInputs(dict(model.named_parameters()), {}, {}, {}, idx, w,
+                          torch.full((idx.shape[0],), 0.25))
+    engine = AutoEngine(budget_updates=10**9)
+    engine._time_processes(algo, None, x, y, inputs, (
+        {"engine": "loop", "chunk": 1, "conv": "native"}, LoopEngine()), 10.0, 2,
+        time.perf_counter())
+    assert calls == [(auto_mod.PROCESS_TIMED_CALLS,)]
