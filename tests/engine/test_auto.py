@@ -299,7 +299,8 @@ def test_calibration_leaves_the_worker_processes_their_share(monkeypatch):
     monkeypatch.setattr(auto_mod, "_ms_per_update", lambda *a: time.sleep(0.2) or 10.0)
     seen = {}
 
-    def record(self, algorithm, loss_fn, x_all, y_all, inputs, best, best_ms, workers, t0):
+    def record(self, algorithm, loss_fn, x_all, y_all, inputs, best, best_ms, workers, t0,
+               **_):
         seen["left_s"] = self._share_s(best_ms) - (time.perf_counter() - t0)
         return best, best_ms
 
@@ -338,3 +339,22 @@ def test_worker_processes_are_timed_by_their_fastest_call(monkeypatch):
         {"engine": "loop", "chunk": 1, "conv": "native"}, LoopEngine()), 10.0, 2,
         time.perf_counter())
     assert calls == [(auto_mod.PROCESS_TIMED_CALLS,)]
+
+
+@pytest.mark.parametrize("reserved", [True, False])
+def test_the_loop_in_processes_is_timed_when_its_share_was_reserved(monkeypatch, reserved):
+    """Past the share (an in-process candidate overran it), the loop in worker processes is
+    still timed when the in-process candidates reserved its share (a CPU conv net), and
+    not otherwise."""
+    model, (x, y, idx, w), algo = _setup()
+    monkeypatch.setattr(AutoEngine, "build", lambda self, cand: ProcessEngine(workers=1))
+    timed = []
+    monkeypatch.setattr(auto_mod, "_ms_per_update",
+                        lambda eng, a, l, x, y, inputs, *_: timed.append(1) or 1.0)
+    inputs = CohortInputs(dict(model.named_parameters()), {}, {}, {}, idx, w,
+                          torch.full((idx.shape[0],), 0.25))
+    engine = AutoEngine(budget_updates=100)  # a share of 2 % x 100 x 10 ms = 0.02 s
+    engine._time_processes(algo, None, x, y, inputs, (
+        {"engine": "loop", "chunk": 1, "conv": "native"}, LoopEngine()), 10.0, 2,
+        time.perf_counter() - 60.0, reserved=reserved)  # a minute past the share
+    assert timed == ([1] if reserved else [])
