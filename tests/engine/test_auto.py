@@ -199,46 +199,49 @@ def test_worker_processes_take_the_loop_layout_that_won_here(monkeypatch, loop_m
     assert [c["conv"] for c in built if c["engine"] == "procs"] == [conv]
 
 
-def _clients_timed_per_process_call(monkeypatch, timings: dict, best: dict,
-                                    best_ms: float) -> tuple[list[int], AutoEngine]:
-    """Run ``_time_processes`` on a cohort of 400 clients with ``timings`` already taken and
-    timing stubbed -> (clients in each timed call of the workers, the engine)."""
+def _process_calls(monkeypatch, timings: dict, best: dict, best_ms: float, *,
+                   budget_updates: int = 10**9, started_s_ago: float = 0.0,
+                   reserved: bool = False) -> tuple[list[tuple[int, tuple]], AutoEngine]:
+    """Run ``_time_processes`` on a cohort of 400 clients with ``timings`` already taken,
+    ``started_s_ago`` seconds into the calibration, and timing stubbed -> (each timed call of
+    the workers as (clients, the timing arguments after them), the engine)."""
     model, (x, y, idx, w), algo = _setup()
     idx, w = idx.repeat(100, 1, 1), w.repeat(100, 1, 1)
     monkeypatch.setattr(auto_mod, "PROCESS_START_S", 0.0)
     monkeypatch.setattr(AutoEngine, "build", lambda self, cand: ProcessEngine(workers=1))
-    timed = []
+    calls = []
     monkeypatch.setattr(auto_mod, "_ms_per_update",
-                        lambda eng, a, l, x, y, inputs, *_: timed.append(
-                            inputs.sample_idx.shape[0]) or 1.0)
-    engine = AutoEngine(budget_updates=10**9)
+                        lambda eng, a, l, x, y, inputs, *extra: calls.append(
+                            (inputs.sample_idx.shape[0], extra)) or 1.0)
+    engine = AutoEngine(budget_updates=budget_updates)
     engine.timings = dict(timings)
     inputs = CohortInputs(dict(model.named_parameters()), {}, {}, {}, idx, w,
                           torch.full((idx.shape[0],), 0.25))
     engine._time_processes(algo, None, x, y, inputs, (best, LoopEngine()), best_ms, 2,
-                           time.perf_counter())
-    return timed, engine
+                           time.perf_counter() - started_s_ago, reserved=reserved)
+    return calls, engine
+
+
+LOOP = {"engine": "loop", "chunk": 1, "conv": "native"}
 
 
 @pytest.mark.parametrize(("loop_ms", "per_worker"), [(500.0, 4), (5.0, 20), (0.5, 200)])
 def test_a_fast_models_workers_are_timed_on_enough_clients(monkeypatch, loop_ms, per_worker):
     """Each worker trains at least 0.1 s per timed call (4 clients at least), so the per-call
     cost does not decide a fast model's timing; capped by the cohort."""
-    timed, _ = _clients_timed_per_process_call(
-        monkeypatch, {"loop": loop_ms}, {"engine": "loop", "chunk": 1, "conv": "native"},
-        loop_ms)
-    assert timed == [min(2 * per_worker, 400)]
+    calls, _ = _process_calls(monkeypatch, {"loop": loop_ms}, LOOP, loop_ms)
+    assert [clients for clients, _ in calls] == [min(2 * per_worker, 400)]
 
 
 def test_workers_are_sized_by_the_loops_time_not_the_in_process_winners(monkeypatch):
     """A vmap winner at 10 ms would ask 10 clients of each worker (0.2 s reserved); the workers
     run the loop, whose faster layout takes 250 ms, so they are timed on 4 each and the
     calibration keeps 3 s for that."""
-    timed, engine = _clients_timed_per_process_call(
+    calls, engine = _process_calls(
         monkeypatch, {"loop": 500.0, "loop channels_last": 250.0,
                       "vmap chunk 8 conv native": 10.0},
         {"engine": "vmap", "chunk": 8, "conv": "native"}, 10.0)
-    assert timed[0] == 2 * 4
+    assert calls[0][0] == 2 * 4
     assert engine._fastest_loop(10.0) == ("channels_last", 250.0)
     # a warm-up and PROCESS_TIMED_CALLS (2) timed calls of 4 clients at 250 ms
     assert engine._process_reserve_s(2, 250.0) == pytest.approx(3 * 4 * 0.25)
@@ -327,18 +330,8 @@ def test_worker_processes_are_timed_by_their_fastest_call(monkeypatch):
                                       auto_mod.PROCESS_TIMED_CALLS)
     assert 20.0 / 4 <= fastest < 60.0 / 4  # the quiet call: 5 ms per update, not 30
     assert auto_mod._ms_per_update(Slow(), None, None, None, None, sub) >= 120.0 / 4
-    model, (x, y, idx, w), algo = _setup()
-    monkeypatch.setattr(auto_mod, "PROCESS_START_S", 0.0)
-    monkeypatch.setattr(AutoEngine, "build", lambda self, cand: ProcessEngine(workers=1))
-    calls = []
-    monkeypatch.setattr(auto_mod, "_ms_per_update", lambda *a: calls.append(a[6:]) or 1.0)
-    inputs = CohortInputs(dict(model.named_parameters()), {}, {}, {}, idx, w,
-                          torch.full((idx.shape[0],), 0.25))
-    engine = AutoEngine(budget_updates=10**9)
-    engine._time_processes(algo, None, x, y, inputs, (
-        {"engine": "loop", "chunk": 1, "conv": "native"}, LoopEngine()), 10.0, 2,
-        time.perf_counter())
-    assert calls == [(auto_mod.PROCESS_TIMED_CALLS,)]
+    calls, _ = _process_calls(monkeypatch, {}, LOOP, 10.0)
+    assert [extra for _, extra in calls] == [(auto_mod.PROCESS_TIMED_CALLS,)]
 
 
 @pytest.mark.parametrize("reserved", [True, False])
@@ -346,15 +339,7 @@ def test_the_loop_in_processes_is_timed_when_its_share_was_reserved(monkeypatch,
     """Past the share (an in-process candidate overran it), the loop in worker processes is
     still timed when the in-process candidates reserved its share (a CPU conv net), and
     not otherwise."""
-    model, (x, y, idx, w), algo = _setup()
-    monkeypatch.setattr(AutoEngine, "build", lambda self, cand: ProcessEngine(workers=1))
-    timed = []
-    monkeypatch.setattr(auto_mod, "_ms_per_update",
-                        lambda eng, a, l, x, y, inputs, *_: timed.append(1) or 1.0)
-    inputs = CohortInputs(dict(model.named_parameters()), {}, {}, {}, idx, w,
-                          torch.full((idx.shape[0],), 0.25))
-    engine = AutoEngine(budget_updates=100)  # a share of 2 % x 100 x 10 ms = 0.02 s
-    engine._time_processes(algo, None, x, y, inputs, (
-        {"engine": "loop", "chunk": 1, "conv": "native"}, LoopEngine()), 10.0, 2,
-        time.perf_counter() - 60.0, reserved=reserved)  # a minute past the share
-    assert timed == ([1] if reserved else [])
+    # a share of 2 % x 100 updates x 10 ms = 0.02 s, a minute past it
+    calls, _ = _process_calls(monkeypatch, {}, LOOP, 10.0, budget_updates=100,
+                              started_s_ago=60.0, reserved=reserved)
+    assert len(calls) == (1 if reserved else 0)

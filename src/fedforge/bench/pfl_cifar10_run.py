@@ -39,10 +39,9 @@ class Data:
 
     ``lazy``: the training images stay the memory-mapped uint8 file and a batch is normalised
     when it is read (:class:`LazyImages`, to the same values), so a process that trains a few
-    users at a time does not hold the whole set in float32. Flower's actors load it so: each
-    holding its own float32 copy (0.6 GB, 2.4 GB while it is made) pushed the machine past
-    Ray's memory threshold, and the updates of the actors Ray killed were left out of the
-    average."""
+    users at a time does not hold the whole set in float32 (0.6 GB each, more while it is
+    made). Flower's actors load it so: at 9 GB each they had passed Ray's memory threshold,
+    and Flower averaged only the updates of the actors Ray did not kill."""
 
     def __init__(self, spec: dict, train: bool = True, lazy: bool = False) -> None:
         folder = Path(spec["data"])

@@ -334,9 +334,8 @@ class AutoEngine(ChunkedEngine):
     def _process_reserve_s(workers: int, loop_ms: float) -> float:
         """What timing the loop in worker processes needs of the share (0 without them):
         their start-up, a warm-up and ``PROCESS_TIMED_CALLS`` timed calls of their clients at
-        ``loop_ms`` each, so the
-        in-process candidates cannot spend it first (processes won every CPU measurement of
-        a conv net)."""
+        ``loop_ms`` each, so the in-process candidates cannot spend it first (processes won
+        every CPU measurement of a conv net)."""
         if workers < 2:
             return 0.0
         calls = 1 + PROCESS_TIMED_CALLS
