@@ -127,3 +127,17 @@ def test_normal_is_box_muller_on_two_wide_streams():
         ref.append(math.sqrt(-2.0 * math.log(u1)) * math.cos(2 * math.pi * u2))
     torch.testing.assert_close(z, torch.tensor(ref, dtype=torch.float64), rtol=1e-12, atol=0)
     assert rng.normal(torch.tensor(key), _t(idx)).dtype == torch.float32
+
+
+def test_int32_words_hash_to_the_same_bits():
+    """The int32 path (two's-complement words, wrapping products, masked shifts) gives the
+    int64 path's bits, on values with the top bit set and on a length with a scalar tail."""
+    values = VALUES + [(v * 0x9E3779B1 + 17) & M for v in range(37)]
+    words = rng.as_int32(_t(values))
+    assert words.dtype == torch.int32
+    assert words.tolist() == [v - 2**32 if v >= 2**31 else v for v in values]
+    assert rng.as_int32(rng.mix32(_t(values))).tolist() == rng.mix32(words).tolist()
+    assert [h & M for h in rng.mix32(words).tolist()] == [fmix32(v) for v in values]
+    key = stream_key_ref(11, 3)
+    got = rng.hash_u32(rng.as_int32(torch.tensor(key)), words)
+    assert [h & M for h in got.tolist()] == [hash_u32_ref(key, v) for v in values]

