@@ -343,3 +343,59 @@ def test_the_loop_in_processes_is_timed_when_its_share_was_reserved(monkeypatch,
     calls, _ = _process_calls(monkeypatch, {}, LOOP, 10.0, budget_updates=100,
                               started_s_ago=60.0, reserved=reserved)
     assert len(calls) == (1 if reserved else 0)
+
+
+@pytest.mark.parametrize("ratio", [2.5, 0.3])  # a load came after calibration, or went
+def test_a_pick_whose_cohorts_drift_from_calibration_is_calibrated_again_once(ratio):
+    engine = AutoEngine(budget_updates=10**6)
+    engine.choice, engine.timings = {"engine": "loop", "conv": "native"}, {"loop": 10.0}
+    engine.engine = LoopEngine()
+    for _ in range(auto_mod.DRIFT_COHORTS - 1):
+        engine.watch(ratio * 10.0 * 4 / 1000, 4)  # 4 clients at ratio x 10 ms
+    assert engine.engine is not None  # not yet: DRIFT_COHORTS in a row
+    engine.watch(1.0 * 10.0 * 4 / 1000, 4)  # one cohort back on time breaks the run
+    for _ in range(auto_mod.DRIFT_COHORTS - 1):
+        engine.watch(ratio * 10.0 * 4 / 1000, 4)
+    assert engine.engine is not None
+    engine.watch(ratio * 10.0 * 4 / 1000, 4)  # now DRIFT_COHORTS in a row
+    assert engine.engine is None and engine.choice is None and engine.rechecks == 1
+    assert engine.state_dict() == {"rechecks": 1}  # a checkpoint here keeps the count
+    engine.choice, engine.timings = {"engine": "loop", "conv": "native"}, {"loop": 10.0}
+    engine.engine = LoopEngine()
+    for _ in range(2 * auto_mod.DRIFT_COHORTS):  # MAX_RECHECKS reached: no third calibration
+        engine.watch(ratio * 10.0 * 4 / 1000, 4)
+    assert engine.engine is not None and engine.rechecks == auto_mod.MAX_RECHECKS
+
+
+def test_cohorts_within_the_drift_factor_keep_the_pick():
+    engine = AutoEngine(budget_updates=10**6)
+    engine.choice, engine.timings = {"engine": "loop", "conv": "native"}, {"loop": 10.0}
+    engine.engine = LoopEngine()
+    for r in [1.9, 0.55, 1.0] * 3:  # inside the factor both ways
+        engine.watch(r * 10.0 * 4 / 1000, 4)
+    assert engine.engine is not None and engine.rechecks == 0
+
+
+def test_a_recalibrated_run_trains_as_the_loop_and_records_the_count(monkeypatch):
+    """The calibration's timings claim the pick is 100x faster than it runs: after
+    DRIFT_COHORTS cohorts the engine calibrates again, and the run is still the loop's; a
+    resume from its checkpoint keeps the count."""
+    model, (x, y, idx, w), algo = _setup()
+    engine = AutoEngine(budget_updates=10**6)
+    calls = []
+    choose = AutoEngine._choose
+
+    def counted(self, *a):
+        calls.append(1)
+        choose(self, *a)
+        self.timings[auto_mod._label(self.choice)] /= 100.0
+
+    monkeypatch.setattr(AutoEngine, "_choose", counted)
+    rounds = auto_mod.DRIFT_COHORTS + 2
+    got = _run(algo, engine, model, x, y, idx, w, rounds=rounds)
+    assert len(calls) == 2 and engine.rechecks == 1
+    assert_same_run(_run(algo, LoopEngine(), model, x, y, idx, w, rounds=rounds), got, rtol=1e-4)
+    assert engine.report()["engine_auto_rechecks"] == 1
+    resumed = AutoEngine(budget_updates=10**6)
+    resumed.load_state_dict(json.loads(json.dumps(engine.state_dict())))
+    assert resumed.rechecks == 1 and resumed.choice == engine.choice

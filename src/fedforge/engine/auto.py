@@ -19,6 +19,10 @@ whichever is fastest. The workers' start-up counts against the calibration's sha
 in-process candidates leave them for a conv net.
 The calibration's results are thrown away (the local update is pure), so the run trains
 exactly as the chosen engine alone would.
+A calibration that ran while another job came or went can pick wrongly, so the engine
+watches its pick: when ``DRIFT_COHORTS`` cohorts in a row take ``DRIFT_FACTOR`` times longer
+or shorter per client update than calibration measured, it calibrates once more (at most
+``MAX_RECHECKS`` times a run) and runs on with the new pick.
 
 Calibration only runs when it costs at most ``max_share`` (2 %) of the run's client updates
 (``budget_updates``, set by the runner to rounds x clients per round), and it skips the
@@ -71,6 +75,13 @@ PROCESS_TIMED_CALLS = 2
 # this share of the run projected at the loop's speed (otherwise the loop runs): a 3-round
 # run of a conv net never starts them, a long one measures rather than assumes that they win
 PROCESS_TRIAL_SHARE = 0.1
+# a pick is calibrated again when this many cohorts in a row ran this factor slower or faster
+# per update than calibration timed it: a passing load decided a pick (pfl-research's CIFAR-10
+# workload in bf16, 2026-11-28: vmap, picked under load, ran 3.2-3.4 s an iteration once the
+# load had gone, where two worker processes ran 2.4 s)
+DRIFT_FACTOR = 2.0
+DRIFT_COHORTS = 3
+MAX_RECHECKS = 1
 
 
 def loop_clients_per_worker(ms_per_update: float) -> int:
@@ -147,6 +158,8 @@ class AutoEngine(ChunkedEngine):
         self.calibration_s = 0.0
         self.engine: ChunkedEngine | None = None
         self._reported = False
+        self.rechecks = 0  # calibrations after the first (see DRIFT_FACTOR)
+        self._drift: list[float] = []  # recent cohorts' time per update / calibration's
 
     # --- what runs ------------------------------------------------------------------------
     def build(self, choice: dict) -> ChunkedEngine:
@@ -178,7 +191,31 @@ class AutoEngine(ChunkedEngine):
             self._choose(algorithm, loss_fn, x_all, y_all, inputs)
         assert self.engine is not None
         self.engine.keep_deltas = self.keep_deltas
-        return self.engine.run_cohort(algorithm, loss_fn, x_all, y_all, inputs)
+        t0 = time.perf_counter()
+        out = self.engine.run_cohort(algorithm, loss_fn, x_all, y_all, inputs)
+        self.watch(time.perf_counter() - t0, inputs.sample_idx.shape[0])
+        return out
+
+    def watch(self, seconds: float, clients: int) -> None:
+        """Compare a cohort's time with what calibration timed for the pick; after
+        ``DRIFT_COHORTS`` cohorts off by ``DRIFT_FACTOR`` (either way), drop the pick so that
+        the next cohort calibrates again."""
+        timed = self.timings.get(_label(self.choice)) if self.choice else None
+        if not timed or self.rechecks >= MAX_RECHECKS or clients < 1:
+            return
+        ratio = seconds * 1000.0 / clients / timed
+        self._drift = [*self._drift[1 - DRIFT_COHORTS:], ratio]
+        if len(self._drift) < DRIFT_COHORTS:
+            return
+        if min(self._drift) > DRIFT_FACTOR or max(self._drift) < 1.0 / DRIFT_FACTOR:
+            logger.info("engine auto: %s ran %s x its calibrated time per update; "
+                        "calibrating again", _label(self.choice),
+                        [round(r, 2) for r in self._drift])
+            self.rechecks += 1
+            self._drift = []
+            self.engine.close()
+            self.engine, self.choice, self.timings = None, None, {}
+            self._reported = False  # the run's metrics get the new pick
 
     def close(self) -> None:
         if self.engine is not None:
@@ -355,16 +392,19 @@ class AutoEngine(ChunkedEngine):
             return {"engine_auto": _label(self.choice),
                     "engine_auto_reason": self.choice.get("reason", "")}
         return {"engine_auto": _label(self.choice), "engine_auto_ms": dict(self.timings),
-                "engine_auto_calibration_s": round(self.calibration_s, 3)}
+                "engine_auto_calibration_s": round(self.calibration_s, 3),
+                **({"engine_auto_rechecks": self.rechecks} if self.rechecks else {})}
 
     def state_dict(self) -> dict:
-        if self.choice is None:
-            return {}
+        rechecks = {"rechecks": self.rechecks} if self.rechecks else {}
+        if self.choice is None:  # before the first calibration, or dropped for another
+            return rechecks
         inner = self.engine.state_dict() if self.engine is not None else {}
-        return {"choice": dict(self.choice), "timings": dict(self.timings), **inner}
+        return {"choice": dict(self.choice), "timings": dict(self.timings), **rechecks, **inner}
 
     def load_state_dict(self, state: dict) -> None:
         """Reuse a recorded choice (resume): no calibration, same per-layer strategies."""
+        self.rechecks = int(state.get("rechecks", 0))
         if not state.get("choice"):
             return
         if not isinstance(state["choice"], dict):
