@@ -351,19 +351,19 @@ def test_a_pick_whose_cohorts_drift_from_calibration_is_calibrated_again_once(ra
     engine.choice, engine.timings = {"engine": "loop", "conv": "native"}, {"loop": 10.0}
     engine.engine = LoopEngine()
     for _ in range(auto_mod.DRIFT_COHORTS - 1):
-        engine.watch(ratio * 10.0 * 4 / 1000, 4)  # 4 clients at ratio x 10 ms
+        engine.watch(ratio * 10.0 * 400 / 1000, 400)  # 400 clients at ratio x 10 ms
     assert engine.engine is not None  # not yet: DRIFT_COHORTS in a row
-    engine.watch(1.0 * 10.0 * 4 / 1000, 4)  # one cohort back on time breaks the run
+    engine.watch(1.0 * 10.0 * 400 / 1000, 400)  # one back on time breaks the run
     for _ in range(auto_mod.DRIFT_COHORTS - 1):
-        engine.watch(ratio * 10.0 * 4 / 1000, 4)
+        engine.watch(ratio * 10.0 * 400 / 1000, 400)
     assert engine.engine is not None
-    engine.watch(ratio * 10.0 * 4 / 1000, 4)  # now DRIFT_COHORTS in a row
+    engine.watch(ratio * 10.0 * 400 / 1000, 400)  # now DRIFT_COHORTS in a row
     assert engine.engine is None and engine.choice is None and engine.rechecks == 1
     assert engine.state_dict() == {"rechecks": 1}  # a checkpoint here keeps the count
     engine.choice, engine.timings = {"engine": "loop", "conv": "native"}, {"loop": 10.0}
     engine.engine = LoopEngine()
     for _ in range(2 * auto_mod.DRIFT_COHORTS):  # MAX_RECHECKS reached: no third calibration
-        engine.watch(ratio * 10.0 * 4 / 1000, 4)
+        engine.watch(ratio * 10.0 * 400 / 1000, 400)
     assert engine.engine is not None and engine.rechecks == auto_mod.MAX_RECHECKS
 
 
@@ -372,8 +372,28 @@ def test_cohorts_within_the_drift_factor_keep_the_pick():
     engine.choice, engine.timings = {"engine": "loop", "conv": "native"}, {"loop": 10.0}
     engine.engine = LoopEngine()
     for r in [1.9, 0.55, 1.0] * 3:  # inside the factor both ways
-        engine.watch(r * 10.0 * 4 / 1000, 4)
+        engine.watch(r * 10.0 * 400 / 1000, 400)
+    for _ in range(auto_mod.DRIFT_COHORTS):  # far off, but cohorts too short to tell
+        engine.watch(5.0 * 10.0 * 4 / 1000, 4)
     assert engine.engine is not None and engine.rechecks == 0
+
+
+def test_a_pick_a_checkpoint_holds_never_changes():
+    """Once ``state_dict`` (a checkpoint) or ``load_state_dict`` (a resume) has seen the
+    pick, drift no longer drops it, so a resume runs what the uninterrupted run ran."""
+    for resumed in (False, True):
+        engine = AutoEngine(budget_updates=10**6)
+        state = {"choice": {"engine": "loop", "conv": "native", "calibrated": True},
+                 "timings": {"loop": 10.0}}
+        if resumed:
+            engine.load_state_dict(state)
+        else:
+            engine.choice, engine.timings = dict(state["choice"]), {"loop": 10.0}
+            engine.engine = LoopEngine()
+            engine.state_dict()
+        for _ in range(2 * auto_mod.DRIFT_COHORTS):
+            engine.watch(3.0 * 10.0 * 400 / 1000, 400)
+        assert engine.engine is not None and engine.rechecks == 0
 
 
 def test_a_recalibrated_run_trains_as_the_loop_and_records_the_count(monkeypatch):
@@ -391,6 +411,7 @@ def test_a_recalibrated_run_trains_as_the_loop_and_records_the_count(monkeypatch
         self.timings[auto_mod._label(self.choice)] /= 100.0
 
     monkeypatch.setattr(AutoEngine, "_choose", counted)
+    monkeypatch.setattr(auto_mod, "DRIFT_MIN_S", 0.0)  # these cohorts take milliseconds
     rounds = auto_mod.DRIFT_COHORTS + 2
     got = _run(algo, engine, model, x, y, idx, w, rounds=rounds)
     assert len(calls) == 2 and engine.rechecks == 1

@@ -20,9 +20,11 @@ in-process candidates leave them for a conv net.
 The calibration's results are thrown away (the local update is pure), so the run trains
 exactly as the chosen engine alone would.
 A calibration that ran while another job came or went can pick wrongly, so the engine
-watches its pick: when ``DRIFT_COHORTS`` cohorts in a row take ``DRIFT_FACTOR`` times longer
-or shorter per client update than calibration measured, it calibrates once more (at most
-``MAX_RECHECKS`` times a run) and runs on with the new pick.
+watches its pick until a checkpoint records it: when ``DRIFT_COHORTS`` cohorts in a row of at
+least ``DRIFT_MIN_S`` take ``DRIFT_FACTOR`` times longer or shorter per client update than
+calibration measured, it calibrates once more (at most ``MAX_RECHECKS`` times a run) and runs
+on with the new pick. A pick that a checkpoint holds never changes, so every resume runs the
+engine the uninterrupted run ran from that round on, and stays bit-exact.
 
 Calibration only runs when it costs at most ``max_share`` (2 %) of the run's client updates
 (``budget_updates``, set by the runner to rounds x clients per round), and it skips the
@@ -81,6 +83,7 @@ PROCESS_TRIAL_SHARE = 0.1
 # load had gone, where two worker processes ran 2.4 s)
 DRIFT_FACTOR = 2.0
 DRIFT_COHORTS = 3
+DRIFT_MIN_S = 1.0  # shorter cohorts are not compared: their times are mostly noise
 MAX_RECHECKS = 1
 
 
@@ -159,6 +162,7 @@ class AutoEngine(ChunkedEngine):
         self.engine: ChunkedEngine | None = None
         self._reported = False
         self.rechecks = 0  # calibrations after the first (see DRIFT_FACTOR)
+        self._recorded = False  # a checkpoint holds the pick: it no longer changes
         self._drift: list[float] = []  # recent cohorts' time per update / calibration's
 
     # --- what runs ------------------------------------------------------------------------
@@ -199,9 +203,10 @@ class AutoEngine(ChunkedEngine):
     def watch(self, seconds: float, clients: int) -> None:
         """Compare a cohort's time with what calibration timed for the pick; after
         ``DRIFT_COHORTS`` cohorts off by ``DRIFT_FACTOR`` (either way), drop the pick so that
-        the next cohort calibrates again."""
+        the next cohort calibrates again. Not once a checkpoint holds the pick."""
         timed = self.timings.get(_label(self.choice)) if self.choice else None
-        if not timed or self.rechecks >= MAX_RECHECKS or clients < 1:
+        if (not timed or self._recorded or self.rechecks >= MAX_RECHECKS or clients < 1
+                or seconds < DRIFT_MIN_S):
             return
         ratio = seconds * 1000.0 / clients / timed
         self._drift = [*self._drift[1 - DRIFT_COHORTS:], ratio]
@@ -399,6 +404,7 @@ class AutoEngine(ChunkedEngine):
         rechecks = {"rechecks": self.rechecks} if self.rechecks else {}
         if self.choice is None:  # before the first calibration, or dropped for another
             return rechecks
+        self._recorded = True  # a checkpoint holds it from now on (see DRIFT_FACTOR)
         inner = self.engine.state_dict() if self.engine is not None else {}
         return {"choice": dict(self.choice), "timings": dict(self.timings), **rechecks, **inner}
 
@@ -415,6 +421,6 @@ class AutoEngine(ChunkedEngine):
                              "or with allow_processes=True")
         self.choice = dict(state["choice"])
         self.timings = dict(state.get("timings", {}))
-        self._reported = True  # the run's metrics already hold it
+        self._reported = self._recorded = True  # the run's metrics already hold it
         self.engine = self.build(self.choice)
         self.engine.load_state_dict(state)
