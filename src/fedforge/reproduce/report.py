@@ -533,7 +533,8 @@ def plot_accuracy(spec: Reproduction, runs: dict, path: Path) -> Path:
         if spec.x_axis != "round":
             ax.set_xscale("log")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=6 if title else 7)
+        if ax.get_legend_handles_labels()[0]:  # a panel whose runs are all still to come has none
+            ax.legend(fontsize=6 if title else 7)
     grid.flat[0].set_ylabel(f"{spec.metric} (mean over seeds)")
     fig.tight_layout()
     return _save(fig, path, dpi=110)
