@@ -578,7 +578,8 @@ def plot_diagnostics(spec: Reproduction, runs: dict, path: Path) -> Path | None:
     for ax in axes:
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=6)
+    if axes[0].get_legend_handles_labels()[0]:  # no finished run reports the diagnostics yet
+        axes[0].legend(fontsize=6)
     fig.tight_layout()
     return _save(fig, path, dpi=100)
 
