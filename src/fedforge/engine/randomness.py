@@ -113,11 +113,10 @@ def dropout_mask(key: torch.Tensor, stream: int, shape: tuple[int, ...], p: floa
     the call has :data:`INT32_INDICES` elements or more."""
     n = int(np.prod(shape, dtype=np.int64))
     key = mix32(key.to(device) ^ stream)
-    if n < INT32_INDICES:
-        idx = torch.arange(n, dtype=torch.int32, device=device).view(shape)
-        bits = (hash_u32(as_int32(key), idx) >> 8) & 0xFFFFFF  # 24 uniform bits
-    else:
-        bits = hash_u32(key, torch.arange(n, device=device).view(shape)) >> 8
+    words = n < INT32_INDICES
+    idx = torch.arange(n, dtype=torch.int32 if words else torch.int64, device=device)
+    h = hash_u32(as_int32(key) if words else key, idx.view(shape))
+    bits = (h >> 8) & 0xFFFFFF  # 24 uniform bits (the mask undoes int32's sign extension)
     return bits >= int(round(p * 2**24))
 
 
