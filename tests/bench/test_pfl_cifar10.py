@@ -49,8 +49,21 @@ def test_unknown_or_repeated_entries_are_refused_naming_the_option(bad):
         parse_frameworks(bad)
 
 
+def test_pfl_procs_is_pfl_researchs_distributed_simulation_one_process_per_core():
+    """``pfl:procs`` starts under torchrun with as many processes as fedforge's workers (the
+    plain floor's count); every other row starts as ``python -m``."""
+    from fedforge.engine.procs import default_workers
+
+    assert parse_frameworks("pfl:procs,pfl,pfl:procs:bf16") == ["pfl:procs", "pfl",
+                                                                 "pfl:procs:bf16"]
+    assert pfl_cifar10.launcher("pfl") == pfl_cifar10.launcher("fedforge:procs") == ("-m",)
+    torchrun = pfl_cifar10.launcher("pfl:procs")
+    assert torchrun[:2] == ("-m", "torch.distributed.run") and torchrun[-1] == "-m"
+    assert f"--nproc-per-node={default_workers()}" in torchrun
+
+
 def test_quick_runs_every_row_and_the_table_has_every_column(tmp_path):
-    names = ["fedforge", "plain", "pfl", "flower"]
+    names = ["fedforge", "plain", "pfl", "pfl:procs", "flower"]
     rows, note = run_pfl_cifar10(names, tmp_path / "out", data_root=tmp_path / "no-data",
                                  groups=1, warmup=1, iterations=1, quick=True,
                                  peer_python=sys.executable)
@@ -86,7 +99,7 @@ def test_a_bf16_row_runs_in_bf16_beside_fp32_rows(tmp_path, monkeypatch):
         parse_frameworks("fedforge:bf16:procs")
     sent = {}
     monkeypatch.setattr(pfl_cifar10, "launch", lambda module, spec, stem, timeout_s,
-                        python: (sent.update({stem.name: spec}), (0, "failed: stub"))[1])
+                        python, launcher: (sent.update({stem.name: spec}), (0, "failed: stub"))[1])
     for name in ("fedforge:procs:bf16", "pfl"):
         pfl_cifar10.run_one(name, {"precision": "fp32"}, tmp_path, sys.executable, 1.0)
     assert sent["fedforge-procs-bf16"] == {"precision": "bf16", "framework": "fedforge:procs"}

@@ -11,7 +11,9 @@ framework runs it the way its authors do:
 * ``pfl``: pfl-research's ``FederatedAveraging`` on its ``SimulatedBackend`` with a
   ``PyTorchModel``, NHWC images transposed in the model as its benchmark feeds them, one
   process using every core through intra-op threads (``--peer-python``: a Python that has
-  ``pfl`` and can import fedforge);
+  ``pfl`` and can import fedforge); ``pfl:procs`` runs it as pfl-research's distributed
+  simulation, one single-threaded process per core launched by ``torchrun``, each training
+  its share of the cohort, the updates summed with ``torch.distributed``;
 * ``flower``: Flower's simulation engine, one supernode per user, one CPU and one thread per
   client actor;
 * ``plain``: the same FedAvg as a hand-written PyTorch loop, split over as many
@@ -44,6 +46,7 @@ import numpy as np
 
 FRAMEWORKS = ("fedforge", "pfl", "flower", "plain")
 FEDFORGE_ENGINES = ("auto", "loop", "vmap", "procs")
+ENGINES = {"fedforge": FEDFORGE_ENGINES, "pfl": ("procs",)}  # what may follow "name:"
 HEADER = ["framework", "runs as", "s / iteration", "client updates / s", "start-up s",
           "first iteration s", "peak memory MiB", "accuracy", "time ÷ fedforge",
           "start-up ÷ fedforge", "memory ÷ fedforge"]
@@ -156,7 +159,7 @@ def row_precision(name: str) -> tuple[str, str | None]:
 
 
 def parse_frameworks(text: str) -> list[str]:
-    """``--engines`` for this workload: ``fedforge[:engine]``, ``pfl``, ``flower``,
+    """``--engines`` for this workload: ``fedforge[:engine]``, ``pfl[:procs]``, ``flower``,
     ``plain``, each optionally with ``:bf16`` (that row in bf16 whatever ``--precision``
     says, so bf16 and fp32 rows share one interleaved run); a one-line ``ValueError`` naming
     the option otherwise."""
@@ -165,10 +168,9 @@ def parse_frameworks(text: str) -> list[str]:
         raise ValueError("--engines: no framework given")
     for name in names:
         base, _, engine = row_precision(name)[0].partition(":")
-        if base not in FRAMEWORKS or (engine and (base != "fedforge"
-                                                  or engine not in FEDFORGE_ENGINES)):
+        if base not in FRAMEWORKS or (engine and engine not in ENGINES.get(base, ())):
             raise ValueError(f"--engines: unknown entry {name!r}; expected fedforge[:"
-                             f"{'|'.join(FEDFORGE_ENGINES)}], pfl, flower or plain, each "
+                             f"{'|'.join(FEDFORGE_ENGINES)}], pfl[:procs], flower or plain, each "
                              "optionally followed by :bf16")
     if len(set(names)) != len(names):
         raise ValueError(f"--engines: an entry is named twice in {text!r}")
@@ -235,16 +237,18 @@ POLL_S = 1.0  # memory polls: reading every process's smaps_rollup at 10 Hz took
 
 
 def launch(module: str, spec: dict, stem: Path, timeout_s: float,
-           python: str = sys.executable) -> tuple[int, str | None]:
-    """``python -m module STEM.spec.json STEM.out`` in a fresh process, its output in
-    ``STEM.log``, polling its process tree's memory every :data:`POLL_S` -> (peak bytes, why
-    it failed or None)."""
+           python: str = sys.executable, launcher: tuple[str, ...] = ("-m",)
+           ) -> tuple[int, str | None]:
+    """``python *launcher module STEM.spec.json STEM.out`` in a fresh process (``launcher``:
+    ``-m``, or ``torchrun``'s arguments ending in its ``-m``), its output in ``STEM.log``,
+    polling its process tree's memory every :data:`POLL_S` -> (peak bytes, why it failed or
+    None)."""
     spec_path, out_path, log = (Path(f"{stem}.spec.json"), Path(f"{stem}.out"),
                                 Path(f"{stem}.log"))
     out_path.unlink(missing_ok=True)
     spec_path.write_text(json.dumps({**spec, "launched": time.time()}))
     with log.open("w") as err:
-        proc = subprocess.Popen([python, "-m", module, str(spec_path), str(out_path)],
+        proc = subprocess.Popen([python, *launcher, module, str(spec_path), str(out_path)],
                                 stdout=err, stderr=err,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
         peak, end = 0, time.monotonic() + timeout_s
@@ -267,12 +271,23 @@ def run_one(name: str, spec: dict, folder: Path, python: str, timeout_s: float) 
     framework, precision = row_precision(name)
     peak, why = launch("fedforge.bench.pfl_cifar10_run",
                        {**spec, "framework": framework, "precision": precision
-                        or spec["precision"]}, stem, timeout_s, python)
+                        or spec["precision"]}, stem, timeout_s, python, launcher(framework))
     if why is not None:
         return Run(name, error=why)
     res = json.loads(Path(f"{stem}.out").read_text())
     return Run(name, res["label"], res["iteration_s"], res["first_s"], res["startup_s"],
                res["accuracy"], peak, res.get("versions", {}))
+
+
+def launcher(framework: str) -> tuple[str, ...]:
+    """How a row's process starts: ``python -m``, or for ``pfl:procs`` ``torchrun`` with one
+    single-threaded process per core (torchrun sets one intra-op thread per process)."""
+    if framework != "pfl:procs":
+        return ("-m",)
+    from fedforge.engine.procs import default_workers
+
+    return ("-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={default_workers()}", "-m")
 
 
 def run_pfl_cifar10(frameworks: list[str], out: Path, *, data_root: str | Path | None = None,

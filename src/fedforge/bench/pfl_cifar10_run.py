@@ -298,7 +298,10 @@ def run_pfl(spec: dict, work: Workload, data: Data, clock: Clock
                                               local_batch_size=work.batch),
         model_eval_params=NNEvalHyperParams(local_batch_size=work.eval_batch),
         callbacks=[Stamps()])
-    return net.net, f"1 process, {torch.get_num_threads()} threads", {"pfl": md.version("pfl")}
+    world = int(os.environ.get("WORLD_SIZE", 1))  # > 1 under torchrun (``pfl:procs``)
+    label = (f"{world} processes x {torch.get_num_threads()} thread" if world > 1
+             else f"1 process, {torch.get_num_threads()} threads")
+    return net.net, label, {"pfl": md.version("pfl")}
 
 
 _ACTOR: dict = {}  # per Flower actor process: the data and a model, loaded once
@@ -423,6 +426,8 @@ def main(spec_path: str, out_path: str) -> None:
     framework = spec["framework"].partition(":")[0]
     data = Data(spec, train=framework != "flower")
     model, label, versions = RUNNERS[framework](spec, work, data, clock)
+    if int(os.environ.get("RANK", 0)) != 0:  # torchrun's other ranks: rank 0 reports
+        return
     model.eval()
     acc = test_accuracy(model, data.test_x, data.test_y, work.eval_batch)
     Path(out_path).write_text(json.dumps({
