@@ -514,9 +514,10 @@ def bench(
              ":compile (torch.compile), e.g. vmap:bf16:compile. w3 (default "
              "fedforge,plain,flower): the config as a fedforge run, as a plain PyTorch FedAvg "
              "loop and on Flower's simulation engine, each stopped at the target. "
-             "pfl-cifar10 (default fedforge,pfl,flower,plain): fedforge (engine auto) or "
-             "fedforge:loop|vmap|procs, pfl, flower, plain, each optionally ending in "
-             ":bf16 (that row in bf16)")] = None,
+             "pfl-cifar10 (default fedforge,pfl,pfl:procs,flower,plain): fedforge (engine "
+             "auto) or fedforge:loop|vmap|procs, pfl (one process) or pfl:procs (torchrun, "
+             "one process per core), flower, plain, each optionally ending in :bf16 (that "
+             "row in bf16)")] = None,
     device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
     chunk: Annotated[str, typer.Option(help="vmap chunk size or auto")] = "auto",
     repeats: Annotated[int, typer.Option(help="timed repetitions after a warm-up")] = 1,
@@ -609,9 +610,9 @@ def bench(
         _setup(None, data_root)
         try:
             rows, note = run_pfl_cifar10(
-                parse_frameworks(engines or "fedforge,pfl,flower,plain"), out, groups=groups,
-                warmup=warmup, iterations=iterations, quick=quick, precision=precision,
-                peer_python=peer_python)
+                parse_frameworks(engines or "fedforge,pfl,pfl:procs,flower,plain"), out,
+                groups=groups, warmup=warmup, iterations=iterations, quick=quick,
+                precision=precision, peer_python=peer_python)
         except (ValueError, OSError) as exc:
             _fail(str(exc))
         header, title = HEADER, "pfl-research CIFAR-10 (simple_cnn, FedAvg)"

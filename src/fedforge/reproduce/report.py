@@ -524,7 +524,7 @@ def plot_accuracy(spec: Reproduction, runs: dict, path: Path) -> Path:
             if title:  # the panel names the regime: drop a "regime: " prefix
                 label = label.split(": ", 1)[-1]
             ax.plot(xs, ys, **(styles.get(name) or looks[name]),
-                    label=f"{label} ({len(runs[name])} seeds)")
+                    label=f"{label} ({_n_seeds(len(runs[name]))})")
         if spec.target is not None:
             ax.axhline(spec.target, color="grey", ls="--", lw=0.8,
                        label=f"target {spec.target:g}")
@@ -664,8 +664,12 @@ def _verdict_line(spec: Reproduction, j: Judgement) -> str:
         notes.append(f"the design could detect a difference of about {fmt.format(j.mde)}")
     call = f"**{j.call}**" if j.call != INCONCLUSIVE else j.call
     return (f"- {spec.condition(comp.a).title} − {spec.condition(comp.b).title}, "
-            f"{METRICS[comp.metric][0]}: {diff.format(fmt)} over {diff.n} seeds{cens} → "
+            f"{METRICS[comp.metric][0]}: {diff.format(fmt)} over {_n_seeds(diff.n)}{cens} → "
             f"{call} ({p}){''.join('; ' + n for n in notes)}.")
+
+
+def _n_seeds(n: int) -> str:
+    return f"{n} seed" if n == 1 else f"{n} seeds"
 
 
 def headline(spec: Reproduction, runs: dict) -> list[str]:
