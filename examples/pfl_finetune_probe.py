@@ -55,9 +55,12 @@ def head_input_norm(setup: Setup, params: dict, patterns, samples: int = 1024) -
     return float(torch.cat(norms).mean())
 
 
-def probe(run: Path, steps: list[int], parts: list[str], lrs: list[float]) -> list[dict]:
-    """One row per (part, lr, steps): the per-client accuracy after fine-tuning."""
+def probe(run: Path, steps: list[int], parts: list[str], lrs: list[float] | None = None
+          ) -> list[dict]:
+    """One row per (part, lr, steps): the per-client accuracy after fine-tuning; ``lrs``
+    default to the run's local learning rate."""
     cfg = load_config(run / "config.resolved.toml")
+    hparams = algorithm_kwargs(cfg)
     if cfg.algorithm.name not in STATELESS:
         raise SystemExit(f"{run}: algorithm.name {cfg.algorithm.name!r} keeps per-client "
                          f"state; the probe reads {', '.join(STATELESS)} runs")
@@ -69,9 +72,9 @@ def probe(run: Path, steps: list[int], parts: list[str], lrs: list[float]) -> li
     loss_fn = classification_loss(setup.network, cfg.engine.precision)
     rows = []
     for part in parts:
-        for lr in lrs:
+        for lr in lrs or [hparams["local_lr"]]:
             for n in steps:
-                hp = {**algorithm_kwargs(cfg), "local_lr": lr, "finetune_steps": n}
+                hp = {**hparams, "local_lr": lr, "finetune_steps": n}
                 if cfg.algorithm.name == "fedbabu":
                     hp["finetune_part"] = part
                 algorithm = build_algorithm(cfg.algorithm.name, **hp)
@@ -81,7 +84,7 @@ def probe(run: Path, steps: list[int], parts: list[str], lrs: list[float]) -> li
                     held_out_steps=0, batch_size=cfg.eval.batch_size,
                     train_batch_size=cfg.client.batch_size, seed=cfg.seed, round_=meta["round"])
                 rows.append({"part": part, "lr": lr, "steps": n, **got})
-    patterns = build_algorithm(cfg.algorithm.name, **algorithm_kwargs(cfg)).personal.head
+    patterns = build_algorithm(cfg.algorithm.name, **hparams).personal.head
     print(f"{run}: round {meta['round']}, mean norm of the head's input "
           f"{head_input_norm(setup, params, patterns):.2f}")
     return rows
@@ -94,8 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parts", default="all,head,body")
     parser.add_argument("--lrs", default=None, help="default: the run's local learning rate")
     args = parser.parse_args(argv)
-    lrs = _numbers(args.lrs, float) if args.lrs else [
-        algorithm_kwargs(load_config(args.run / "config.resolved.toml"))["local_lr"]]
+    lrs = _numbers(args.lrs, float) if args.lrs else None
     rows = probe(args.run, _numbers(args.steps, int), _numbers(args.parts, str), lrs)
     print("| part | lr | steps | personal mean | weighted | p10 | worst | global mean |")
     print("|---|---|---|---|---|---|---|---|")

@@ -57,9 +57,10 @@ def _module():
     return module
 
 
-def _run(tmp_path: Path, algorithm: str) -> Path:
+def _run(tmp_path: Path, algorithm: str, finetune: bool = True) -> Path:
     config = tmp_path / f"{algorithm}.toml"
-    config.write_text(CONFIG.format(algorithm=algorithm))
+    text = CONFIG.format(algorithm=algorithm)
+    config.write_text(text if finetune else text.replace("finetune_steps = 3\n", ""))
     out = tmp_path / algorithm
     result = CliRunner().invoke(app, ["run", str(config), "--out", str(out)])
     assert result.exit_code == 0, result.output
@@ -95,9 +96,6 @@ def test_refuses_a_method_with_client_state(tmp_path):
     run = _run(tmp_path, "fedavg_ft")
     with pytest.raises(SystemExit, match="--parts: fedavg_ft"):
         _module().probe(run, steps=[1], parts=["head"], lrs=[0.05])
-    config = tmp_path / "ditto.toml"
-    config.write_text(CONFIG.format(algorithm="ditto").replace("finetune_steps = 3\n", ""))
-    out = tmp_path / "ditto"
-    assert CliRunner().invoke(app, ["run", str(config), "--out", str(out)]).exit_code == 0
+    run = _run(tmp_path, "ditto", finetune=False)  # Ditto takes no finetune_steps
     with pytest.raises(SystemExit, match="algorithm.name 'ditto' keeps per-client state"):
-        _module().probe(out, steps=[1], parts=["all"], lrs=[0.05])
+        _module().probe(run, steps=[1], parts=["all"], lrs=[0.05])
