@@ -30,6 +30,7 @@ links, unknown files and corrupt segments are refused in one line naming the fil
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -59,10 +60,11 @@ _ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
 
 
 class DiskClientStore:
-    """Client state in memory-mapped files under ``directory`` (see the module docstring).
+    """Client state in files under ``directory``, read and written in place (see the module
+    docstring).
 
     ``template``: one client's state (``algorithm.client_init(params)``); ``device``: where
-    gathered rows are used; ``cache_mb``: the most live-file bytes mapped at once."""
+    gathered rows are used; ``cache_mb``: the most live-file bytes open at once."""
 
     rank, world = 0, 1  # a store sharded over torchrun ranks holds one rank's clients
 
@@ -176,7 +178,7 @@ class DiskClientStore:
             raise ValueError(f"store version {version} is not after {self.version}")
         if self._dirty:
             ids = np.array(sorted(self._dirty), dtype=np.int64)
-            first = self.version + 1
+            first = self.chain[-1]["last"] + 1 if self.chain else 1  # chains have no gaps
             # merge the newest segments while they are no larger than twice the new rows:
             # the live rows are the latest of each id in that suffix of the chain
             while self.chain and self.chain[-1]["rows"] <= 2 * ids.size:
@@ -230,29 +232,50 @@ class DiskClientStore:
 
     def restore(self, meta: dict | None, where: object = "checkpoint") -> None:
         """Rebuild the store at the version ``meta`` (from :meth:`commit`, read from
-        ``where``) names; ``None``: the initial state. Segments written after it are
-        deleted; each named one must match its SHA-256 and fit the template."""
+        ``where``) names; ``None``: the initial state. The whole chain is checked first
+        (see :meth:`_checked_chain`), so a refused record deletes nothing; then the segments
+        written after it are deleted."""
         self.chain, self._chain_ids, self.version = [], [], 0
         if self.empty:
             return
         version, segments = _checked_meta(meta, where)
+        self.close()
+        self._checked_folder()
+        chain = self._checked_chain(version, segments, where)
         self._reset_live(keep_until=version)
-        for seg in segments:
-            path = self._segment_path(seg["file"], where)
-            first, last = (int(g) for g in SEGMENT.fullmatch(seg["file"]).groups())
-            if not first <= last <= version:
-                raise CheckpointError(f"{path}: covers versions {first} to {last}, not within "
-                                      f"the checkpoint's version {version} ({where})")
-            sha = file_sha256(path)
-            if sha != seg["sha256"]:
-                raise CheckpointError(f"{path}: SHA-256 {sha[:12]}... does not match "
-                                      f"{where} ({seg['sha256'][:12]}...); the file is corrupt "
-                                      "or was changed")
+        for seg, path, first, last in chain:
             ids = self._replay(path, seg["rows"])
             self.chain.append({**seg, "first": first, "last": last})
             self._chain_ids.append(ids)
         self._dirty.clear()
         self.version = version
+
+    def _checked_chain(self, version: int, segments: list[dict], where: object
+                       ) -> list[tuple[dict, Path, int, int]]:
+        """``segments`` -> (entry, path, first, last) each, once every one is a plain file
+        of this folder matching its SHA-256 and they cover versions 1, 2, ... in order, each
+        starting where the one before ended, up to at most ``version``: a reversed, dropped
+        or repeated entry would rebuild other rows."""
+        chain, expect = [], 1
+        for seg in segments:
+            path = self._segment_path(seg["file"], where)
+            first, last = (int(g) for g in SEGMENT.fullmatch(seg["file"]).groups())
+            if first != expect or last < first:
+                raise CheckpointError(
+                    f"{where}: store segment {seg['file']} covers versions {first} to {last}, "
+                    f"but the chain's next must start at version {expect} (the segments must "
+                    "follow each other, oldest first)")
+            if last > version:
+                raise CheckpointError(f"{where}: store segment {seg['file']} covers versions "
+                                      f"up to {last}, past the checkpoint's version {version}")
+            sha = file_sha256(path)
+            if sha != seg["sha256"]:
+                raise CheckpointError(f"{path}: SHA-256 {sha[:12]}... does not match "
+                                      f"{where} ({seg['sha256'][:12]}...); the file is corrupt "
+                                      "or was changed")
+            chain.append((seg, path, first, last))
+            expect = last + 1
+        return chain
 
     def collect(self, referenced: Iterable[str]) -> list[Path]:
         """Delete the segment files that neither the chain nor ``referenced`` names (the
@@ -308,7 +331,7 @@ class DiskClientStore:
 
     # ------------------------------------------------------------------ live files
     def _reset_live(self, keep_until: int | None = None) -> None:
-        """No rows: unmapped, unindexed, the live files deleted (and the segments past
+        """No rows: closed, unindexed, the live files deleted (and the segments past
         ``keep_until``, see :meth:`_prepare_folder`)."""
         self.close()
         self._index = np.full(self.num_rows(), -1, dtype=np.int32)  # 4 bytes per client
@@ -332,10 +355,15 @@ class DiskClientStore:
         for part, init in zip(parts, self.template_leaves, strict=True):
             part[fresh] = init  # never written: the initial state
         for i in np.flatnonzero(~fresh):
-            fd, at = self._locate(int(slots[i]))
-            if _vectored(os.preadv, fd, [part[i] for part in parts], at) != self.row_nbytes:
-                raise CheckpointError(f"{self.directory}: a live file ends before slot "
-                                      f"{int(slots[i])} (truncated while the run used it)")
+            slot = int(slots[i])
+            try:
+                fd, at = self._locate(slot)
+                done = _vectored(os.preadv, fd, [part[i] for part in parts], at)
+            except OSError as exc:
+                raise _named(exc, self._live_path(slot)) from None
+            if done != self.row_nbytes:
+                raise CheckpointError(f"{self._live_path(slot)}: ends before slot {slot} "
+                                      "(truncated while the run used it)")
         return parts
 
     def _write_rows(self, ids: np.ndarray, parts: list[np.ndarray]) -> None:
@@ -345,8 +373,14 @@ class DiskClientStore:
             if slot < 0:
                 slot = self._index[cid] = self._next_slot
                 self._next_slot += 1
-            fd, at = self._locate(slot)
-            _vectored(os.pwritev, fd, [part[i] for part in parts], at)
+            try:
+                fd, at = self._locate(slot)
+                done = _vectored(os.pwritev, fd, [part[i] for part in parts], at)
+            except OSError as exc:  # a full disk: ENOSPC names no file
+                raise _named(exc, self._live_path(slot)) from None
+            if done != self.row_nbytes:  # never a torn row in the live files, nor a segment
+                raise OSError(errno.EIO, f"wrote {done} of a row's {self.row_nbytes} bytes",
+                              str(self._live_path(slot)))
             self._dirty.add(cid)
 
     def _locate(self, slot: int) -> tuple[int, int]:
@@ -358,7 +392,7 @@ class DiskClientStore:
             return self._open[k], pos * self.row_nbytes
         if len(self._open) >= self.max_open:
             os.close(self._open.popitem(last=False)[1])
-        path = self.directory / f"live_{k:05d}.rows"
+        path = self._live_path(slot)
         size = self.rows_per_file * self.row_nbytes
         if k >= self._files:  # a new file: created here, never an existing name
             fd = _create(path)
@@ -368,6 +402,10 @@ class DiskClientStore:
             fd = os.open(path, os.O_RDWR | NOFOLLOW)
         self._open[k] = fd
         return fd, pos * self.row_nbytes
+
+    def _live_path(self, slot: int) -> Path:
+        """The live file that holds ``slot``."""
+        return self.directory / f"live_{slot // self.rows_per_file:05d}.rows"
 
     # ------------------------------------------------------------------ segments
     def _write_segment(self, name: str, ids: np.ndarray) -> str:
@@ -391,17 +429,20 @@ class DiskClientStore:
         if tmp.is_symlink() or tmp.exists():
             os.unlink(tmp)
         fd = _create(tmp)
-        with os.fdopen(fd, "wb") as f:
-            f.write(len(text).to_bytes(8, "little") + text)
-            f.write(ids.astype("<i8").tobytes())
-            chunk = max(1, self.cache_bytes // 4 // max(self.row_nbytes, 1))
-            for lo in range(0, n, chunk):
-                parts = self._read_rows(ids[lo:lo + chunk])
-                for (key, _, nbytes), part in zip(self.layout, parts, strict=True):
-                    f.seek(base + starts[key] + lo * nbytes)
-                    f.write(part.data)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(len(text).to_bytes(8, "little") + text)
+                f.write(ids.astype("<i8").tobytes())
+                chunk = max(1, self.cache_bytes // 4 // max(self.row_nbytes, 1))
+                for lo in range(0, n, chunk):
+                    parts = self._read_rows(ids[lo:lo + chunk])
+                    for (key, _, nbytes), part in zip(self.layout, parts, strict=True):
+                        f.seek(base + starts[key] + lo * nbytes)
+                        f.write(part.data)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:  # a full disk: ENOSPC names no file
+            raise _named(exc, tmp) from None
         sha = file_sha256(tmp)
         os.replace(tmp, path)
         fsync_dir(self.directory)
@@ -461,10 +502,20 @@ class DiskClientStore:
 
     # ------------------------------------------------------------------ the folder
     def _prepare_folder(self, keep_until: int | None) -> None:
-        """Create or check the folder: a real folder whose entries are all the store's own
-        plain files (anything else is refused in one line). Live files and unfinished
-        writes are removed; so are segments covering versions past ``keep_until`` (None:
-        every segment stays)."""
+        """Create or check the folder (see :meth:`_checked_folder`). Live files and
+        unfinished writes are removed; so are segments covering versions past
+        ``keep_until`` (None: every segment stays)."""
+        names = self._checked_folder()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            seg = SEGMENT.fullmatch(name)
+            if not seg or (keep_until is not None and int(seg.group(2)) > keep_until):
+                os.unlink(self.directory / name)
+
+    def _checked_folder(self) -> list[str]:
+        """The folder's entries (none when it does not exist yet), once it is a real folder
+        (no link up to the run folder) holding only the store's own plain files; anything
+        else is refused in one line, and nothing is changed here."""
         d = self.directory
         for folder in (d, *d.relative_to(self.root).parents):
             path = self.root / folder if folder != d else d
@@ -472,18 +523,16 @@ class DiskClientStore:
                 what = "is a symbolic link" if path.is_symlink() else "is not a folder"
                 raise CheckpointError(f"{path}: {what}; the client store keeps its files in a "
                                       "real folder inside the run folder")
-        d.mkdir(parents=True, exist_ok=True)
-        for entry in sorted(os.scandir(d), key=lambda e: e.name):
-            path = d / entry.name
-            seg = SEGMENT.fullmatch(entry.name)
-            known = seg or LIVE.fullmatch(entry.name) or _SCRATCH.fullmatch(entry.name)
+        names = sorted(os.listdir(d)) if d.is_dir() else []
+        for name in names:
+            path = d / name
+            known = SEGMENT.fullmatch(name) or LIVE.fullmatch(name) or _SCRATCH.fullmatch(name)
             problem = not_plain(path)
             if not known or problem:
                 raise CheckpointError(
                     f"{path}: {problem or 'is not a file the client store writes'}; remove it "
                     "(the client store keeps only its own plain files in this folder)")
-            if not seg or (keep_until is not None and int(seg.group(2)) > keep_until):
-                os.unlink(path)
+        return names
 
 
 def _checked_meta(meta: object, where: object) -> tuple[int, list[dict]]:
@@ -521,11 +570,30 @@ _IOV = 512  # buffers per vectored call (the system's limit is at least 1024)
 
 
 def _vectored(call, fd: int, buffers: list[np.ndarray], offset: int) -> int:
-    """``os.preadv`` or ``os.pwritev`` of a row's leaves at ``offset`` -> bytes moved."""
-    done = 0
-    for lo in range(0, len(buffers), _IOV):
-        done += call(fd, buffers[lo:lo + _IOV], offset + done)
+    """``os.preadv`` or ``os.pwritev`` of a row's leaves (1-d byte arrays) at ``offset`` ->
+    bytes moved. Either may move fewer bytes than asked (a disk full for a moment, a
+    signal): the rest is asked for again from where it stopped, so only the end of the file
+    (or a write that moves nothing) leaves the count short."""
+    left = [b for b in buffers if b.size]
+    done = i = 0
+    while i < len(left):
+        n = call(fd, left[i:i + _IOV], offset + done)
+        if n <= 0:
+            break
+        done += n
+        while i < len(left) and n >= left[i].size:  # the buffers moved whole
+            n -= left[i].size
+            i += 1
+        if n:  # one moved in part: the rest of it is next
+            left[i] = left[i][n:]
     return done
+
+
+def _named(exc: OSError, path: Path) -> OSError:
+    """``exc`` naming ``path`` when it names no file (a full disk's ENOSPC from a write)."""
+    if exc.filename is not None:
+        return exc
+    return OSError(exc.errno, exc.strerror or str(exc), str(path))
 
 
 def _create(path: Path) -> int:

@@ -138,7 +138,11 @@ def load_driver_state(d: AsyncDriver | SyncDriver, tensors: dict, meta: dict,
     else:
         d.round, d.assigned = meta["round"], list(meta["assigned"])
         d.first_loss, d.last_loss = list(meta["first_loss"]), list(meta["last_loss"])
-        restore_stores(d, meta.get("stores", [None] * len(d.stores)), where)
+        records = meta.get("stores", [None] * len(d.stores))  # absent: every task in memory
+        if not isinstance(records, list):  # None would start the tasks' disk stores afresh
+            raise ValueError(f"{where}: \"stores\" must be a list of each task's store "
+                             f"record, got {type(records).__name__}")
+        restore_stores(d, records, where)
         for m, s in enumerate(d.stores):
             flat = tensors[f"task{m}"].get("store", {})
             if flat and not isinstance(s, DiskClientStore):
