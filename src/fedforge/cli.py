@@ -23,6 +23,10 @@ AllowConfigPlugins = Annotated[bool, typer.Option(
 DataRootOption = Annotated[Path | None, typer.Option(
     "--data-root", help="folder holding the dataset folders (wins over data.root and "
                         "$FEDFORGE_DATA)")]
+MlflowUri = Annotated[str | None, typer.Option(
+    "--mlflow-uri", envvar="FEDFORGE_MLFLOW_URI", metavar="URI",
+    help="MLflow tracking URI for logging.mlflow (a server, or a file inside the run "
+         "folder; default SQLite in RUN/mlruns/)")]
 console = Console()
 err_console = Console(stderr=True)
 
@@ -56,10 +60,18 @@ def _nonempty(option: str):
 _out_path = _nonempty("--out")
 
 
-def _setup(plugins: list[str] | None, data_root: Path | None = None) -> None:
-    """Import --plugin modules (before any config is checked) and set --data-root."""
+def _setup(plugins: list[str] | None, data_root: Path | None = None,
+           mlflow_uri: str | None = None) -> None:
+    """Import --plugin modules (before any config is checked), set --data-root and
+    --mlflow-uri (in the environment, so that the runs of worker processes read it too)."""
+    import os
+
     from fedforge.data.root import use_data_root
+    from fedforge.experiment.tracking import URI_ENV
     from fedforge.plugins import PluginError, load_plugins
+
+    if mlflow_uri is not None:
+        os.environ[URI_ENV] = mlflow_uri
 
     try:
         load_plugins(plugins or [])
@@ -129,13 +141,14 @@ def run(
     profile: Annotated[bool, typer.Option(
         "--profile", help="torch profiler trace of the run in OUT/profile/ and its top "
                           "kernels (use a few rounds: the trace grows with the run)")] = False,
+    mlflow_uri: MlflowUri = None,
 ) -> None:
     """Run one experiment (one task, or a [[tasks]] list: FedAST and the multi-task
     baselines); writes config.resolved.toml, metrics.jsonl and checkpoints/.
 
     An --out that holds an earlier run needs --resume (continue it; only rounds, eval,
     checkpoint and engine settings may change) or --overwrite."""
-    _setup(plugin, data_root)
+    _setup(plugin, data_root, mlflow_uri)
     _config_plugins(config, allow_config_plugins)
     from fedforge.data import DatasetError
     from fedforge.experiment.metrics import evaluated
@@ -151,6 +164,12 @@ def run(
                                      overwrite=overwrite, allow_processes=True)
     except (DatasetError, ValueError, OSError, FloatingPointError) as exc:
         _fail(str(exc))
+    except (MemoryError, RuntimeError) as exc:  # an allocation past a ulimit -v: one line
+        from fedforge.core.memory import out_of_memory
+
+        if (message := out_of_memory(exc)) is None:
+            raise
+        _fail(message)
     if cfg.multitask:
         summary = out / "summary.json"
         if summary.is_file():  # ranks > 0 of a torchrun job write none
@@ -265,6 +284,7 @@ def compare(
     data_root: DataRootOption = None,
     bands: Bands = None,
     legend: Legend = None,
+    mlflow_uri: MlflowUri = None,
 ) -> None:
     r"""Run several algorithms on identical data, partition and seeds; table and figures.
 
@@ -275,7 +295,7 @@ def compare(
     finished one is not re-run); with a changed config they need --overwrite."""
     from fedforge.experiment.compare import comparison_configs, run_comparison
 
-    _setup(plugin, data_root)
+    _setup(plugin, data_root, mlflow_uri)
     _config_plugins(config, allow_config_plugins)
     styled = _figure_options(bands, legend)
     names = [a.strip() for a in algorithms.split(",") if a.strip()]
@@ -353,13 +373,14 @@ def sweep(
     plugin: Plugins = None,
     allow_config_plugins: AllowConfigPlugins = False,
     data_root: DataRootOption = None,
+    mlflow_uri: MlflowUri = None,
 ) -> None:
     """Search config keys (grid, random or TPE on Optuna), trials in parallel, each a run
     folder in OUT/trials/; select on a validation split, report test for the choice only.
 
     Writes OUT/table.csv, table.json and sweep.png; a killed sweep continues with --resume
     (docs/sweeps.md)."""
-    _setup(plugin, data_root)
+    _setup(plugin, data_root, mlflow_uri)
     _config_plugins(config, allow_config_plugins)
     from fedforge.data import DatasetError
     from fedforge.experiment.sweep import SweepSettings, run_sweep
@@ -527,12 +548,14 @@ def bench(
     target: Annotated[float, typer.Option(
         help="w3: test-accuracy target; each engine stops at its first evaluation at or "
              "above it")] = 0.8,
-    out: Annotated[Path, typer.Option(
-        help="w3, pfl-cifar10: run directory; --profile: where traces go", parser=_out_path,
-        metavar="PATH")
-    ] = Path("runs/bench_w3"),
-    results: Annotated[Path, typer.Option(help="markdown file to append to")] = Path(
-        "benchmarks/RESULTS.md"),
+    out: Annotated[Path | None, typer.Option(
+        help="the bench's folder (default runs/bench_WORKLOAD): w3, pfl-cifar10, pfl-ditto "
+             "and population write their runs there, --profile its traces",
+        parser=_out_path, metavar="PATH")
+    ] = None,
+    results: Annotated[Path | None, typer.Option(
+        help="markdown file to append to (default: benchmarks/RESULTS.md when run from the "
+             "fedforge checkout, else RESULTS.md in --out)")] = None,
     plot: Annotated[Path | None, typer.Option(help="w1/w2: write a scaling PNG here")] = None,
     model: Annotated[str | None, typer.Option(
         help="w1/w2, pfl-ditto (default lenet5): another registered model on the "
@@ -569,12 +592,15 @@ def bench(
         help="pfl-cifar10: the Python that runs pfl-research (one with pfl installed that "
              "can import fedforge); default this one")] = None,
 ) -> None:
-    """Run a benchmark workload, print a table and append it to benchmarks/RESULTS.md."""
+    """Run a benchmark workload, print a table and append it to --results."""
     import torch
 
     from fedforge.bench import append_results
+    from fedforge.bench.report import default_results
 
     dev = torch.device(device)
+    out = out or Path("runs") / f"bench_{workload.replace('-', '_')}"
+    results = results or default_results(out)
     if workload in ("w1", "w2"):
         from fedforge.bench.throughput import W1_HEADER, run_w1
         from fedforge.bench.workload import W1, W2
@@ -626,10 +652,9 @@ def bench(
     elif workload == "pfl-ditto":
         from fedforge.bench import pfl_speed
 
-        where = Path("runs/bench_pfl_ditto") if out == Path("runs/bench_w3") else out
         try:
             rows, note = pfl_speed.run_pfl_ditto(
-                where, pfl_speed.parse_cohorts(cohorts) if cohorts else None, groups=groups,
+                out, pfl_speed.parse_cohorts(cohorts) if cohorts else None, groups=groups,
                 warmup=warmup, iterations=iterations, quick=quick, model=model)
             title = "pfl-ditto (Ditto, fedforge auto vs a plain per-client loop)"
             console.print(append_results(results, title + (", --quick" if quick else ""),
@@ -643,13 +668,12 @@ def bench(
         from fedforge.bench import population as pop
         from fedforge.experiment.rundir import append_text
 
-        where = Path("runs/bench_population") if out == Path("runs/bench_w3") else out
         try:
             work = pop.quick_or_full(quick, populations, cohort, rounds)
-            rows = pop.run_population(work, where)
-            pop.plot_population(rows, where)
+            rows = pop.run_population(work, out)
+            pop.plot_population(rows, out)
             text = pop.table(work, rows, " ".join(["fedforge", *sys.argv[1:]]))
-            pop.write_text(where, "population.md", text)
+            pop.write_text(out, "population.md", text)
             append_text(results.parent, results.name, "\n" + text)
         except (ValueError, OSError) as exc:
             _fail(str(exc))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -58,6 +59,12 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+SELECTS_DATA = {"selects_data": True}
+"""A field's ``json_schema_extra`` mark: the setting selects which samples train or are
+evaluated, so a resumed run may not change it, even in a section it may change
+(:func:`data_selecting_keys`, ``fedforge.experiment.rundir``)."""
+
+
 class DataConfig(_Section):
     dataset: str = "synthetic"
     # folder holding the dataset folders; --data-root wins over it, it wins over
@@ -69,7 +76,8 @@ class DataConfig(_Section):
     partition_options: dict[str, Any] = Field(default_factory=dict)  # alpha, min_size, ...
     # personalised evaluation: the share of each client's samples held out as its own test
     # set (partitioned datasets; natural writers keep their own test split)
-    client_test_fraction: float = Field(default=0.25, ge=0.0, lt=1.0)
+    client_test_fraction: float = Field(default=0.25, ge=0.0, lt=1.0,
+                                        json_schema_extra=SELECTS_DATA)
 
 
 class ModelConfig(_Section):
@@ -132,17 +140,17 @@ class EvalConfig(_Section):
     batch_size: int = Field(default=1024, ge=1)
     per_client: bool = True  # also the mean over clients' own test sets (natural splits)
     # multi-task: n evenly spaced test samples (every N // n-th; some test files are class-sorted)
-    max_test_samples: int | None = Field(default=None, ge=1)
+    max_test_samples: int | None = Field(default=None, ge=1, json_schema_extra=SELECTS_DATA)
     # population datasets (synthetic_population): evaluate on this many sampled clients
     # (default 1000; docs/scale.md)
-    clients: int | None = Field(default=None, ge=1)
+    clients: int | None = Field(default=None, ge=1, json_schema_extra=SELECTS_DATA)
     # the n highest client ids, never drawn to train (any dataset), evaluated apart:
     # held_out_* (populations, docs/scale.md), held_out_personal_accuracy_* after
     # finetune_steps steps (personalised evaluation, docs/personalised.md)
-    held_out: int = Field(default=0, ge=0)
+    held_out: int = Field(default=0, ge=0, json_schema_extra=SELECTS_DATA)
     # personalised evaluation (docs/personalised.md): each client on its own test data; none
     # = on for personalised algorithms
-    personal: bool | None = None
+    personal: bool | None = Field(default=None, json_schema_extra=SELECTS_DATA)
     finetune_steps: int = Field(default=0, ge=0)
 
 
@@ -309,7 +317,6 @@ class LoggingConfig(_Section):
 
     tensorboard: bool = False  # TensorBoard scalars of every round in <run>/tensorboard/
     mlflow: bool = False  # an MLflow run of every round's scalars (pip install 'fedforge[mlflow]')
-    mlflow_uri: str | None = None  # tracking URI; None: SQLite in <run>/mlruns/mlflow.db
     wandb: bool = False  # a W&B run of every round's scalars in <run>/wandb/ (fedforge[wandb])
     wandb_project: str = "fedforge"  # the W&B project the run belongs to
     wandb_mode: Literal["offline", "online"] = "offline"  # offline: `wandb sync` uploads later
@@ -426,6 +433,27 @@ class MultiTaskConfig(BaseRunConfig):
 
 RUN_KINDS: dict[str, type[BaseRunConfig]] = {"single": SingleTaskConfig,
                                              "multi": MultiTaskConfig}
+
+
+def data_selecting_keys(schema: type[BaseModel] | None = None, prefix: str = ""
+                        ) -> tuple[str, ...]:
+    """The dotted keys marked :data:`SELECTS_DATA` in ``schema`` (default: both kinds of
+    run; ``tasks.*.`` for each task's), as ``config.resolved.toml`` spells them."""
+    if schema is None:
+        keys = [k for kind in RUN_KINDS.values() for k in data_selecting_keys(kind)]
+        return tuple(dict.fromkeys(keys))
+    keys = []
+    for name, field in schema.model_fields.items():
+        key = prefix + (field.alias or name)
+        if isinstance(field.json_schema_extra, dict) and field.json_schema_extra.get(
+                "selects_data"):
+            keys.append(key)
+        inner = field.annotation
+        if typing.get_origin(inner) is list:  # [[tasks]]: every task's
+            inner, key = typing.get_args(inner)[0], key + ".*"
+        if isinstance(inner, type) and issubclass(inner, BaseModel):
+            keys += data_selecting_keys(inner, key + ".")
+    return tuple(keys)
 
 
 def run_kind(value: Any) -> str:
@@ -598,7 +626,8 @@ def validate(raw: dict | BaseRunConfig, *, allow_plugins: bool = False) -> RunCo
         raw = raw.model_dump(by_alias=True)
     _check_plugins(raw, allow_plugins)
     kind = RUN_KINDS[run_kind(raw)]
-    cfg = validate_schema(kind, raw, explain=lambda exc: _other_kind(kind, exc))
+    cfg = validate_schema(kind, raw,
+                          explain=lambda exc: _not_config(exc) or _other_kind(kind, exc))
     _check_unread(cfg)
     if cfg.multitask:
         _check_method(cfg)
@@ -666,6 +695,21 @@ def load_config(path: str | Path, overrides: list[str] | None = None, *,
 
 
 _TASK_KEY = re.compile(r"^tasks(?:\.(\d+)|\[(\d+)\])?\.(.+=.*)$", re.S)
+
+
+# keys that are options of the command line or the environment, never of a config (a config,
+# or a sweep's space, may not choose where results are written) -> where they go instead
+NOT_CONFIG = {("logging", "mlflow_uri"): "a config does not choose where results are written;"
+              " pass --mlflow-uri URI or set FEDFORGE_MLFLOW_URI (docs/figures-and-reports.md)"}
+
+
+def _not_config(exc: ValidationError) -> str | None:
+    """A key of :data:`NOT_CONFIG` (pydantic: an extra key), with where to give it instead."""
+    for err in exc.errors():
+        where = NOT_CONFIG.get(tuple(err["loc"])) if err["type"] == "extra_forbidden" else None
+        if where:
+            return f"{'.'.join(map(str, err['loc']))}: {where}"
+    return None
 
 
 def _other_kind(kind: type[BaseRunConfig], exc: ValidationError) -> str | None:
