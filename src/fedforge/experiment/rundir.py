@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from fnmatch import fnmatchcase
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -62,17 +63,34 @@ SCRATCH_FILES = (CONFIG_NAME + ".tmp", "metrics.jsonl.tmp",  # left behind by a 
 _CHECKPOINT_FILE = re.compile(r"(?:round_\d{5,}\.(?:json|safetensors)|latest\.json)(?:\.tmp)?")
 
 # dotted config keys (``*`` matches one list index) that a resumed run may change; a section
-# name covers its keys. The engine only places the computation (world size, chunking,
-# device); its numeric precision changes the results, so it stays fixed, as do the held-out
-# clients of a population run (they change which clients train).
+# name covers its keys (but not those of never_change()). The engine only places the
+# computation (world size, chunking, device); its numeric precision changes the results.
 RUN_MAY_CHANGE = ("rounds", "eval", "checkpoint", "engine", "compare", "logging")
 MULTITASK_MAY_CHANGE = ("max_updates", "max_time", "eval", "checkpoint", "engine",
                         "tasks.*.eval_every")
-NEVER_CHANGE = ("engine.precision", "eval.held_out")  # held-out clients never train
+
+
+def never_change() -> tuple[str, ...]:
+    """The keys a resume may not change even in a section it may change: the engine's
+    precision and every key the config schema marks as selecting which samples train or are
+    evaluated (``eval.personal``, ``eval.held_out``, ...; ``config.SELECTS_DATA``)."""
+    return ("engine.precision", *_data_keys())
+
+
+@cache
+def _data_keys() -> tuple[str, ...]:
+    from fedforge.experiment.config import data_selecting_keys  # noqa: PLC0415 (torch)
+
+    return data_selecting_keys()
 
 
 class RunDirError(ValueError):
     """A run folder that cannot be used as asked; one line naming the folder or file."""
+
+
+class ResumeConfigError(RunDirError):
+    """A resume whose config differs from the one the run started with (a caller that owns
+    the folder, such as a sweep's ``best/``, tells this case apart from a broken folder)."""
 
 
 @contextmanager
@@ -114,10 +132,10 @@ def claim_run_dir(
             bad = config_differences(saved, new, may_change)
             if bad:
                 (out / (CONFIG_NAME + ".tmp")).unlink(missing_ok=True)
-                raise RunDirError(
+                raise ResumeConfigError(
                     f"{out}: cannot resume with a different config: {', '.join(bad)} differ "
-                    f"from {CONFIG_NAME} (a resume may change only {', '.join(may_change)});"
-                    " choose another --out or pass --overwrite")
+                    f"from {CONFIG_NAME} ({_data_note(bad)}a resume may change only "
+                    f"{', '.join(may_change)}); choose another --out or pass --overwrite")
             if not (out / HISTORY_NAME).exists():  # a run from before the history existed
                 _append_history(out, "earlier", saved)
         os.replace(out / (CONFIG_NAME + ".tmp"), out / CONFIG_NAME)
@@ -232,10 +250,20 @@ def config_differences(saved: dict, new: dict,
 
 
 def _may_change(key: str, patterns: tuple[str, ...]) -> bool:
-    def matches(p: str) -> bool:
-        return fnmatchcase(key, p) or fnmatchcase(key, p + ".*")
+    return not _matches(key, never_change()) and _matches(key, patterns)
 
-    return not any(matches(p) for p in NEVER_CHANGE) and any(matches(p) for p in patterns)
+
+def _matches(key: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatchcase(key, p) or fnmatchcase(key, p + ".*") for p in patterns)
+
+
+def _data_note(keys: list[str]) -> str:
+    """For the error: which of ``keys`` select the samples that train or are evaluated."""
+    data = [k for k in keys if _matches(k, _data_keys())]
+    if not data:
+        return ""
+    verb = "selects" if len(data) == 1 else "select"
+    return f"{', '.join(data)} {verb} which samples train or are evaluated; "
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

@@ -21,6 +21,7 @@ import json
 import math
 import multiprocessing
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from fedforge.data.base import DatasetSplits
+from fedforge.errors import shorten
 from fedforge.experiment.config import (
     RunConfig,
     apply_overrides,
@@ -51,6 +53,10 @@ SETTINGS_NAME = "sweep.json"
 RUN_CONFIG = "config.yaml"  # the run config: the file, its overrides, no [sweep]
 TRIAL_CONFIG = "validation.yaml"  # the same, scored on the validation split
 DEFAULT_TRIALS = 20
+TRIALS = "trials"  # OUT/trials/<number>/: one run folder per trial
+BEST = "best"  # OUT/best/: the chosen setting on all the training data, scored on test
+_KEY = re.compile(r"[\w-]+(?:\.[\w-]+)*")
+"""A config key as an override writes it: dotted names (``algorithm.local_lr``)."""
 
 
 class SweepError(ValueError):
@@ -88,6 +94,9 @@ def parse_space(table: Any, where: str = "sweep") -> list[Param]:
                          "algorithm.local_lr = {log_uniform = [1e-3, 1]}")
     params: list[Param] = []
     for key, value in table.items():
+        if not _KEY.fullmatch(str(key)):
+            raise SweepError(f"{where}: unknown config key {shorten(repr(str(key)))}; a key "
+                             "is dotted names, e.g. algorithm.local_lr")
         path = f"{where}.{key}"
         if isinstance(value, dict) and not (set(value) & set(RANGES)):
             params += [replace(p, key=f"{key}.{p.key}") for p in parse_space(value, path)]
@@ -356,12 +365,33 @@ def _write_or_check(s: SweepSettings, raw: dict, val: dict, kept: dict) -> None:
         if saved.get("run_config") != new_config:
             raise SweepError(f"{s.config}: the run config differs from the one the sweep in "
                              f"{out} started with ({out / RUN_CONFIG})")
+        for name, table in ((RUN_CONFIG, raw), (TRIAL_CONFIG, val)):
+            _check_saved(out / name, table)
         return
     out.mkdir(parents=True, exist_ok=True)
     write_text(out, SETTINGS_NAME, json.dumps({**kept, "config": str(s.config),
                                                "run_config": new_config}, indent=1) + "\n")
     for name, table in ((RUN_CONFIG, raw), (TRIAL_CONFIG, val)):
         write_text(out, name, yaml.safe_dump(table, sort_keys=False))
+
+
+def _check_saved(path: Path, table: dict) -> None:
+    """The trials and the final run read ``config.yaml`` and ``validation.yaml``, so on resume
+    each must still be the config ``sweep.json`` records: an edited one (a key changed, a
+    plugin added) would rank trials of two configs together, or import code the command
+    line never named."""
+    import yaml
+
+    from fedforge.core.files import not_plain
+
+    try:
+        saved = None if not_plain(path) else yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        saved = None
+    if saved != yaml.safe_load(yaml.safe_dump(table, sort_keys=False)):
+        raise SweepError(f"{path}: missing, a link or edited since the sweep started (it "
+                         f"must be the config {SETTINGS_NAME} records); restore it or start a "
+                         "new sweep in another --out")
 
 
 # ----------------------------------------------------------------------------- one trial
@@ -384,10 +414,13 @@ class TrialTask:
 def run_trial(task: TrialTask) -> dict[str, Any]:
     """Run one trial in its run folder -> ``{state, value, error, seconds}`` (a worker's job;
     any failure is the trial's, reported, never the sweep's)."""
+    from fedforge.experiment.rundir import subfolder
+
     t0 = time.perf_counter()
-    folder = task.out / "trials" / str(task.number)
+    folder = task.out / TRIALS / str(task.number)
     result: dict[str, Any] = {"state": "complete", "value": None, "error": None}
     try:
+        subfolder(task.out, Path(TRIALS, str(task.number)))  # a planted link is refused
         keyed = {validation_key(k): v for k, v in task.values.items()}
         cfg = load_config(task.out / TRIAL_CONFIG, overrides(keyed),
                           allow_plugins=task.allow_plugins)
@@ -539,7 +572,8 @@ def run_sweep(s: SweepSettings, log: Callable[[str], None] = print) -> SweepResu
     """Run (or resume) the sweep ``s`` describes; writes the table, figure and best run."""
     from filelock import FileLock, Timeout
 
-    optuna = _optuna()
+    from fedforge.experiment.rundir import subfolder
+
     params, direction, total = prepare_folder(s)
     try:
         lock = FileLock(str(s.out / "sweep.lock"), timeout=0)
@@ -547,18 +581,60 @@ def run_sweep(s: SweepSettings, log: Callable[[str], None] = print) -> SweepResu
     except Timeout:
         raise SweepError(f"{s.out}: another sweep is writing this folder") from None
     try:
-        study = optuna.create_study(
-            storage=storage(s.out), study_name=STUDY, direction=direction, load_if_exists=True,
-            sampler=make_sampler(s.sampler, params, s.seed),
-            pruner=optuna.pruners.MedianPruner() if s.prune else optuna.pruners.NopPruner())
+        for name in (TRIALS, BEST):  # the sweep's own folders: a planted link is refused
+            if os.path.lexists(s.out / name):
+                subfolder(s.out, name)
+        study = open_study(s, params, direction)
         _drive(study, s, params, total, log)
         rows = trial_rows(study, params, s.metric)
         best = best_row(rows, s.metric, direction)
+        write_outputs(s.out, rows, params, s.metric, direction, best, None)
         test = run_final(s, best, log) if s.final and best is not None else None
-        write_outputs(s.out, rows, params, s.metric, direction, best, test)
+        if test is not None:
+            write_outputs(s.out, rows, params, s.metric, direction, best, test)
     finally:
         lock.release()
     return SweepResult(rows, best, test, s.out)
+
+
+def open_study(s: SweepSettings, params: list[Param], direction: str) -> Any:
+    """The study in ``OUT/study.db``, read once here so that a corrupt or hostile file (not
+    SQLite, a text trial number) is one line naming it, and one that lost trials the folder
+    holds (emptied, replaced) never re-runs them or overwrites the finished table."""
+    from fedforge.experiment.rundir import RunDirError
+
+    optuna = _optuna()
+    path = s.out / "study.db"
+    sampler = make_sampler(s.sampler, params, s.seed)
+    pruner = optuna.pruners.MedianPruner() if s.prune else optuna.pruners.NopPruner()
+    try:
+        study = optuna.create_study(storage=storage(s.out), study_name=STUDY,
+                                    direction=direction, load_if_exists=True, sampler=sampler,
+                                    pruner=pruner)
+        numbers = [t.number for t in study.get_trials(deepcopy=False)]
+    except RunDirError:  # a planted link: the writer's own one line
+        raise
+    except Exception as exc:  # noqa: BLE001 (SQLite, SQLAlchemy, Optuna: the file is bad)
+        raise SweepError(f"{path}: not a readable study ({_one_line(exc)}); move it away to "
+                         "start the sweep over") from None
+    if set(numbers) != set(range(len(numbers))):
+        raise SweepError(f"{path}: its trial numbers are not 0 to {len(numbers) - 1}; not a "
+                         "study fedforge wrote")
+    trials = s.out / TRIALS
+    held = sorted(int(e.name) for e in os.scandir(trials) if e.name.isdigit()
+                  ) if trials.is_dir() else []
+    lost = [n for n in held if n >= len(numbers)]
+    if lost:
+        raise SweepError(f"{path}: holds {len(numbers)} trials but {trials} holds trial "
+                         f"{lost[0]}; the study was emptied or replaced: restore it, or start "
+                         "a new sweep in another --out")
+    return study
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception's first line (SQLAlchemy's add the statement and a link below it)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return shorten(lines[0] if lines else type(exc).__name__, 120)
 
 
 FINISHED = ("COMPLETE", "PRUNED", "FAIL")
@@ -656,24 +732,30 @@ def best_row(rows: list[dict], metric: str, direction: str) -> dict | None:
 
 def run_final(s: SweepSettings, best: dict, log: Callable[[str], None]) -> dict:
     """The chosen setting trained on all the training data and scored on the test split,
-    once, in ``OUT/best/`` -> its last evaluated record's test metrics."""
+    once, in ``OUT/best/`` -> its last evaluated record's test metrics. ``best/`` is never
+    replaced: it resumes (or keeps) a run of the same setting, and one of another setting
+    (an extended sweep chose anew) stops the sweep, so no test score is lost unseen."""
     from fedforge.experiment.metrics import evaluated
-    from fedforge.experiment.rundir import RunDirError
+    from fedforge.experiment.rundir import ResumeConfigError, subfolder
     from fedforge.experiment.runner import run_experiment
 
     values = {k: v for k, v in best.items() if k not in _ROW_FIELDS and k != s.metric}
     cfg = load_config(s.out / RUN_CONFIG, overrides(values), allow_plugins=s.allow_plugins)
     log(f"best: trial {best['trial']}, {s.metric} {best[s.metric]:.4f}: "
         f"{_values_text(values)}; training it on all the training data for the test score")
+    folder = subfolder(s.out, BEST)
     try:
-        records = run_experiment(cfg, s.out / "best", resume=True, progress=False)
-    except RunDirError:  # an earlier best setting: replace it
-        records = run_experiment(cfg, s.out / "best", overwrite=True, progress=False)
+        records = run_experiment(cfg, folder, resume=True, progress=False)
+    except ResumeConfigError:
+        raise SweepError(
+            f"{folder}: holds the final run of another setting, which a sweep never replaces; "
+            f"rename it to keep its test score, then --resume to train trial {best['trial']} "
+            f"(the table is up to date)") from None
     last = evaluated(records)[-1] if evaluated(records) else {}
     test = {k: v for k, v in last.items()
             if k.startswith("test_") or k in ("client_mean_accuracy", "round")}
     shown = " ".join(f"{k} {v:.4f}" for k, v in test.items() if k != "round")
-    log(f"test (chosen setting only): {shown} (run folder {s.out / 'best'})")
+    log(f"test (chosen setting only): {shown} (run folder {folder})")
     return test
 
 
@@ -710,6 +792,7 @@ def plot_sweep(out: Path, rows: list[dict], params: list[Param], metric: str,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from fedforge.experiment.plots import plain_text
     from fedforge.experiment.rundir import save_figure
 
     scored = [r for r in rows if r.get(metric) is not None]
@@ -725,7 +808,7 @@ def plot_sweep(out: Path, rows: list[dict], params: list[Param], metric: str,
     if best is not None:
         ax.scatter([best["trial"]], [best[metric]], s=140, facecolors="none", edgecolors="C3",
                    label="chosen")
-    ax.set(xlabel="trial", ylabel=f"{metric} (validation)", title="per trial")
+    ax.set(xlabel="trial", ylabel=plain_text(f"{metric} (validation)"), title="per trial")
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     if scored:
         ax.legend(fontsize=8, loc="best")
@@ -738,10 +821,13 @@ def plot_sweep(out: Path, rows: list[dict], params: list[Param], metric: str,
 
 
 def _plot_key(ax: Any, rows: list[dict], p: Param, metric: str) -> None:
+    from fedforge.experiment.plots import plain_text
+
     if p.kind == "choice":
         labels = [str(c) for c in p.choices]
         xs = [labels.index(str(r[p.key])) for r in rows]
-        ax.set_xticks(range(len(labels)), labels, rotation=30 if len(labels) > 4 else 0)
+        ax.set_xticks(range(len(labels)), [plain_text(x) for x in labels],
+                      rotation=30 if len(labels) > 4 else 0)
         ax.set_xlim(-0.5, len(labels) - 0.5)
     else:
         xs = [r[p.key] for r in rows]
@@ -753,4 +839,4 @@ def _plot_key(ax: Any, rows: list[dict], p: Param, metric: str) -> None:
     colors = ([style_for(str(r[p.key])).color for r in rows] if p.key == "algorithm.name"
               else "C0")
     ax.scatter(xs, [r[metric] for r in rows], color=colors)
-    ax.set(xlabel=p.key, title=f"per value of {p.key}")
+    ax.set(xlabel=plain_text(p.key), title=plain_text(f"per value of {p.key}"))
