@@ -10,6 +10,7 @@ container's cgroup limit), else the physical memory, else the check is skipped.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -83,6 +84,28 @@ def check_allocation(nbytes: int, what: str, device: torch.device | str | None =
         where = "" if device is None or torch.device(device).type == "cpu" else f" on {device}"
         raise AllocationError(f"{what} need {format_bytes(nbytes)}; only {format_bytes(free)} "
                               f"of memory is available{where}")
+
+
+_OUT_OF_MEMORY = ("can't allocate memory", "not enough memory", "can't start new thread")
+"""What torch's CPU allocator and Python's thread start say when the process may not grow:
+under ``ulimit -v`` or a container limit, an allocation can fail although it fits the
+``MemAvailable`` the checks above read."""
+
+
+def out_of_memory(exc: BaseException) -> str | None:
+    """One line saying memory ran out, when ``exc`` (or an exception it was raised from) is a
+    failed allocation; else ``None``, and the caller re-raises."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        text = " ".join(str(exc).split())
+        if isinstance(exc, MemoryError) or (
+                isinstance(exc, RuntimeError) and any(s in text for s in _OUT_OF_MEMORY)):
+            detail = re.sub(r"^\[[^]]*\]\s*", "", text) or type(exc).__name__
+            return (f"out of memory ({detail[:200]}); this process may allocate less than "
+                    "the machine's free memory (a ulimit -v or container limit)")
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 class _SkipFills(TorchFunctionMode):

@@ -16,6 +16,7 @@ so they work on every fedforge dataset.
 from __future__ import annotations
 
 import io
+import json
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -27,11 +28,15 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from fedforge.data.base import DatasetError, DatasetSplits, labels_to_tensor
+from fedforge.core.memory import out_of_memory
+from fedforge.data.base import DatasetError, DatasetSplits, check_declared_size, labels_to_tensor
 
 Format = Literal["auto", "arrow", "parquet", "csv", "imagefolder"]
 _IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
 _HOLDOUT_SEED = 0  # fixed: the held-out test split must not change with the run's seed
+MAX_CLASSES = 1 << 24
+"""Largest class id + 1 a label column may hold: per-class arrays and the model's head are
+sized by it, so a stray huge id (2**62) is refused at load instead of failing later."""
 
 
 @dataclass
@@ -112,6 +117,8 @@ def _detect(path: Path) -> str:
 def _read(path: Path, fmt: str) -> dict[str, Any]:
     """split name -> ``datasets.Dataset``, all in memory."""
     hf = _datasets()
+    if fmt == "arrow":
+        _check_arrow_files(path)
     try:
         if fmt == "arrow":
             loaded = hf.load_from_disk(str(path), keep_in_memory=True)
@@ -121,10 +128,43 @@ def _read(path: Path, fmt: str) -> dict[str, Any]:
             with _scratch_cache() as cache:
                 loaded = hf.load_dataset(fmt, cache_dir=cache, keep_in_memory=True, **where)
     except Exception as exc:  # noqa: BLE001 (any failure to read the files: one line)
-        text = " ".join(str(exc).split())[:300]
+        text = out_of_memory(exc) or " ".join(str(exc).split())[:300]
         raise DatasetError(f"data.options.path: {path}: not readable as {fmt} ({text})"
                            ) from None
     return dict(loaded) if isinstance(loaded, hf.DatasetDict) else {"train": loaded}
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # unreadable: load_from_disk reports it
+
+
+def _inside(target: Path, root: Path, named_in: Path) -> None:
+    """``target`` (links followed) must lie in ``root``; a name with ``..``, an absolute
+    path or a link out of the folder is refused."""
+    if not target.resolve().is_relative_to(root):
+        raise DatasetError(f"data.options.path: {named_in} names {target}, outside the "
+                           f"dataset folder {root}; only files inside it are read")
+
+
+def _check_arrow_files(path: Path) -> None:
+    """Refuse a save_to_disk folder whose ``dataset_dict.json`` or ``state.json`` names a
+    split folder or Arrow file outside it: load_from_disk would read any file they name."""
+    root = path.resolve()
+    folders = [path]
+    index = _json(path / "dataset_dict.json") if path.is_dir() else None
+    if isinstance(index, dict) and isinstance(index.get("splits"), list):
+        folders = [path / str(name) for name in index["splits"]]
+        for folder in folders:
+            _inside(folder, root, path / "dataset_dict.json")
+    for folder in folders:
+        state = _json(folder / "state.json")
+        files = state.get("_data_files") if isinstance(state, dict) else None
+        for entry in files if isinstance(files, list) else []:
+            if isinstance(entry, dict) and isinstance(entry.get("filename"), str):
+                _inside(folder / entry["filename"], root, folder / "state.json")
 
 
 def _pick(dsets: dict[str, Any], split: str, test_split: str | None, path: Path
@@ -148,12 +188,26 @@ def _columns(ds: Any, names: list[str], key: str, path: Path) -> list[np.ndarray
         if name not in ds.column_names:
             raise DatasetError(f"data.options.{key}: no column {name!r} in {path} (columns: "
                                f"{', '.join(ds.column_names)})")
+    for name in names:
+        if _is_image(ds, name):
+            raise DatasetError(f"data.options.{key}: column {name!r} of {path} holds images; "
+                               "give one image column alone as the features")
     batch = ds.with_format("numpy", columns=names)[0:len(ds)]
     for name in names:
-        if batch[name].dtype == object:
+        values = batch[name]
+        missing = values.dtype == object and sum(map(_is_missing, values))
+        if missing:
+            raise DatasetError(f"data.options.{key}: column {name!r} of {path} has {missing} "
+                               "missing values (NaN or empty cells); fill or drop those rows")
+        if values.dtype == object:
             raise DatasetError(f"data.options.{key}: column {name!r} of {path} has rows of "
-                               "different shapes (resize the images to one size)")
+                               "different shapes")
     return [batch[name] for name in names]
+
+
+def _is_missing(value: Any) -> bool:
+    """A missing cell, as the numpy format gives it: None or a NaN scalar."""
+    return value is None or (isinstance(value, float | np.floating) and bool(np.isnan(value)))
 
 
 def _column(ds: Any, name: str, key: str, path: Path) -> np.ndarray:
@@ -178,6 +232,10 @@ def _inputs(ds: Any, columns: list[str], path: Path) -> np.ndarray:
         if a.dtype.kind not in "biuf":
             raise DatasetError(f"data.options.features: column {name!r} of {path} holds "
                                f"{a.dtype} values; expected images or numbers")
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            raise DatasetError(f"data.options.features: column {name!r} of {path} has "
+                               f"{int((~np.isfinite(a)).sum())} NaN or infinite values; fill "
+                               "or drop those rows")
     if len(arrays) == 1 and arrays[0].ndim in (3, 4):
         return _channels_first(arrays[0])
     flat = [a.reshape(len(a), -1) for a in arrays]
@@ -193,18 +251,124 @@ def _channels_first(x: np.ndarray) -> np.ndarray:
     return x
 
 
+# ----------------------------------------------------------------------------- images
+
+
+_FLOAT_BYTES_PER_VALUE = 4
+"""The float32 tensor each decoded value becomes; with the decoded array and its
+channels-first copy this is the loader's peak (see ``_decoded_bytes``)."""
+
+
+def _is_image(ds: Any, column: str) -> bool:
+    return type(ds.features.get(column)).__name__ == "Image"
+
+
+def _image_refs(ds: Any, column: str, path: Path) -> list[tuple[str, bytes | Path]]:
+    """Each row's image, undecoded: (its name for messages, its bytes or its file). A file
+    outside the dataset's folder is refused, never opened."""
+    root = (path if path.is_dir() else path.parent).resolve()
+    cells = ds.with_format("arrow", columns=[column])[0:len(ds)].column(column).to_pylist()
+    refs: list[tuple[str, bytes | Path]] = []
+    for row, cell in enumerate(cells):
+        data, file = (cell or {}).get("bytes"), (cell or {}).get("path")
+        if data is not None:
+            refs.append((f"{path} (column {column!r}, row {row}"
+                         f"{', ' + file if file else ''})", data))
+        elif file is not None:
+            _inside(Path(file), root, path)
+            refs.append((file, Path(file)))
+        else:
+            raise DatasetError(f"data.options.features: column {column!r} of {path} has no "
+                               f"image in row {row}")
+    return refs
+
+
+@contextmanager
+def _opened(name: str, source: bytes | Path) -> Iterator[Any]:
+    """The image, its header read and nothing decoded yet; a decompression bomb, an
+    unreadable or truncated file (also when decoded inside the block) -> one line naming it."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as im:
+            yield im
+    except Image.DecompressionBombError as exc:
+        raise DatasetError(f"{name}: refused as a decompression bomb ({exc})") from None
+    except (OSError, ValueError, SyntaxError, EOFError) as exc:  # PIL's corrupt-file errors
+        raise DatasetError(f"{name}: truncated or unreadable image ({exc})") from None
+
+
+def _decoded_bytes(refs: list[tuple[str, bytes | Path]], mode: str | None) -> int:
+    """Peak bytes of decoding ``refs``, from their headers: width x height x bands values,
+    each held decoded, copied channels-first and as float32."""
+    from PIL import ImageMode
+
+    total = 0
+    for name, source in refs:
+        with _opened(name, source) as im:
+            kind = mode or im.mode
+            values = im.width * im.height * len(ImageMode.getmode(kind).bands)
+        item = 4 if kind in ("I", "F") else 2 if kind.startswith("I;16") else 1
+        total += values * (2 * item + _FLOAT_BYTES_PER_VALUE)
+    return total
+
+
+def _decode(refs: list[tuple[str, bytes | Path]], column: str, mode: str | None
+            ) -> np.ndarray:
+    """The images as one ``[N, H, W(, C)]`` array, decoded as ``datasets`` decodes them
+    (EXIF orientation applied, converted to the feature's mode), one at a time."""
+    from PIL import ExifTags, ImageOps
+
+    out: np.ndarray | None = None
+    for row, (name, source) in enumerate(refs):
+        with _opened(name, source) as im:
+            im.load()
+            if im.getexif().get(ExifTags.Base.Orientation) is not None:
+                im = ImageOps.exif_transpose(im)
+            a = np.asarray(im if mode is None or im.mode == mode else im.convert(mode))
+        if out is None:
+            out = np.empty((len(refs), *a.shape), a.dtype)
+        elif a.shape != out.shape[1:] or a.dtype != out.dtype:
+            raise DatasetError(f"data.options.features: column {column!r}: {name} decodes to "
+                               f"{a.shape} {a.dtype} but {refs[0][0]} to {out.shape[1:]} "
+                               f"{out.dtype} (resize the images to one size and mode)")
+        out[row] = a
+    if out is None:
+        raise DatasetError(f"data.options.features: column {column!r} has no rows")
+    return out
+
+
+def _images(splits: list[Any], column: str, path: Path) -> list[np.ndarray]:
+    """Each split's images ``[N, C, H, W]``, decoded only once their headers show that the
+    decoded size fits in free memory (one line naming the dataset and the size otherwise)."""
+    refs = [_image_refs(ds, column, path) for ds in splits]
+    mode = getattr(splits[0].features[column], "mode", None)
+    count = sum(map(len, refs))
+    check_declared_size(sum(_decoded_bytes(r, mode) for r in refs),
+                        f"data.options.path: {path}: {count} images of column {column!r} "
+                        "decoded (from their headers)")
+    try:
+        return [_channels_first(_decode(r, column, mode)) for r in refs]
+    except MemoryError as exc:
+        raise DatasetError(f"data.options.path: {path}: decoding column {column!r}: "
+                           f"{out_of_memory(exc)}") from None
+
+
 def _standardise(train: np.ndarray, test: np.ndarray, normalize: bool
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 tensors; uint8 images scaled to [0, 1]; with ``normalize``, standardised by
     the training split's per-channel (images) or per-column (numbers) mean and std."""
     scale = 255.0 if train.dtype == np.uint8 else 1.0
-    a = torch.from_numpy(train.astype(np.float32) / scale)
-    b = torch.from_numpy(test.astype(np.float32) / scale)
+    # one float32 copy each, standardised in place: the loader's peak stays near
+    # what _decoded_bytes estimates
+    a = torch.from_numpy(np.divide(train, scale, dtype=np.float32))
+    b = torch.from_numpy(np.divide(test, scale, dtype=np.float32))
     if normalize and len(a):
         dims = (0, 2, 3) if a.dim() == 4 else (0,)
         mean, std = a.mean(dims, keepdim=True), a.std(dims, keepdim=True)
         std = torch.where(std > 0, std, torch.ones_like(std))
-        a, b = (a - mean) / std, (b - mean) / std
+        a.sub_(mean).div_(std)
+        b.sub_(mean).div_(std)
     return a, b
 
 
@@ -230,12 +394,22 @@ def _labels(train: Any, test: Any, label: str, path: Path
             ) -> tuple[np.ndarray, np.ndarray, int]:
     ytr, yte, names = _encode(_column(train, label, "label", path),
                               _column(test, label, "label", path), "label", path)
-    names = _names(train, label) or names
+    declared = _names(train, label)
+    names = declared or names
     both = np.concatenate([ytr, yte])
     if both.size and int(both.min()) < 0:
         raise DatasetError(f"data.options.label: column {label!r} of {path} has negative "
                            "labels; expected class ids 0..C-1")
-    num_classes = len(names) if names else int(both.max(initial=-1)) + 1
+    top = int(both.max(initial=-1))
+    if declared and top >= len(declared):
+        raise DatasetError(f"data.options.label: column {label!r} of {path} holds class id "
+                           f"{top}, outside its ClassLabel's {len(declared)} names "
+                           f"(0..{len(declared) - 1})")
+    if top >= MAX_CLASSES:
+        raise DatasetError(f"data.options.label: column {label!r} of {path} holds class id "
+                           f"{top}; class ids must be below {MAX_CLASSES} (number the classes "
+                           "0..C-1, or store them as strings)")
+    num_classes = len(names) if names else top + 1
     return ytr, yte, max(num_classes, 1)
 
 
@@ -292,7 +466,10 @@ def load_huggingface(
     if test is None:
         train, test = _hold_out(train, test_fraction)
     columns = _feature_columns(train, features, label, partition_by)
-    xtr, xte = _inputs(train, columns, where), _inputs(test, columns, where)
+    if len(columns) == 1 and _is_image(train, columns[0]):
+        xtr, xte = _images([train, test], columns[0], where)
+    else:
+        xtr, xte = _inputs(train, columns, where), _inputs(test, columns, where)
     if xtr.shape[1:] != xte.shape[1:]:
         raise DatasetError(f"data.options.features: train rows have shape {xtr.shape[1:]} but "
                            f"test rows {xte.shape[1:]} in {where}")
