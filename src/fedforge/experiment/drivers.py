@@ -34,7 +34,7 @@ from fedforge.algorithms.base import (
     SERVER_PREP_SAMPLES,
     SERVER_PREP_SECONDS,
 )
-from fedforge.core.checkpoint import checkpoint_jsons, load_checkpoint
+from fedforge.core.checkpoint import CheckpointError, checkpoint_jsons, load_checkpoint
 from fedforge.core.disk_store import DiskClientStore, check_record_world
 from fedforge.core.store import ClientStore, StateStore, choose_store, template_nbytes
 from fedforge.core.tree import restore_like
@@ -144,6 +144,10 @@ def read_checkpoint(driver: Driver) -> tuple[dict, RunState]:
     """The last checkpoint of ``driver``'s folder: its tensors and its state."""
     where = driver.folder.checkpoints
     tensors, meta = load_checkpoint(where, driver.device)
+    if "store" in meta and meta["store"] is None:  # a memory store's checkpoint has none
+        path = where / f"round_{meta['round']:05d}.json"
+        raise CheckpointError(f"{path}: \"store\" is null; a disk client store's checkpoint "
+                              "records its segments there")
     return tensors, RunState.from_meta(meta, where, driver.state.unit)
 
 
@@ -180,6 +184,8 @@ class RoundsDriver:
         self._stop = False
 
     def load_state_dict(self, tensors: dict, state: RunState) -> None:
+        state.check_algorithm(self.cfg.algorithm.name,
+                              self.folder.checkpoints / f"round_{state.round:05d}.json")
         if self.exp.algorithm.privacy is not None:  # continue its ledger
             from fedforge.privacy.algorithm import resume  # noqa: PLC0415 (optional extra)
 
@@ -247,7 +253,7 @@ class RoundsDriver:
         if isinstance(self.store, DiskClientStore):  # rebuilt from the recorded segments
             self.store.restore_record(store if tensors is not None else None,
                                       self.folder.checkpoints / f"round_{self.state.round:05d}"
-                                      ".json")
+                                      ".json", version=self.state.round)
         if tensors is None:
             if not isinstance(self.store, DiskClientStore):
                 fresh = ClientStore(exp.data.num_clients, exp.algorithm.client_init(template),
@@ -358,7 +364,7 @@ class RoundsDriver:
             engine=self.exp.engine.state_dict(),  # auto: choice, conv plans
             # σ, q and steps of every round so far (fedforge.privacy.ledger)
             privacy=None if self.privacy is None else self.privacy.ledger_meta(self.state.round),
-            store=record)
+            store=record, algorithm=self.cfg.algorithm.name)  # check_algorithm on resume
         return {"params": self.params, "server": self.server_state.tree(), "clients": clients
                 }, state
 

@@ -18,13 +18,13 @@ ROUND, UPDATES = "round", "updates"
 RNG_NOTE = "derived per round from (seed, round)"
 """Written into synchronous checkpoints: there is no generator state to restore."""
 
-_NUMBER, _INT, _TABLE = "a number", "an integer", "a table"
+_NUMBER, _INT, _TABLE, _TEXT = "a number", "an integer", "a table", "a string"
 _FIELDS = {  # name: (kind, required); the order is the checkpoint JSON's
     ROUND: {"wall_s": (_NUMBER, True), "bytes_up": (_INT, True), "bytes_down": (_INT, True),
             "seed": (_INT, False), "prep_s": (_NUMBER, True), "sim_time_s": (_NUMBER, True),
             "sim_clock": (_TABLE, False), "lr_scale": (_NUMBER, True),
             "rollbacks": (_INT, True), "engine": (_TABLE, False), "privacy": (_TABLE, False),
-            "store": (_TABLE, False)},
+            "store": (_TABLE, False), "algorithm": (_TEXT, False)},
     UPDATES: {"driver": (_TABLE, True), "wall_s": (_NUMBER, True), "seed": (_INT, False)},
 }
 
@@ -38,7 +38,8 @@ class RunState:
     choices (``auto``, ``procs``); ``privacy``: the privacy ledger; ``store``: the disk
     client store's committed version and segments (absent for the in-memory store, whose rows
     are the checkpoint's ``clients`` tensors); ``driver``: a multi-task scheduler's own state
-    (clock, allocation, tasks)."""
+    (clock, allocation, tasks); ``algorithm``: the ``algorithm.name`` that wrote the
+    checkpoint (see :meth:`check_algorithm`)."""
 
     round: int = 0
     wall_s: float = 0.0
@@ -54,6 +55,7 @@ class RunState:
     privacy: dict | None = None
     store: dict | None = None
     driver: dict | None = None
+    algorithm: str | None = None
     unit: str = ROUND
 
     def __post_init__(self) -> None:
@@ -63,7 +65,7 @@ class RunState:
     def to_meta(self) -> dict:
         """The checkpoint JSON's fields (``round`` is added by the checkpoint writer)."""
         meta = {name: getattr(self, name) for name in _FIELDS[self.unit]}
-        for name in ("privacy", "store"):  # absent rather than null
+        for name in ("privacy", "store", "algorithm"):  # absent rather than null
             if meta.get(name, 0) is None:
                 del meta[name]
         return {**meta, "rng": RNG_NOTE} if self.unit == ROUND else meta
@@ -83,6 +85,16 @@ class RunState:
         kept = {name: meta[name] for name in _FIELDS[unit] if meta.get(name) is not None}
         return cls(round=meta[ROUND], unit=unit, **kept)
 
+    def check_algorithm(self, name: str, where: object) -> None:
+        """Refuse to continue the checkpoint read from ``where`` under algorithm ``name`` if
+        another one wrote it: two methods' client states can share leaf names and shapes
+        (FedPer's and FedRep's personal heads) and would load without a word. A checkpoint
+        that records no algorithm (written before the field existed) is accepted as before:
+        a resume already refuses a config whose ``algorithm.name`` differs from the run's."""
+        if self.algorithm is not None and self.algorithm != name:
+            raise ValueError(f"{where}: a checkpoint of algorithm {self.algorithm!r}, not of "
+                             f"this run's {name!r}; choose another --out or pass --overwrite")
+
     def covers(self, record: dict) -> bool:
         """Whether a record of the run's log is of a step this state includes (a resumed or
         rolled-back run keeps those and drops the rest)."""
@@ -98,7 +110,7 @@ def _check(meta: dict, name: str, kind: str, required: bool, where: object) -> N
             raise ValueError(f"{where}: checkpoint field {name!r} is "
                              f"{'missing' if value is None else 'not a table'} ({value!r})")
         return
-    types = int if kind == _INT else (int, float)
+    types = int if kind == _INT else str if kind == _TEXT else (int, float)
     if isinstance(value, bool) or not isinstance(value, types):
         raise ValueError(f"{where}: checkpoint field {name!r} is missing or not {kind} "
                          f"({value!r})")

@@ -39,7 +39,6 @@ MODELS: dict[str, tuple[type[nn.Module], str]] = {
 
 HEADS: dict[str, tuple[str, ...]] = {
     "logreg": ("linear.*",),
-    "mlp": ("net.4.*",),
     "cnn": ("classifier.2.*",),
     "lenet5": ("classifier.4.*",),
     "simple_cnn": ("classifier.3.*",),
@@ -52,7 +51,9 @@ HEADS: dict[str, tuple[str, ...]] = {
     "transformer_lm": ("head.*",),
 }
 """Each zoo model's head (its final classifier layer) as ``named_parameters`` patterns: the
-body/head split of personalised methods (FedPer, FedRep, ...); ``[model] head`` overrides it."""
+body/head split of personalised methods (FedPer, FedRep, ...); ``[model] head`` overrides it.
+The MLP declares none: the index of its last layer depends on ``hidden``, so its head is the
+last layer found in the built model (``fedforge.algorithms.personal.split.last_layer``)."""
 
 
 def head_patterns(name: str) -> tuple[str, ...] | None:
