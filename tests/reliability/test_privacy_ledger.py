@@ -158,6 +158,9 @@ def test_a_resume_beyond_the_target_is_refused_with_the_epsilon_spent(tmp_path):
     run = tmp_path / "run"
     run_experiment(_cfg("rounds=2"), run, progress=False)
     path = _tamper(run, lambda m: m["privacy"]["ledger"][0].update(sigma=0.5))
+    # the records agree (a ledger that disagrees with them is refused first)
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({**r, "dp_noise_multiplier": 0.5}) + "\n" for r in _records(run)))
     spent = _reference_epsilon([0.5, 0.5])
     where = re.escape(str(path))
     with pytest.raises(ValueError, match=rf"^{where}: ε = {spent:.4f} is already spent in "

@@ -38,7 +38,9 @@ from fedforge.privacy.ledger import (
     Span,
     append,
     check_rerun,
+    check_spent,
     from_meta,
+    last_epsilon,
     ledger_rounds,
     to_meta,
     truncate,
@@ -274,11 +276,32 @@ def resume(algorithm: PrivateAlgorithm, source: Path | str, meta: dict,
     """``algorithm`` continuing the ledger of the checkpoint ``meta`` (read from ``source``)
     in a run of ``rounds`` rounds in all: earlier rounds are charged at the σ they ran
     with, and σ for the rest is chosen so that the whole run stays within the target."""
-    spent = from_meta(meta, source)
-    mech = algorithm.privacy.continued(spent, rounds, str(source))
+    spent, metrics = from_meta(meta, source), Path(source).parent.parent / "metrics.jsonl"
+    run = algorithm.privacy
+    # the ledger is checked, not trusted: a received folder may have been edited
+    fixed = {} if run.cfg.noise_multiplier is None else {"sigma": run.sigma}
+    check_spent(spent, {"mode": run.mode, "rate": run.events.rate,
+                        "steps": run.events.steps_per_round, **fixed}, source, metrics)
+    mech = run.continued(spent, rounds, str(source))
     mech.delta_sigma  # noqa: B018 (a re-calibrated σ may need a larger count_noise)
-    check_rerun(spent, mech.sigma, Path(source).parent.parent / "metrics.jsonl")
+    check_rerun(spent, mech.sigma, metrics)
+    _check_epsilon_kept(mech, source, metrics)
     return replace(algorithm, privacy=mech)
+
+
+def _check_epsilon_kept(mech: Mechanism, source: Path | str, metrics: Path) -> None:
+    """Refuse a resume that would report a smaller ε for a round than ``metrics`` already
+    reported: the earlier rounds were released at that ε, so a lower one means the
+    checkpoint's ledger is not what they spent."""
+    last = last_epsilon(metrics)
+    if last is None:
+        return
+    t, reported = last
+    now = mech.epsilon(t)
+    if now < reported * (1 - 1e-6):  # the same events compose to the same ε
+        raise ValueError(f"{source}: checkpoint field 'privacy.ledger' gives ε = {now:.4f} "
+                         f"after round {t}, below the ε = {reported:.4f} that {metrics} "
+                         f"recorded; a resume never lowers the reported ε")
 
 
 def privatize(algorithm: Algorithm, mechanism: Mechanism, template: Params) -> PrivateAlgorithm:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -118,6 +119,37 @@ def check_rerun(spent: Ledger, sigma: float, metrics: Path) -> None:
                          f"with the rounds total they ran under first")
 
 
+def check_spent(spent: Ledger, run: Mapping[str, object], source: Path | str,
+                metrics: Path) -> None:
+    """Refuse a checkpoint ledger that is not the record of this run: a forged or mixed-up
+    folder would otherwise have its rounds charged at a σ or q they never ran with, and ε
+    under-reported. Every span's fields named in ``run`` (the config's mode, rate and
+    steps, and σ where the config fixes it) must have its values, and its σ must be the
+    ``dp_noise_multiplier`` that ``metrics`` recorded for each of its rounds."""
+    for i, span in enumerate(spent):
+        for name, want in run.items():
+            if getattr(span, name) != want:
+                raise ValueError(f"{source}: checkpoint field 'privacy.ledger[{i}].{name}' is "
+                                 f"{getattr(span, name)!r}, but this run's config gives "
+                                 f"{want!r}")
+    ran = {r["round"]: r["dp_noise_multiplier"] for r in _records(metrics)
+           if _is_number(r.get("dp_noise_multiplier"))}
+    for i, span in enumerate(spent):
+        for t in range(span.first, span.last + 1):
+            if t in ran and ran[t] != span.sigma:
+                raise ValueError(f"{source}: checkpoint field 'privacy.ledger[{i}].sigma' is "
+                                 f"{span.sigma}, but {metrics} records dp_noise_multiplier "
+                                 f"{ran[t]} for round {t}")
+
+
+def last_epsilon(metrics: Path) -> tuple[int, float] | None:
+    """The round and ``dp_epsilon`` of the last record of ``metrics`` that has one (ε may
+    be infinite: a run without noise), or None: what a resume must not report less than."""
+    found = [(r["round"], float(r["dp_epsilon"])) for r in _records(metrics)
+             if _is_number(r.get("dp_epsilon"), finite=False)]
+    return found[-1] if found else None
+
+
 def _records(metrics: Path) -> list[dict]:
     """The records of ``metrics.jsonl`` that have an integer round (others are skipped)."""
     if not metrics.is_file():
@@ -155,6 +187,6 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: object) -> bool:
+def _is_number(value: object, *, finite: bool = True) -> bool:
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value))
+            and (math.isfinite(value) if finite else not math.isnan(value)))
