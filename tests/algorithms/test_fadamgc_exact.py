@@ -160,5 +160,5 @@ def test_prepare_cohort_sets_y_i_once_from_the_real_samples():
     assert info["tracking_fresh"].tolist() == [False, True, False, True]
     assert metrics["prep_samples"].tolist() == [0.0, 3.0, 0.0, 1.0]
     secs = metrics["prep_s"]
-    assert secs[0] == 0 and secs[2] == 0 and 0 <= secs[1] < 60 and 0 <= secs[3] < 60
+    assert secs[0] == 0 and secs[2] == 0 and secs[1] >= 0 and secs[3] >= 0
     assert states["y"]["w"][1].tolist() == [0.0, 0.0]  # the input is not modified

@@ -72,7 +72,9 @@ def test_quick_runs_every_row_and_the_table_has_every_column(tmp_path):
     assert {"fedforge", "plain"} <= set(ran)
     for row in ran.values():
         it, ups, start, first, mem, acc, ratio = row[2:9]
-        assert it > 0 and ups == pytest.approx(QUICK.cohort / it, rel=0.01, abs=0.051)  # 1 dp
+        # it is rounded to 3 decimals, ups to 1: the bounds that rounding allows, at any speed
+        assert it > 0 and (QUICK.cohort / (it + 5e-4) - 0.05 - 1e-9 <= ups
+                           <= QUICK.cohort / max(it - 5e-4, 1e-12) + 0.05 + 1e-9)
         assert start > 0 and first > 0 and mem > 50 and 0 <= acc <= 1
         ref = ran["fedforge"][2]  # it and ref are rounded to 3 decimals, the ratio to 2
         assert (it - 5e-4) / (ref + 5e-4) - 5e-3 <= ratio <= (it + 5e-4) / (ref - 5e-4) + 5e-3

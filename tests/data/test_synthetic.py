@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 import torch
@@ -37,10 +35,8 @@ def test_deterministic_in_seed():
     assert a.train_x.shape != c.train_x.shape or not torch.equal(a.train_x, c.train_x)
 
 
-def test_options_and_speed():
-    t = time.perf_counter()
+def test_options():
     s = load_dataset("synthetic", alpha=0.5, beta=0.5, num_clients=100, seed=3)
-    assert time.perf_counter() - t < 1.0
     assert len(np.unique(s.train_groups)) == 100
     small = make_synthetic(num_clients=4, dim=8, num_classes=3, max_samples_per_client=60)
     assert small.input_shape == (8,) and small.train_x.shape[1] == 8

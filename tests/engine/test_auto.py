@@ -4,6 +4,7 @@ default bit for bit, and a resumed run reuses the recorded choice without recali
 import json
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -199,6 +200,14 @@ def test_worker_processes_take_the_loop_layout_that_won_here(monkeypatch, loop_m
     assert [c["conv"] for c in built if c["engine"] == "procs"] == [conv]
 
 
+def _fake_clock(monkeypatch) -> list[float]:
+    """The auto engine's clock, moved only by the test ([seconds]): what a test times then
+    does not depend on how loaded the machine is."""
+    now = [0.0]
+    monkeypatch.setattr(auto_mod, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    return now
+
+
 def _process_calls(monkeypatch, timings: dict, best: dict, best_ms: float, *,
                    budget_updates: int = 10**9, started_s_ago: float = 0.0,
                    reserved: bool = False) -> tuple[list[tuple[int, tuple]], AutoEngine]:
@@ -294,17 +303,17 @@ def test_run_records_the_choice_and_resume_reuses_it(tmp_path, monkeypatch):
 def test_calibration_leaves_the_worker_processes_their_share(monkeypatch):
     """In-process candidates stop before one would overrun the share minus what timing the
     worker processes needs, so a tight budget still tries them (each candidate: 0.2 s)."""
-    import time
-
     model, (x, y, idx, w), algo = _setup()
     monkeypatch.setattr(auto_mod, "process_workers", lambda x_all: 2)
     monkeypatch.setattr(auto_mod, "PROCESS_START_S", 0.5)
-    monkeypatch.setattr(auto_mod, "_ms_per_update", lambda *a: time.sleep(0.2) or 10.0)
+    now = _fake_clock(monkeypatch)
+    monkeypatch.setattr(auto_mod, "_ms_per_update",
+                        lambda *a: now.__setitem__(0, now[0] + 0.2) or 10.0)
     seen = {}
 
     def record(self, algorithm, loss_fn, x_all, y_all, inputs, best, best_ms, workers, t0,
                **_):
-        seen["left_s"] = self._share_s(best_ms) - (time.perf_counter() - t0)
+        seen["left_s"] = self._share_s(best_ms) - (now[0] - t0)
         return best, best_ms
 
     monkeypatch.setattr(AutoEngine, "_time_processes", record)
@@ -317,19 +326,22 @@ def test_calibration_leaves_the_worker_processes_their_share(monkeypatch):
 def test_worker_processes_are_timed_by_their_fastest_call(monkeypatch):
     """One slow moment must not decide a pick: worker processes are timed by the best of
     ``PROCESS_TIMED_CALLS`` calls after the warm-up, in-process candidates by one."""
+    now = _fake_clock(monkeypatch)
+
     class Slow:
         def __init__(self):
-            self.sleeps = [0.0, 0.12, 0.02]  # warm-up, a call during a load spike, a quiet one
+            self.takes = [0.0, 0.12, 0.02]  # warm-up, a call during a load spike, a quiet one
 
         def run_cohort(self, *args):
-            time.sleep(self.sleeps.pop(0))
+            now[0] += self.takes.pop(0)
 
     sub = type("Sub", (), {"sample_idx": torch.zeros(4, 1, 1)})()
     assert auto_mod.PROCESS_TIMED_CALLS == 2
     fastest = auto_mod._ms_per_update(Slow(), None, None, None, None, sub,
                                       auto_mod.PROCESS_TIMED_CALLS)
-    assert 20.0 / 4 <= fastest < 60.0 / 4  # the quiet call: 5 ms per update, not 30
-    assert auto_mod._ms_per_update(Slow(), None, None, None, None, sub) >= 120.0 / 4
+    assert fastest == pytest.approx(20.0 / 4)  # the quiet call: 5 ms per update, not 30
+    assert auto_mod._ms_per_update(Slow(), None, None, None, None, sub) == pytest.approx(
+        120.0 / 4)
     calls, _ = _process_calls(monkeypatch, {}, LOOP, 10.0)
     assert [extra for _, extra in calls] == [(auto_mod.PROCESS_TIMED_CALLS,)]
 
