@@ -18,10 +18,13 @@ into one segment file, ``segment_AAAAA_BBBBB.safetensors`` (the versions it cove
 rows) and returns the chain of segments that rebuilds the store at that version, each with
 its SHA-256; the run's checkpoint JSON records that chain. Segments are merged as they
 accumulate (the last ones while they are no larger than twice the newest), so a chain stays
-short and a row is rewritten a logarithmic number of times. :meth:`restore` checks every
-segment's name, kind and hash, then rebuilds the live files from the chain: what was written
-after the checkpoint (a killed run, a rolled-back round) is gone. :meth:`collect` deletes the
-segments no kept checkpoint names.
+short and a row is rewritten a logarithmic number of times. :meth:`restore` checks the whole
+chain (each segment's name, hash and place: they cover versions 1 to the checkpoint's, in
+order) before it deletes anything, then rebuilds the live files from it, checking each
+segment's tensors: what was written after the checkpoint (a killed run, a rolled-back round)
+is gone. :meth:`collect` deletes the segments no kept checkpoint names. A read or write that
+moves only part of a row is continued, so no torn row reaches a segment; a full disk stops
+the run with an error naming the file.
 
 Every file is created inside the store's folder, which must be a real folder (no link);
 links, unknown files and corrupt segments are refused in one line naming the file
@@ -173,12 +176,14 @@ class DiskClientStore:
     def commit(self, version: int) -> dict:
         """Write the rows changed since the last commit as a segment of ``version`` ->
         ``{"version", "segments": [{"file", "sha256", "rows"}, ...]}``, the chain that
-        rebuilds this state (record it in the checkpoint JSON)."""
+        rebuilds this state (record it in the checkpoint JSON). The segments cover versions
+        1 to ``version`` without a gap (one of no rows when none changed), so
+        :meth:`restore` can refuse a chain that was reordered or cut."""
         if version <= self.version and self._dirty:
             raise ValueError(f"store version {version} is not after {self.version}")
-        if self._dirty:
+        if version > self.version and not self.empty:
             ids = np.array(sorted(self._dirty), dtype=np.int64)
-            first = self.chain[-1]["last"] + 1 if self.chain else 1  # chains have no gaps
+            first = self.chain[-1]["last"] + 1 if self.chain else 1
             # merge the newest segments while they are no larger than twice the new rows:
             # the live rows are the latest of each id in that suffix of the chain
             while self.chain and self.chain[-1]["rows"] <= 2 * ids.size:
@@ -202,11 +207,17 @@ class DiskClientStore:
         return {"kind": "disk", "version": version, "world": len(metas),
                 "ranks": [m["segments"] for m in metas]}
 
-    def restore_record(self, record: dict | None, where: object = "checkpoint") -> None:
-        """:meth:`restore` this rank's part of a checkpoint's ``"store"`` record."""
+    def restore_record(self, record: dict | None, where: object = "checkpoint",
+                       version: int | None = None) -> None:
+        """:meth:`restore` this rank's part of a checkpoint's ``"store"`` record;
+        ``version``: the one the checkpoint's own counter says it committed (None: not
+        checked)."""
         if record is None:
             return self.restore(None, where)
         check_record_world(record, self.world, where)
+        if version is not None and record.get("version") != version:
+            raise CheckpointError(f"{where}: store \"version\" is {record.get('version')!r}, "
+                                  f"but the checkpoint was written at {version}")
         self.restore({"version": record.get("version"), "segments": record["ranks"][self.rank]},
                      where)
         return None
@@ -253,9 +264,9 @@ class DiskClientStore:
     def _checked_chain(self, version: int, segments: list[dict], where: object
                        ) -> list[tuple[dict, Path, int, int]]:
         """``segments`` -> (entry, path, first, last) each, once every one is a plain file
-        of this folder matching its SHA-256 and they cover versions 1, 2, ... in order, each
-        starting where the one before ended, up to at most ``version``: a reversed, dropped
-        or repeated entry would rebuild other rows."""
+        of this folder matching its SHA-256 and they cover versions 1 to ``version`` in
+        order, each starting where the one before ended: a reversed, dropped or repeated
+        entry would rebuild other rows."""
         chain, expect = [], 1
         for seg in segments:
             path = self._segment_path(seg["file"], where)
@@ -275,6 +286,10 @@ class DiskClientStore:
                                       "or was changed")
             chain.append((seg, path, first, last))
             expect = last + 1
+        if expect - 1 != version:
+            raise CheckpointError(f"{where}: the store's segments cover versions 1 to "
+                                  f"{expect - 1}, not the checkpoint's version {version} (a "
+                                  "segment was dropped, or the version changed)")
         return chain
 
     def collect(self, referenced: Iterable[str]) -> list[Path]:

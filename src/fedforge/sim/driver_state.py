@@ -92,8 +92,8 @@ def restore_stores(d: SyncDriver, records: list | None, where: object = "checkpo
         disk = isinstance(d.stores[m], DiskClientStore)
         if not fresh and disk != (rec is not None):
             d.stores[m] = d.new_store(m, "disk" if rec is not None else "memory")
-        if isinstance(d.stores[m], DiskClientStore):
-            d.stores[m].restore_record(rec, where)
+        if isinstance(d.stores[m], DiskClientStore):  # committed at the checkpoint's d.c
+            d.stores[m].restore_record(rec, where, version=None if fresh else d.c)
 
 
 def collect_stores(d: SyncDriver, metas: Iterable[dict]) -> None:
