@@ -83,14 +83,15 @@ def main(argv: list[str] | None = None) -> None:
                     "compile cache; append first/second compile seconds to the results file.")
     ap.add_argument("--model", default="lenet5", help="registered model on W1's inputs")
     ap.add_argument("--cohort", type=int, default=10, help="clients in the round")
-    ap.add_argument("--results", type=Path, default=Path("benchmarks/RESULTS.md"),
-                    help="markdown file to append to")
+    ap.add_argument("--results", type=Path, default=None,
+                    help="markdown file to append to (default: benchmarks/RESULTS.md from the "
+                         "fedforge checkout, else runs/bench_compile_cache/RESULTS.md)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         print(json.dumps(one_process(args.model, args.cohort)))
         return
-    from fedforge.bench.report import append_results
+    from fedforge.bench.report import append_results, default_results
 
     first, second = measure(args.model, args.cohort)
     ratio = second["compile_s"] / first["compile_s"] if first["compile_s"] > 0 else None
@@ -100,7 +101,8 @@ def main(argv: list[str] | None = None) -> None:
             f"{second['round_s']:.2f} s after compiling. Target: ratio <= 0.10.")
     command = ("python -m fedforge.bench.compile_cache "
                f"--model {args.model} --cohort {args.cohort}")
-    text = append_results(args.results, f"Compile cache across processes (W1, {args.model}, "
+    results = args.results or default_results(Path("runs/bench_compile_cache"))
+    text = append_results(results, f"Compile cache across processes (W1, {args.model}, "
                           f"vmap:compile, cohort {args.cohort})", torch.device("cpu"), HEADER,
                           [[first["compile_s"], second["compile_s"], ratio]], note, command)
     print(text)

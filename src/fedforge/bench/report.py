@@ -25,6 +25,18 @@ def machine_line(device: torch.device) -> str:
     return f"{platform.machine()} CPU, {torch.get_num_threads()} threads{flags}"
 
 
+def default_results(folder: Path) -> Path:
+    """Where a bench appends its table when ``--results`` is not given: the checkout's
+    ``benchmarks/RESULTS.md`` when the command runs from the root of the fedforge checkout it
+    is installed from, else ``RESULTS.md`` in the bench's own folder ``folder`` (``--out``).
+    Run anywhere else, a bench never appends to a file of the current folder it does not
+    own."""
+    repo = Path(__file__).resolve().parents[3]  # src/fedforge/bench/report.py
+    if (repo / "benchmarks" / "RESULTS.md").is_file() and Path.cwd().resolve() == repo:
+        return Path("benchmarks") / "RESULTS.md"
+    return folder / "RESULTS.md"
+
+
 def append_results(path: str | Path, title: str, device: torch.device, header: list[str],
                    rows: list[list[object]], note: str = "", command: str | None = None) -> str:
     """Append ``### title · date · machine · torch · command`` and a markdown table.

@@ -1,0 +1,68 @@
+"""Small promises of the command line: a benchmark run outside the checkout appends its
+table to a file in its own folder, never to ``benchmarks/RESULTS.md`` of the folder it
+happens to run in (the measuring itself is stubbed here: each run takes well under a
+second)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import fedforge
+from fedforge.bench import pfl_speed, throughput
+from fedforge.bench import population as pop
+from fedforge.cli import app
+
+REPO = Path(__file__).resolve().parents[2]
+THEIRS = "# the results of someone else's project\n"
+
+
+def _stub_workloads(monkeypatch) -> None:
+    """Each workload returns one row at once, in the shape its table takes."""
+    monkeypatch.setattr(throughput, "run_w1", lambda *a, **k: [[2, "loop", 1.0, 2.0, 3.0]])
+    monkeypatch.setattr(pfl_speed, "run_pfl_ditto", lambda out, *a, **k: (
+        [[2, "fedforge", "loop", 0.5, 4.0, 60, 0.1, 0.1, 1.0, 1.0, "yes (0.0e+00)"]], "note"))
+    monkeypatch.setattr(pop, "run_population", lambda work, out: [
+        [100, "scaffold", "disk", 400.0, 20.5, 1.2, 0.1, ""]])
+    monkeypatch.setattr(pop, "plot_population", lambda rows, out: out / "population.png")
+
+
+@pytest.mark.parametrize(("workload", "row"), [
+    ("w1", "| 2 | loop |"), ("pfl-ditto", "| 2 | fedforge |"),
+    ("population", "| 100 | scaffold |")])
+def test_a_bench_outside_the_checkout_appends_to_its_own_folder(tmp_path, monkeypatch,
+                                                                 workload, row):
+    _stub_workloads(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    theirs = tmp_path / "benchmarks" / "RESULTS.md"
+    theirs.parent.mkdir()
+    theirs.write_text(THEIRS)
+    result = CliRunner().invoke(app, ["bench", workload, "--quick"])
+    assert result.exit_code == 0, result.output
+    assert theirs.read_text() == THEIRS
+    folder = tmp_path / "runs" / f"bench_{workload.replace('-', '_')}"
+    assert row in (folder / "RESULTS.md").read_text()
+
+
+def test_a_bench_appends_where_results_says(tmp_path, monkeypatch):
+    _stub_workloads(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["bench", "population", "--quick", "--out", "mine",
+                                      "--results", "notes/speed.md"])
+    assert result.exit_code == 0, result.output
+    assert "| 100 | scaffold |" in (tmp_path / "notes" / "speed.md").read_text()
+    assert (tmp_path / "mine" / "population.md").is_file()
+    assert not (tmp_path / "mine" / "RESULTS.md").exists()
+
+
+def test_from_the_checkout_the_default_is_its_benchmarks_file(tmp_path, monkeypatch):
+    if Path(fedforge.__file__).resolve().parents[2] != REPO:
+        pytest.skip("fedforge is not installed from this checkout")
+    from fedforge.bench.report import default_results
+
+    monkeypatch.chdir(REPO)
+    assert default_results(Path("runs/bench_w1")) == Path("benchmarks/RESULTS.md")
+    monkeypatch.chdir(REPO / "docs")  # not the checkout's root: its own folder
+    assert default_results(Path("runs/bench_w1")) == Path("runs/bench_w1/RESULTS.md")
