@@ -314,17 +314,21 @@ def writable_path(folder: str | Path, name: str | Path) -> Path:
 def subfolder(folder: str | Path, name: str | Path) -> Path:
     """``folder/name`` as a folder (created if absent) that resolves inside ``folder``: a
     planted link to a folder elsewhere is refused (RunDirError). ``folder`` itself may be a
-    link: the caller chose it."""
+    link: the caller chose it. Each level is checked before the next is created in it, so
+    a link planted for ``a`` of ``a/b`` creates nothing where it leads."""
     folder = Path(folder)
-    path = folder / name
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise RunDirError(f"{path}: cannot create the folder ({exc.strerror or exc})") from None
-    base, real = folder.resolve(), path.resolve()
-    if real != base and base not in real.parents:
-        raise RunDirError(f"{path}: leads outside {folder} (through a symbolic link); "
-                          "fedforge writes only inside the folder")
+    path = folder
+    for part in ("", *Path(name).parts):
+        path = path / part
+        try:
+            path.mkdir(parents=not part, exist_ok=True)
+        except OSError as exc:
+            raise RunDirError(f"{path}: cannot create the folder ({exc.strerror or exc})"
+                              ) from None
+        base, real = folder.resolve(), path.resolve()
+        if real != base and base not in real.parents:
+            raise RunDirError(f"{path}: leads outside {folder} (through a symbolic link); "
+                              "fedforge writes only inside the folder")
     return path
 
 
