@@ -4,8 +4,8 @@ A split is a list of patterns over ``named_parameters`` names: shell-style (``"f
 :mod:`fnmatch`) or, with a ``re:`` prefix, a regular expression matched against the whole
 name (``"re:classifier\\.[24]\\..*"``). Without patterns the head is the model's last layer:
 the parameters sharing the module path of the last parameter (``fc.weight``, ``fc.bias``).
-Every zoo model declares its head the same way (``fedforge.models.head_patterns``); a config
-overrides it with ``[model] head``.
+The zoo models declare their head the same way (``fedforge.models.head_patterns``; the MLP
+takes its last layer); a config overrides it with ``[model] head``.
 """
 
 from __future__ import annotations
