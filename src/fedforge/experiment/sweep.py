@@ -53,6 +53,7 @@ SETTINGS_NAME = "sweep.json"
 RUN_CONFIG = "config.yaml"  # the run config: the file, its overrides, no [sweep]
 TRIAL_CONFIG = "validation.yaml"  # the same, scored on the validation split
 DEFAULT_TRIALS = 20
+RESTORE = "restore it, or start a new sweep in another --out"  # a sweep file gone wrong
 TRIALS = "trials"  # OUT/trials/<number>/: one run folder per trial
 BEST = "best"  # OUT/best/: the chosen setting on all the training data, scored on test
 _KEY = re.compile(r"[\w-]+(?:\.[\w-]+)*")
@@ -390,8 +391,7 @@ def _check_saved(path: Path, table: dict) -> None:
         saved = None
     if saved != yaml.safe_load(yaml.safe_dump(table, sort_keys=False)):
         raise SweepError(f"{path}: missing, a link or edited since the sweep started (it "
-                         f"must be the config {SETTINGS_NAME} records); restore it or start a "
-                         "new sweep in another --out")
+                         f"must be the config {SETTINGS_NAME} records); {RESTORE}")
 
 
 # ----------------------------------------------------------------------------- one trial
@@ -615,19 +615,18 @@ def open_study(s: SweepSettings, params: list[Param], direction: str) -> Any:
     except RunDirError:  # a planted link: the writer's own one line
         raise
     except Exception as exc:  # noqa: BLE001 (SQLite, SQLAlchemy, Optuna: the file is bad)
-        raise SweepError(f"{path}: not a readable study ({_one_line(exc)}); move it away to "
-                         "start the sweep over") from None
+        raise SweepError(f"{path}: not a readable study ({_one_line(exc)}); {RESTORE}"
+                         ) from None
     if set(numbers) != set(range(len(numbers))):
-        raise SweepError(f"{path}: its trial numbers are not 0 to {len(numbers) - 1}; not a "
-                         "study fedforge wrote")
+        raise SweepError(f"{path}: its trial numbers are not 0 to {len(numbers) - 1}, so "
+                         f"fedforge did not write it; {RESTORE}")
     trials = s.out / TRIALS
     held = sorted(int(e.name) for e in os.scandir(trials) if e.name.isdigit()
                   ) if trials.is_dir() else []
     lost = [n for n in held if n >= len(numbers)]
     if lost:
         raise SweepError(f"{path}: holds {len(numbers)} trials but {trials} holds trial "
-                         f"{lost[0]}; the study was emptied or replaced: restore it, or start "
-                         "a new sweep in another --out")
+                         f"{lost[0]}; the study was emptied or replaced: {RESTORE}")
     return study
 
 
@@ -716,7 +715,7 @@ def trial_rows(study: Any, params: list[Param], metric: str) -> list[dict]:
             value = t.intermediate_values[max(t.intermediate_values)]
         rows.append({"trial": t.number, "state": t.state.name.lower(),
                      **{p.key: t.params.get(p.key) for p in params}, metric: value,
-                     "seconds": t.user_attrs.get("seconds"), "folder": f"trials/{t.number}",
+                     "seconds": t.user_attrs.get("seconds"), "folder": f"{TRIALS}/{t.number}",
                      "error": t.user_attrs.get("error")})
     return rows
 
