@@ -34,7 +34,7 @@ TIMEOUT_X="${MUTATION_TIMEOUT_MULTIPLIER:-5}"
 CONFIGURED=(src/fedforge/algorithms/*.py src/fedforge/client/*.py src/fedforge/server/*.py
             src/fedforge/comm/*.py src/fedforge/sim/*.py src/fedforge/core/moments.py
             src/fedforge/engine/round.py src/fedforge/algorithms/personal/*.py
-            src/fedforge/experiment/personal_eval.py)
+            src/fedforge/experiment/personal_eval.py src/fedforge/privacy/ledger.py)
 
 # The pytest arguments (test files, -k filters) that exercise one module. Slow Monte Carlo
 # and end-to-end tests are left out; the *_exact.py and *_factories.py files hold the fast exact
@@ -133,6 +133,8 @@ tests_for() {
       echo "tests/algorithms -k 'not fedptr and not backbone'" ;;
     src/fedforge/experiment/personal_eval.py)  # the pFL evaluation (held-out data per client)
       echo "tests/experiment/test_personal_eval.py tests/experiment/test_personal_eval_rules.py" ;;
+    src/fedforge/privacy/ledger.py)  # the ledger's own checks (the runs that use it are slow)
+      echo "tests/privacy/test_ledger.py" ;;
     src/fedforge/sim/allocation.py)  # the dynamic-allocation run takes a minute
       echo "tests/sim/test_allocation.py tests/sim/test_allocation_exact.py" \
            "-k 'not dynamic_allocation'" ;;
