@@ -195,10 +195,9 @@ def _columns(ds: Any, names: list[str], key: str, path: Path) -> list[np.ndarray
     batch = ds.with_format("numpy", columns=names)[0:len(ds)]
     for name in names:
         values = batch[name]
-        missing = values.dtype == object and sum(map(_is_missing, values))
-        if missing:
-            raise DatasetError(f"data.options.{key}: column {name!r} of {path} has {missing} "
-                               "missing values (NaN or empty cells); fill or drop those rows")
+        if values.dtype == object and any(map(_is_missing, values)):
+            raise DatasetError(f"data.options.{key}: column {name!r} of {path} has missing "
+                               "values (NaN or empty cells); fill or drop those rows")
         if values.dtype == object:
             raise DatasetError(f"data.options.{key}: column {name!r} of {path} has rows of "
                                "different shapes")
@@ -233,9 +232,8 @@ def _inputs(ds: Any, columns: list[str], path: Path) -> np.ndarray:
             raise DatasetError(f"data.options.features: column {name!r} of {path} holds "
                                f"{a.dtype} values; expected images or numbers")
         if a.dtype.kind == "f" and not np.isfinite(a).all():
-            raise DatasetError(f"data.options.features: column {name!r} of {path} has "
-                               f"{int((~np.isfinite(a)).sum())} NaN or infinite values; fill "
-                               "or drop those rows")
+            raise DatasetError(f"data.options.features: column {name!r} of {path} has NaN "
+                               "or infinite values; fill or drop those rows")
     if len(arrays) == 1 and arrays[0].ndim in (3, 4):
         return _channels_first(arrays[0])
     flat = [a.reshape(len(a), -1) for a in arrays]
