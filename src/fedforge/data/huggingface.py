@@ -331,8 +331,7 @@ def _decode(refs: list[tuple[str, bytes | Path]], column: str, mode: str | None
                                f"{a.shape} {a.dtype} but {refs[0][0]} to {out.shape[1:]} "
                                f"{out.dtype} (resize the images to one size and mode)")
         out[row] = a
-    if out is None:
-        raise DatasetError(f"data.options.features: column {column!r} has no rows")
+    assert out is not None, "no rows"  # _images refuses an empty split
     return out
 
 
@@ -340,6 +339,8 @@ def _images(splits: list[Any], column: str, path: Path) -> list[np.ndarray]:
     """Each split's images ``[N, C, H, W]``, decoded only once their headers show that the
     decoded size fits in free memory (one line naming the dataset and the size otherwise)."""
     refs = [_image_refs(ds, column, path) for ds in splits]
+    if not all(refs):
+        raise DatasetError(f"data.options.path: {path}: a split has no rows")
     mode = getattr(splits[0].features[column], "mode", None)
     count = sum(map(len, refs))
     check_declared_size(sum(_decoded_bytes(r, mode) for r in refs),
