@@ -218,12 +218,13 @@ def scoped_env(values: dict[str, str]) -> Iterator[None]:
 
 
 def tracker_env(out: Path, wandb: bool) -> dict[str, str]:
-    """The environment the trackers of the run in ``out`` run in: no telemetry, MLflow's
-    bounded HTTP retries, and (``wandb``) W&B's cache, settings and data folders in
-    ``<run>/wandb/`` (created through the run folder's writer) rather than under ``$HOME``."""
+    """The environment the trackers of the run in ``out`` run in: no telemetry or error
+    reports, MLflow's bounded HTTP retries, and (``wandb``) W&B's cache, settings and data
+    folders in ``<run>/wandb/`` (created through the run folder's writer), not ``$HOME``."""
     env = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true",
            **{k: os.environ.get(k, v) for k, v in HTTP_DEFAULTS.items()}}
     if wandb:
+        env["WANDB_ERROR_REPORTING"] = "false"  # no crash reports sent to W&B
         env |= {f"WANDB_{name.upper()}_DIR": str(subfolder(out, f"wandb/{name}").resolve())
                 for name in ("cache", "config", "data")}
         env["WANDB_ARTIFACT_DIR"] = str(subfolder(out, "wandb").resolve() / "artifacts")
