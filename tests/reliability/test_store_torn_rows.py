@@ -153,7 +153,11 @@ def test_a_null_store_record_names_the_checkpoint(run):
     meta = json.loads(path.read_text())
     meta["store"] = None
     path.write_text(json.dumps(meta))
-    _refused(run, '"store" is null')
+    with pytest.raises(ValueError) as err:
+        _resume(run)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"{run / 'checkpoints'}: checkpoint field 'store'")
+    assert "is null" in msg, msg
 
 
 def test_a_null_stores_record_of_a_multitask_run_names_the_checkpoint(tmp_path):

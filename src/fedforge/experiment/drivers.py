@@ -34,7 +34,7 @@ from fedforge.algorithms.base import (
     SERVER_PREP_SAMPLES,
     SERVER_PREP_SECONDS,
 )
-from fedforge.core.checkpoint import CheckpointError, checkpoint_jsons, load_checkpoint
+from fedforge.core.checkpoint import checkpoint_jsons, load_checkpoint
 from fedforge.core.disk_store import DiskClientStore, check_record_world
 from fedforge.core.store import ClientStore, StateStore, choose_store, template_nbytes
 from fedforge.core.tree import restore_like
@@ -144,10 +144,6 @@ def read_checkpoint(driver: Driver) -> tuple[dict, RunState]:
     """The last checkpoint of ``driver``'s folder: its tensors and its state."""
     where = driver.folder.checkpoints
     tensors, meta = load_checkpoint(where, driver.device)
-    if "store" in meta and meta["store"] is None:  # a memory store's checkpoint has none
-        path = where / f"round_{meta['round']:05d}.json"
-        raise CheckpointError(f"{path}: \"store\" is null; a disk client store's checkpoint "
-                              "records its segments there")
     return tensors, RunState.from_meta(meta, where, driver.state.unit)
 
 

@@ -28,6 +28,10 @@ _FIELDS = {  # name: (kind, required); the order is the checkpoint JSON's
     UPDATES: {"driver": (_TABLE, True), "wall_s": (_NUMBER, True), "seed": (_INT, False)},
 }
 
+# written only when set: a null one was put there by hand (a null ledger or store record would
+# restart the accounting or the disk store without a word)
+_ABSENT_WHEN_NONE = ("privacy", "store", "algorithm")
+
 
 @dataclass(frozen=True)
 class RunState:
@@ -65,7 +69,7 @@ class RunState:
     def to_meta(self) -> dict:
         """The checkpoint JSON's fields (``round`` is added by the checkpoint writer)."""
         meta = {name: getattr(self, name) for name in _FIELDS[self.unit]}
-        for name in ("privacy", "store", "algorithm"):  # absent rather than null
+        for name in _ABSENT_WHEN_NONE:
             if meta.get(name, 0) is None:
                 del meta[name]
         return {**meta, "rng": RNG_NOTE} if self.unit == ROUND else meta
@@ -103,6 +107,9 @@ class RunState:
 
 def _check(meta: dict, name: str, kind: str, required: bool, where: object) -> None:
     value = meta.get(name)
+    if value is None and name in meta and name in _ABSENT_WHEN_NONE:  # never written as null:
+        raise ValueError(f"{where}: checkpoint field {name!r} is null; a checkpoint that has "
+                         "none leaves the field out")
     if value is None and not required:
         return
     if kind == _TABLE:
