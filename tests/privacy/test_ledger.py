@@ -270,7 +270,8 @@ def test_last_epsilon_is_the_last_record_that_has_one(tmp_path):
                                   {"round": 3, "train_loss": 1.0},
                                   {"round": 4, "dp_epsilon": "9"},
                                   {"round": 5, "dp_epsilon": True},
-                                  {"round": 6, "dp_epsilon": math.nan}))
+                                  {"round": 6, "dp_epsilon": math.nan},
+                                  {"round": 7, "dp_epsilon": -math.inf}))
     assert found == (2, 3.0) and type(found[1]) is float
     assert last_epsilon(_metrics(tmp_path, {"round": 1, "dp_epsilon": 0.5},
                                  {"round": 2, "dp_epsilon": math.inf})) == (2, math.inf)
@@ -298,12 +299,14 @@ def test_check_rerun_accepts_rounds_rerun_at_their_sigma(tmp_path):
                     {"round": 5, "dp_noise_multiplier": 3.5}, {"round": 6, "train_loss": 1.0})
     check_rerun(spent, 3.5, lost)
     check_rerun(spent, 2.5, _metrics(tmp_path, {"round": 5, "train_loss": 1.0}))
+    three = (_c(1, 1, 0.7), _c(2, 2, 0.9), _c(3, 4, 2.5))  # the last span's σ, not another's
+    check_rerun(three, 2.5, _metrics(tmp_path, {"round": 5, "train_loss": 1.0}))
     check_rerun((), 1.5, _metrics(tmp_path, {"round": 1, "train_loss": 1.0}))
 
 
 @pytest.mark.parametrize(("records", "sigma", "ran"), [
     ([{"round": 5, "dp_noise_multiplier": 3.5}, {"round": 6, "train_loss": 1.0}], 2.5, r"\[3.5\]"),
-    ([{"round": 5, "train_loss": 1.0}, {"round": 6, "dp_noise_multiplier": "x"}], 3.5, r"\[2.5\]"),
+    ([{"round": 5, "train_loss": 1.0}, {"round": 6, "dp_noise_multiplier": "x"}], 0.9, r"\[2.5\]"),
     ([{"round": 5, "dp_noise_multiplier": 3.5}, {"round": 6, "dp_noise_multiplier": 1}], 3.5,
      r"\[1.0, 3.5\]"),
 ])
@@ -314,4 +317,4 @@ def test_check_rerun_refuses_rounds_rerun_at_another_sigma(tmp_path, records, si
                                          rf"and re-running them at {sigma} with the same noise "
                                          r"would reveal their sums; resume with the rounds "
                                          r"total they ran under first$"):
-        check_rerun((_c(1, 2, 0.9), _c(3, 4, 2.5)), sigma, metrics)
+        check_rerun((_c(1, 1, 0.7), _c(2, 2, 0.9), _c(3, 4, 2.5)), sigma, metrics)

@@ -146,7 +146,7 @@ def last_epsilon(metrics: Path) -> tuple[int, float] | None:
     """The round and ``dp_epsilon`` of the last record of ``metrics`` that has one (ε may
     be infinite: a run without noise), or None: what a resume must not report less than."""
     found = [(r["round"], float(r["dp_epsilon"])) for r in _records(metrics)
-             if _is_number(r.get("dp_epsilon"), finite=False)]
+             if _is_number(r.get("dp_epsilon")) or r.get("dp_epsilon") == math.inf]
     return found[-1] if found else None
 
 
@@ -187,6 +187,6 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: object, *, finite: bool = True) -> bool:
+def _is_number(value: object) -> bool:
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and (math.isfinite(value) if finite else not math.isnan(value)))
+            and math.isfinite(value))
