@@ -44,7 +44,7 @@ needs_tensorboard = pytest.mark.skipif(importlib.util.find_spec("tensorboard") i
 def _no_uri(monkeypatch):
     """No tracking URI from the shell, and none left behind by --mlflow-uri (the CLI puts it
     in the environment for its worker processes)."""
-    monkeypatch.delenv(URI_ENV, raising=False)
+    monkeypatch.setenv(URI_ENV, "")  # empty: the default; restored after the test
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("WANDB_MODE", "offline")
 
