@@ -313,10 +313,11 @@ def open_trackers(cfg: RunConfig, out: Path, start: int) -> list[Tracker]:
         env = tracker_env(out, opts.wandb)
         if opts.mlflow:
             uri = mlflow_uri(out)
+            # a local store keeps its artifacts in the run folder; a server chooses its own
+            artifacts = out / "mlruns" / "artifacts" if _local_path(uri)[0] else None
             with _opening(f"logging.mlflow: cannot use the tracking store {shorten(uri)}"):
                 mlflow = MLflowTracker(uri, cfg.name, name, params, ids.get("mlflow"),
-                                       out / "mlruns" / "artifacts", env,
-                                       {"fedforge.run_folder": str(out.resolve())})
+                                       artifacts, env, {"fedforge.run_folder": str(out.resolve())})
             ids["mlflow"] = mlflow.run_id
             trackers.append(mlflow)
         if opts.wandb:
