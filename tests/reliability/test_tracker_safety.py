@@ -189,6 +189,33 @@ def test_a_tracking_server_that_does_not_answer_is_one_line_at_once(tmp_path):
     assert not (tmp_path / "run" / "mlruns").exists()
 
 
+@needs_mlflow
+def test_a_tracking_server_lost_mid_run_is_one_line(tmp_path, monkeypatch):
+    """A server that stops answering after round 1: one line naming the round, not
+    MLflow's traceback (and closing the run there fails too, which must not hide it)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    real = MlflowClient.log_batch
+
+    def gone(*args, **kwargs):
+        raise MlflowException("API request to http://tracker/api failed with exception "
+                              "HTTPConnectionPool(host='tracker'): Max retries exceeded "
+                              "(Caused by NewConnectionError(\"[Errno 111] Connection "
+                              "refused\"))")
+
+    def lost_at_round_2(self, run_id, metrics=(), **kwargs):
+        if any(m.step == 2 for m in metrics):
+            gone()
+        return real(self, run_id, metrics, **kwargs)
+
+    monkeypatch.setattr(MlflowClient, "log_batch", lost_at_round_2)
+    monkeypatch.setattr(MlflowClient, "set_terminated", gone)
+    msg = _one_line_error(_run(tmp_path / "run", "rounds=2", "logging.mlflow=true"))
+    assert msg.startswith("error: logging.mlflow: cannot log round 2 to sqlite:///"), msg
+    assert msg.endswith(": [Errno 111] Connection refused"), msg
+
+
 # ------------------------------------------------------------------ nothing under $HOME
 
 @needs_mlflow

@@ -170,7 +170,11 @@ class RoundProgress:
 
     def __exit__(self, *exc) -> None:
         self._progress.__exit__(*exc)
-        close_all(self._trackers, failed=exc[0] is not None)
+        try:
+            close_all(self._trackers, failed=exc[0] is not None)
+        except Exception:
+            if exc[0] is None:  # else the error that ended the run is the one to report
+                raise
 
 
 def _status(record: dict) -> str:

@@ -118,7 +118,7 @@ class MLflowTracker:
                                   "(pip install 'fedforge[mlflow]')") from exc
             _telemetry_off()
             logging.getLogger("mlflow").setLevel(logging.WARNING)  # no database-setup chatter
-            self.client, self._metric = MlflowClient(tracking_uri=uri), Metric
+            self.client, self._metric, self.uri = MlflowClient(tracking_uri=uri), Metric, uri
             self.held: dict[str, set[int]] = {}
             if run_id is None:
                 run_id = self._new_run(experiment, run_name, artifacts, tags or {})
@@ -145,12 +145,14 @@ class MLflowTracker:
         now = int(time.time() * 1000)
         metrics = [self._metric(k, v, now, step) for k, v in scalars(record).items()
                    if step not in self.held.get(k, ())]
-        with scoped_env(self.env):
+        with _one_line(f"logging.mlflow: cannot log round {step} to {shorten(self.uri)}"), \
+                scoped_env(self.env):
             for i in range(0, len(metrics), 1000):
                 self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
 
     def close(self, failed: bool = False) -> None:
-        with scoped_env(self.env):
+        with _one_line(f"logging.mlflow: cannot end the run at {shorten(self.uri)}"), \
+                scoped_env(self.env):
             self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
 
 
@@ -303,7 +305,7 @@ def open_trackers(cfg: RunConfig, out: Path, start: int) -> list[Tracker]:
     trackers: list[Tracker] = []
     try:
         if opts.tensorboard:
-            with _opening("logging.tensorboard: cannot open the event file"):
+            with _one_line("logging.tensorboard: cannot open the event file"):
                 trackers.append(TensorBoardTracker(subfolder(out, "tensorboard"), start))
         if not (opts.mlflow or opts.wandb):
             return trackers
@@ -315,14 +317,14 @@ def open_trackers(cfg: RunConfig, out: Path, start: int) -> list[Tracker]:
             uri = mlflow_uri(out)
             # a local store keeps its artifacts in the run folder; a server chooses its own
             artifacts = out / "mlruns" / "artifacts" if _local_path(uri)[0] else None
-            with _opening(f"logging.mlflow: cannot use the tracking store {shorten(uri)}"):
+            with _one_line(f"logging.mlflow: cannot use the tracking store {shorten(uri)}"):
                 mlflow = MLflowTracker(uri, cfg.name, name, params, ids.get("mlflow"),
                                        artifacts, env, {"fedforge.run_folder": str(out.resolve())})
             ids["mlflow"] = mlflow.run_id
             trackers.append(mlflow)
         if opts.wandb:
             folder = subfolder(out, "wandb")
-            with _opening("logging.wandb: cannot start the W&B run"):
+            with _one_line("logging.wandb: cannot start the W&B run"):
                 wandb = WandbTracker(folder, opts.wandb_project, name, params,
                                      opts.wandb_mode, ids.get("wandb"), env)
             ids["wandb"] = wandb.run_id
@@ -336,9 +338,9 @@ def open_trackers(cfg: RunConfig, out: Path, start: int) -> list[Tracker]:
 
 
 @contextmanager
-def _opening(what: str) -> Iterator[None]:
-    """A tracker's own error while it opens as one TrackerError line starting with ``what``
-    (a missing package: its install hint alone)."""
+def _one_line(what: str) -> Iterator[None]:
+    """A tracker's own error (while it opens, logs or closes) as one TrackerError line
+    starting with ``what`` (a missing package: its install hint alone)."""
     try:
         yield
     except (TrackerError, RunDirError):
