@@ -227,7 +227,9 @@ TWO = (_c(1, 2, 0.9), _c(3, 4, 2.5))
 
 
 def test_check_spent_accepts_the_runs_own_ledger(tmp_path):
-    metrics = _metrics(tmp_path, {"round": 1, "dp_noise_multiplier": 0.9},
+    metrics = _metrics(tmp_path, {"round": 0, "dp_noise_multiplier": 5.0},  # no such round
+                       {"round": -1, "dp_noise_multiplier": 5.0},
+                       {"round": 1, "dp_noise_multiplier": 0.9},
                        {"round": 2, "train_loss": 1.0},  # not evaluated: no σ recorded
                        {"round": 3, "dp_noise_multiplier": "2.5"},  # not a number: skipped
                        {"round": 4, "dp_noise_multiplier": 2.5},
@@ -260,6 +262,16 @@ def test_check_spent_refuses_a_sigma_the_records_contradict(tmp_path, t, index):
                                          rf".sigma' is {sigma}, but {re.escape(str(metrics))} "
                                          rf"records dp_noise_multiplier 9.5 for round {t}$"):
         check_spent(TWO, RUN, "x.json", metrics)
+
+
+def test_check_spent_reads_the_records_not_every_round(tmp_path):
+    """A forged span of 10^12 rounds is checked at the recorded rounds only (no loop over
+    its rounds), in the order of the log."""
+    metrics = _metrics(tmp_path, {"round": 10**12, "dp_noise_multiplier": 2.0},
+                       {"round": 5, "dp_noise_multiplier": 3.0})
+    with pytest.raises(ValueError, match=r"\[0\].sigma' is 1.0, but .* dp_noise_multiplier "
+                                         r"2.0 for round 1000000000000$"):
+        check_spent((_c(1, 10**12, 1.0),), RUN, "x.json", metrics)
 
 
 def test_last_epsilon_is_the_last_record_that_has_one(tmp_path):

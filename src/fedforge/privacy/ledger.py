@@ -10,6 +10,7 @@ the entries (:func:`fedforge.privacy.accountant.ledger_event`).
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from collections.abc import Mapping
@@ -132,14 +133,14 @@ def check_spent(spent: Ledger, run: Mapping[str, object], source: Path | str,
                 raise ValueError(f"{source}: checkpoint field 'privacy.ledger[{i}].{name}' is "
                                  f"{getattr(span, name)!r}, but this run's config gives "
                                  f"{want!r}")
-    ran = {r["round"]: r["dp_noise_multiplier"] for r in _records(metrics)
-           if _is_number(r.get("dp_noise_multiplier"))}
-    for i, span in enumerate(spent):
-        for t in range(span.first, span.last + 1):
-            if t in ran and ran[t] != span.sigma:
-                raise ValueError(f"{source}: checkpoint field 'privacy.ledger[{i}].sigma' is "
-                                 f"{span.sigma}, but {metrics} records dp_noise_multiplier "
-                                 f"{ran[t]} for round {t}")
+    starts = [s.first for s in spent]
+    for r in _records(metrics):
+        t, ran = r["round"], r.get("dp_noise_multiplier")
+        i = bisect.bisect_right(starts, t) - 1  # the span of round t, if any
+        if i >= 0 and t <= spent[i].last and _is_number(ran) and ran != spent[i].sigma:
+            raise ValueError(f"{source}: checkpoint field 'privacy.ledger[{i}].sigma' is "
+                             f"{spent[i].sigma}, but {metrics} records dp_noise_multiplier "
+                             f"{ran} for round {t}")
 
 
 def last_epsilon(metrics: Path) -> tuple[int, float] | None:
