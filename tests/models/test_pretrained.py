@@ -43,13 +43,14 @@ def tiny_bert(folder: Path, num_labels: int = 3, dropout: float = 0.0) -> Path:
     return folder
 
 
-def tiny_llama(folder: Path, causal: bool = True, num_labels: int = 3) -> Path:
+def tiny_llama(folder: Path, causal: bool = True, num_labels: int = 3,
+               pad_token_id: int | None = 0) -> Path:
     """A 2-layer, width-32 random Llama (causal LM or classifier), padding id 0."""
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2, num_labels=num_labels)
+        pad_token_id=pad_token_id, bos_token_id=1, eos_token_id=2, num_labels=num_labels)
     cls = (transformers.LlamaForCausalLM if causal
            else transformers.LlamaForSequenceClassification)
     cls(cfg).save_pretrained(folder)
@@ -96,6 +97,15 @@ def test_classifier_matches_transformers_with_a_padding_mask(tmp_path, arch):
     expected = ref(input_ids=x, attention_mask=(x != 0).long()).logits
     torch.testing.assert_close(model(x), expected, rtol=0, atol=1e-6)
     assert all(p.requires_grad for p in model.parameters())  # full fine-tuning
+
+
+def test_a_classifier_without_a_padding_id_pads_with_0_as_the_zoo(tmp_path):
+    folder = tiny_llama(tmp_path / "m", causal=False, pad_token_id=None)
+    model = PretrainedModel((T,), 3, path=str(folder)).eval()
+    x = tokens(2, [T, 5])
+    assert model.pad_id == 0 and model.causal
+    alone = model(x[1:, :5])  # the padded sequence alone, unpadded
+    torch.testing.assert_close(model(x)[1:], alone, rtol=0, atol=1e-5)
 
 
 def test_causal_lm_gives_the_next_token_logits_after_the_last_real_token(tmp_path):

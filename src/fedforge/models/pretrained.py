@@ -220,9 +220,9 @@ class PretrainedModel(nn.Module):
             attn_implementation=attn_implementation)
         pad = getattr(self.hf.config, "pad_token_id", None)
         self.pad_id = 0 if pad is None else int(pad)
-        self.causal = task == "causal_lm" or attends_causally(self.hf)
-        if task == "classification" and getattr(self.hf.config, "pad_token_id", None) is None:
+        if task == "classification" and pad is None:
             self.hf.config.pad_token_id = self.pad_id  # Llama's head pools the last non-pad
+        self.causal = task == "causal_lm" or attends_causally(self.hf)
 
     def _mask(self, tokens: torch.Tensor) -> torch.Tensor:
         dtype = self.hf.get_input_embeddings().weight.dtype
