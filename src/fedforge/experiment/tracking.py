@@ -52,7 +52,7 @@ HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BA
 
 
 class TrackerError(ValueError):
-    """A tracker that cannot be opened as asked; one line naming the setting or the file."""
+    """A tracker that cannot be opened, logged to or closed; one line naming the setting."""
 
 
 class Tracker(Protocol):
