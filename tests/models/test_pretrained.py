@@ -140,9 +140,12 @@ def test_vmap_over_stacked_parameters_equals_the_loop(tmp_path, arch):
     torch.testing.assert_close(batched, loop, rtol=0, atol=1e-5)
 
 
-def test_fedavg_rounds_agree_between_the_loop_and_vmap_engines(tmp_path):
-    """A pretrained model runs in the engines like a zoo model (full fine-tuning)."""
-    model = PretrainedModel((T,), 3, path=str(tiny_bert(tmp_path / "bert")))
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_fedavg_rounds_agree_between_the_loop_and_vmap_engines(tmp_path, dropout):
+    """A pretrained model runs in the engines like a zoo model (full fine-tuning); its
+    dropout layers (and eager attention's F.dropout) are keyed per client like the zoo's."""
+    model = PretrainedModel((T,), 3, path=str(tiny_bert(tmp_path / "bert", dropout=dropout)))
+    assert model.hf.training  # dropout is on while training (from_pretrained gives eval mode)
     clients, steps, batch = 3, 2, 2
     x = tokens(clients * steps * batch, [T, 4, 9, 2, T, 6, 3, T, 5, 8, 7, 1])
     y = torch.randint(0, 3, (x.shape[0],), generator=torch.Generator().manual_seed(3))

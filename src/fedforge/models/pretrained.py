@@ -223,6 +223,7 @@ class PretrainedModel(nn.Module):
         if task == "classification" and pad is None:
             self.hf.config.pad_token_id = self.pad_id  # Llama's head pools the last non-pad
         self.causal = task == "causal_lm" or attends_causally(self.hf)
+        self.hf.train(self.training)  # from_pretrained returns eval mode: follow the wrapper's
 
     def _mask(self, tokens: torch.Tensor) -> torch.Tensor:
         dtype = self.hf.get_input_embeddings().weight.dtype
