@@ -27,7 +27,7 @@ PYPROJECT = ROOT / "pyproject.toml"
 
 # Import names whose distribution is named differently on the package index.
 DISTRIBUTION = {"yaml": "pyyaml", "tomli_w": "tomli-w", "pydantic_core": "pydantic-core",
-                "dp_accounting": "dp-accounting"}
+                "dp_accounting": "dp-accounting", "PIL": "pillow"}
 IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError"}
 
 

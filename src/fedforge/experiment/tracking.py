@@ -197,8 +197,11 @@ def _telemetry_off() -> None:
     this process (outside :func:`scoped_env`) is told again, now that it is switched off."""
     try:
         from mlflow.telemetry.client import get_telemetry_client, set_telemetry_client
-    except ImportError:  # an MLflow without telemetry
-        return
+    except ImportError as exc:
+        if exc.name == "mlflow":
+            raise TrackerError("logging.mlflow needs MLflow: pip install "
+                               "'fedforge[mlflow]'") from None
+        return  # an MLflow without telemetry
     if get_telemetry_client() is not None:
         set_telemetry_client()
 
