@@ -13,6 +13,7 @@ was expected, and is raised as :class:`ConfigError` so the CLI prints one line, 
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 import re
 import typing
@@ -529,6 +530,9 @@ def _text_field(schema: type[BaseModel] | None, parts: list[str]) -> bool:
 _NULLS = ("~", "null", "Null", "NULL")
 
 
+_KEY_PART = re.compile(r"[\w-]+")  # one name of a dotted key (``client``, ``batch_size``)
+
+
 def apply_overrides(raw: dict, overrides: list[str], schema: type[BaseModel] | None = None,
                     where: str = "") -> dict:
     """Apply ``a.b.c=value`` overrides to a raw config dict (a new dict is returned).
@@ -550,6 +554,9 @@ def apply_overrides(raw: dict, overrides: list[str], schema: type[BaseModel] | N
         parts = [p.strip() for p in key.strip().split(".") if p.strip()]
         if not parts:
             raise ConfigError(f"override {shown}: empty key")
+        if not all(_KEY_PART.fullmatch(p) for p in parts):
+            raise ConfigError(f"override {shown}: unknown config key {shorten(repr(key), 60)};"
+                              " a key is dotted names, e.g. client.batch_size")
         try:
             value = _parse_value(text)
         except InputError as exc:
@@ -627,7 +634,8 @@ def validate(raw: dict | BaseRunConfig, *, allow_plugins: bool = False) -> RunCo
     _check_plugins(raw, allow_plugins)
     kind = RUN_KINDS[run_kind(raw)]
     cfg = validate_schema(kind, raw,
-                          explain=lambda exc: _not_config(exc) or _other_kind(kind, exc))
+                          explain=lambda exc: (_not_config(exc) or _other_kind(kind, exc)
+                                               or _did_you_mean(kind, exc)))
     _check_unread(cfg)
     if cfg.multitask:
         _check_method(cfg)
@@ -710,6 +718,34 @@ def _not_config(exc: ValidationError) -> str | None:
         if where:
             return f"{'.'.join(map(str, err['loc']))}: {where}"
     return None
+
+
+def _did_you_mean(kind: type[BaseModel], exc: ValidationError) -> str | None:
+    """An unknown key close to a known one of its section (``clients`` for ``client``),
+    named with the suggestion; None when nothing is close."""
+    first = exc.errors()[0]
+    if first["type"] != "extra_forbidden" or not all(isinstance(p, str) for p in first["loc"]):
+        return None
+    *sections, key = first["loc"]
+    model: Any = kind
+    for name in sections:
+        field = _field(model, name)
+        model = field and field.annotation
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return None
+    names = [n for name, f in model.model_fields.items() for n in (name, f.alias) if n]
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    if not close:
+        return None
+    path = ".".join(field_part(p) for p in first["loc"])
+    return f"{path}: unknown key; did you mean {close[0]!r}?"
+
+
+def _field(model: Any, name: str) -> Any:
+    """The pydantic field of ``model`` called ``name`` (or aliased so), or None."""
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return None
+    return next((f for n, f in model.model_fields.items() if name in (n, f.alias)), None)
 
 
 def _other_kind(kind: type[BaseRunConfig], exc: ValidationError) -> str | None:
