@@ -26,7 +26,7 @@ def test_a_path_like_override_key_is_an_unknown_config_key(override):
 
 @pytest.mark.parametrize(("override", "expected"), [
     ("clients.batch_size=3", "clients: unknown key; did you mean 'client'?"),
-    ("client.batchsize=3", "client.batchsize: unknown key; did you mean 'batch_size'?"),
+    ("client.batchsize=3", "client.batchsize: unknown key; did you mean 'batch_size'? (got 3)"),
 ])
 def test_a_near_miss_names_the_key_it_is_close_to(override, expected):
     assert _error(override) == expected

@@ -738,7 +738,9 @@ def _did_you_mean(kind: type[BaseModel], exc: ValidationError) -> str | None:
     if not close:
         return None
     path = ".".join(field_part(p) for p in first["loc"])
-    return f"{path}: unknown key; did you mean {close[0]!r}?"
+    value = first.get("input")
+    shown = "" if isinstance(value, (dict, list)) else f" (got {shorten(repr(value))})"
+    return f"{path}: unknown key; did you mean {close[0]!r}?{shown}"
 
 
 def _field(model: Any, name: str) -> Any:
