@@ -4,12 +4,15 @@ algorithms | datasets | models."""
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
+from importlib import import_module
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="fedforge: fast, faithful federated-learning simulation.")
@@ -50,9 +53,12 @@ def _nonempty(option: str):
     """A parser for a path option (``--out``, ``--runs``) that refuses an empty value: it
     would silently mean the current folder."""
     def parse(value: str | Path | None) -> Path | None:
-        if value is not None and not str(value).strip():
-            _fail(f"{option}: empty; name a folder (or '.' for the current one)")
-        return None if value is None else Path(value)
+        from fedforge.experiment.rundir import folder_option
+
+        try:
+            return None if value is None else folder_option(option, value)
+        except ValueError as exc:
+            _fail(str(exc))
 
     return parse
 
@@ -66,7 +72,7 @@ def _setup(plugins: list[str] | None, data_root: Path | None = None,
     --mlflow-uri (in the environment, so that the runs of worker processes read it too)."""
     import os
 
-    from fedforge.data.root import use_data_root
+    from fedforge.data.root import use_data_root_option
     from fedforge.experiment.tracking import URI_ENV
     from fedforge.plugins import PluginError, load_plugins
 
@@ -78,9 +84,10 @@ def _setup(plugins: list[str] | None, data_root: Path | None = None,
     except PluginError as exc:
         _fail(str(exc))
     if data_root is not None:
-        if not data_root.expanduser().is_dir():
-            _fail(f"--data-root: directory {str(data_root)!r} does not exist")
-        use_data_root(data_root)
+        try:
+            use_data_root_option(data_root)
+        except ValueError as exc:
+            _fail(str(exc))
 
 
 def _config_plugins(config: Path, allow: bool) -> None:
@@ -514,190 +521,41 @@ def report(
     console.print(f"wrote {path}")
 
 
-@app.command()
-def bench(
-    workload: Annotated[str, typer.Argument(
-        help="w1 | w2 (throughput) | w3 (time to accuracy of one config, per engine) | "
-             "pfl-cifar10 (pfl-research's CIFAR-10 workload: fedforge, pfl-research, Flower "
-             "and a plain loop, interleaved) | population (memory, disk and time per round "
-             "from 10^3 to 10^6 clients) | pfl-ditto (personalised FL: Ditto with fedforge's "
-             "auto engine and a plain per-client loop, interleaved)")],
-    cohorts: Annotated[str | None, typer.Option(
-        help="w1/w2 (default 10,100), pfl-ditto (default 10,100,1000): comma-separated "
-             "cohort sizes")] = None,
-    engines: Annotated[str | None, typer.Option(
-        help="w1/w2 (default plain,loop,vmap,auto): plain,loop,vmap,auto,procs (one "
-             "single-threaded worker process per CPU),flower; suffixes "
-             ":bf16 (bf16 autocast), :procs2 (the same round, half the cohort in each of "
-             "two single-threaded worker processes that hold the data from their start: two "
-             "processes vs one with two intra-op threads), for loop and procs :nhwc "
-             "(channels-last images and convolution weights) and, for vmap, "
-             ":compile (torch.compile), e.g. vmap:bf16:compile. w3 (default "
-             "fedforge,plain,flower): the config as a fedforge run, as a plain PyTorch FedAvg "
-             "loop and on Flower's simulation engine, each stopped at the target. "
-             "pfl-cifar10 (default fedforge,pfl,pfl:procs,flower,plain): fedforge (engine "
-             "auto) or fedforge:loop|vmap|procs, pfl (one process) or pfl:procs (torchrun, "
-             "one process per core), flower, plain, each optionally ending in :bf16 (that "
-             "row in bf16)")] = None,
-    device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
-    chunk: Annotated[str, typer.Option(help="vmap chunk size or auto")] = "auto",
-    repeats: Annotated[int, typer.Option(help="timed repetitions after a warm-up")] = 1,
-    config: Annotated[Path, typer.Option(
-        help="w3: run config (FedAvg; every engine reads its data, model, rounds, cohorts, "
-             "local work and evaluation)")] = Path("examples/femnist_fedavg.toml"),
-    target: Annotated[float, typer.Option(
-        help="w3: test-accuracy target; each engine stops at its first evaluation at or "
-             "above it")] = 0.8,
-    out: Annotated[Path | None, typer.Option(
-        help="the bench's folder (default runs/bench_WORKLOAD): w3, pfl-cifar10, pfl-ditto "
-             "and population write their runs there, --profile its traces",
-        parser=_out_path, metavar="PATH")
-    ] = None,
-    results: Annotated[Path | None, typer.Option(
-        help="markdown file to append to (default: benchmarks/RESULTS.md when run from the "
-             "fedforge checkout, else RESULTS.md in --out)")] = None,
-    plot: Annotated[Path | None, typer.Option(help="w1/w2: write a scaling PNG here")] = None,
-    model: Annotated[str | None, typer.Option(
-        help="w1/w2, pfl-ditto (default lenet5): another registered model on the "
-             "workload's inputs (e.g. mlp, logreg); "
-             "a sequence model (char_lstm, transformer_lm, ...) gets random sequences of 80 "
-             "tokens with the same schedule")
-    ] = None,
-    profile: Annotated[bool, typer.Option(
-        "--profile", help="torch profiler trace of each row in OUT/profile/ and its top "
-                          "kernels")] = False,
-    data_root: DataRootOption = None,
-    groups: Annotated[int, typer.Option(
-        help="pfl-cifar10, pfl-ditto: round-robin groups (each framework once per group, fresh "
-             "process)")] = 3,
-    warmup: Annotated[int, typer.Option(
-        help="pfl-cifar10, pfl-ditto: untimed iterations (rounds) first")] = 1,
-    iterations: Annotated[int, typer.Option(
-        help="pfl-cifar10, pfl-ditto: timed iterations (rounds)")] = 5,
-    quick: Annotated[bool, typer.Option(
-        "--quick", help="pfl-cifar10: a tiny workload (16 users, cohort 4), random images "
-                        "when CIFAR-10 is absent: checks that every row runs. population: "
-                        "10^2 and 10^3 clients, cohort 10, 3 rounds (a smoke run). "
-                        "pfl-ditto: cohorts 2 and 3, 2 steps of batch 8")] = False,
-    populations: Annotated[str | None, typer.Option(
-        help="population: comma-separated client counts (default 1000,10000,100000,"
-             "1000000)")] = None,
-    cohort: Annotated[int | None, typer.Option(
-        help="population: clients per round (default 1000)", min=1)] = None,
-    rounds: Annotated[int | None, typer.Option(
-        help="population: rounds per configuration (default 5)", min=3)] = None,
-    precision: Annotated[str, typer.Option(
-        help="pfl-cifar10: fp32 | bf16 (autocast, fp32 weights) for every framework")] = "fp32",
-    peer_python: Annotated[str | None, typer.Option(
-        help="pfl-cifar10: the Python that runs pfl-research (one with pfl installed that "
-             "can import fedforge); default this one")] = None,
-) -> None:
-    """Run a benchmark workload, print a table and append it to --results."""
-    import torch
+BENCHES = {"w1": "throughput:w1", "w2": "throughput:w2", "w3": "time_to_accuracy:w3",
+           "population": "population:population", "pfl-cifar10": "pfl_cifar10:pfl_cifar10",
+           "pfl-ditto": "pfl_speed:pfl_ditto"}
+"""``fedforge bench NAME`` -> ``module:function`` in ``fedforge.bench``: the function's
+parameters are the command's options."""
 
-    from fedforge.bench import append_results
-    from fedforge.bench.report import default_results
 
-    dev = torch.device(device)
-    out = out or Path("runs") / f"bench_{workload.replace('-', '_')}"
-    results = results or default_results(out)
-    if workload in ("w1", "w2"):
-        from fedforge.bench.throughput import W1_HEADER, run_w1
-        from fedforge.bench.workload import W1, W2
+class _Benches(TyperGroup):
+    """``fedforge bench``: a workload's module is imported only when its command runs (or
+    ``fedforge bench --help`` lists them), so the other commands start without it. Each
+    returns the table it appended; a ValueError or OSError is a one-line error."""
 
-        work = W1 if workload == "w1" else W2
-        if model is not None:
-            from fedforge.bench.workload import for_model
-            from fedforge.models import MODELS
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(BENCHES)
 
-            if model not in MODELS:
-                _fail(f"--model: unknown model {model!r}; expected one of {sorted(MODELS)}")
-            work = for_model(work, model)
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in BENCHES:
+            return None
+        module, function = BENCHES[cmd_name].split(":")
+        workload = typer.Typer(add_completion=False)
+        workload.command(cmd_name)(getattr(import_module(f"fedforge.bench.{module}"),
+                                           function))
+        return typer.main.get_command(workload)
+
+    def invoke(self, ctx: click.Context) -> None:
         try:
-            rows = run_w1([int(c) for c in (cohorts or "10,100").split(",")],
-                          (engines or "plain,loop,vmap,auto").split(","), dev,
-                          chunk if chunk == "auto" else int(chunk), repeats, work,
-                          profile_dir=out / "profile" if profile else None)
-        except ValueError as exc:
-            _fail(str(exc))
-        header = W1_HEADER
-        title = (f"{work.name} ({work.model}, {work.steps} steps x batch {work.batch}, "
-                 "FedAvg)")
-        if plot is not None:
-            from fedforge.bench.report import plot_scaling
-
-            try:
-                plot_scaling(rows, plot, f"{title}, {dev.type}")
-            except (ValueError, OSError) as exc:
-                _fail(str(exc))
-    elif workload == "pfl-cifar10":
-        from fedforge.bench.pfl_cifar10 import HEADER, parse_frameworks, run_pfl_cifar10
-
-        _setup(None, data_root)
-        try:
-            rows, note = run_pfl_cifar10(
-                parse_frameworks(engines or "fedforge,pfl,pfl:procs,flower,plain"), out,
-                groups=groups, warmup=warmup, iterations=iterations, quick=quick,
-                precision=precision, peer_python=peer_python)
+            table = super().invoke(ctx)
         except (ValueError, OSError) as exc:
             _fail(str(exc))
-        header, title = HEADER, "pfl-research CIFAR-10 (simple_cnn, FedAvg)"
-        if quick:
-            title += ", --quick"
-        try:
-            console.print(append_results(results, title, dev, header, rows, note), markup=False)
-        except (ValueError, OSError) as exc:
-            _fail(str(exc))
-        return
-    elif workload == "pfl-ditto":
-        from fedforge.bench import pfl_speed
+        console.print(table, markup=False)
 
-        try:
-            rows, note = pfl_speed.run_pfl_ditto(
-                out, pfl_speed.parse_cohorts(cohorts) if cohorts else None, groups=groups,
-                warmup=warmup, iterations=iterations, quick=quick, model=model)
-            title = "pfl-ditto (Ditto, fedforge auto vs a plain per-client loop)"
-            console.print(append_results(results, title + (", --quick" if quick else ""),
-                                         dev, pfl_speed.HEADER, rows, note), markup=False)
-        except (ValueError, OSError) as exc:
-            _fail(str(exc))
-        return
-    elif workload == "population":
-        import sys
 
-        from fedforge.bench import population as pop
-        from fedforge.experiment.rundir import append_text
-
-        try:
-            work = pop.quick_or_full(quick, populations, cohort, rounds)
-            rows = pop.run_population(work, out)
-            pop.plot_population(rows, out)
-            text = pop.table(work, rows, " ".join(["fedforge", *sys.argv[1:]]))
-            pop.write_text(out, "population.md", text)
-            append_text(results.parent, results.name, "\n" + text)
-        except (ValueError, OSError) as exc:
-            _fail(str(exc))
-        console.print(text, markup=False)
-        return
-    elif workload == "w3":
-        from fedforge.bench.profiling import profiled
-        from fedforge.bench.time_to_accuracy import W3_HEADER, run_w3_engines
-
-        try:
-            with profiled(out / "profile", "w3", enabled=profile):
-                rows = run_w3_engines(config, (engines or "fedforge,plain,flower").split(","),
-                                      out, target, [f"engine.device={device}"])
-        except ValueError as exc:  # engine names, Flower missing, config errors
-            _fail(str(exc))
-        header = W3_HEADER
-        title = "W3 time to accuracy"
-    else:
-        _fail(f"workload: expected w1, w2, w3, pfl-cifar10, pfl-ditto or population, got "
-              f"{workload!r}")
-    try:
-        console.print(append_results(results, title, dev, header, rows), markup=False)
-    except (ValueError, OSError) as exc:  # e.g. --results is a link: refused, not followed
-        _fail(str(exc))
+app.add_typer(typer.Typer(cls=_Benches, no_args_is_help=True,
+                          help="Run a benchmark workload, print a table and append it to "
+                               "--results (fedforge bench WORKLOAD --help)."), name="bench")
 
 
 def _print_registry(title: str, entries: dict[str, str]) -> None:

@@ -29,17 +29,17 @@ def _stub_workloads(monkeypatch) -> None:
     monkeypatch.setattr(pop, "plot_population", lambda rows, out: out / "population.png")
 
 
-@pytest.mark.parametrize(("workload", "row"), [
-    ("w1", "| 2 | loop |"), ("pfl-ditto", "| 2 | fedforge |"),
-    ("population", "| 100 | scaffold |")])
+@pytest.mark.parametrize(("workload", "options", "row"), [
+    ("w1", [], "| 2 | loop |"), ("pfl-ditto", ["--quick"], "| 2 | fedforge |"),
+    ("population", ["--quick"], "| 100 | scaffold |")])
 def test_a_bench_outside_the_checkout_appends_to_its_own_folder(tmp_path, monkeypatch,
-                                                                 workload, row):
+                                                                 workload, options, row):
     _stub_workloads(monkeypatch)
     monkeypatch.chdir(tmp_path)
     theirs = tmp_path / "benchmarks" / "RESULTS.md"
     theirs.parent.mkdir()
     theirs.write_text(THEIRS)
-    result = CliRunner().invoke(app, ["bench", workload, "--quick"])
+    result = CliRunner().invoke(app, ["bench", workload, *options])
     assert result.exit_code == 0, result.output
     assert theirs.read_text() == THEIRS
     folder = tmp_path / "runs" / f"bench_{workload.replace('-', '_')}"

@@ -11,6 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
+import click
 import pytest
 import torch
 import typer
@@ -157,12 +158,23 @@ def test_a_marker_of_another_budget_or_without_metrics_is_not_trusted(tiny_data,
 
 # ---------------------------------------------------------------------- empty --out
 
+def _commands(group, prefix: str = "") -> dict[str, click.Command]:
+    """Every command by its words (``run``, ``bench w1``), sub-commands included."""
+    found = {}
+    for name in group.list_commands(None):
+        command = group.get_command(None, name)
+        if isinstance(command, click.Group):
+            found.update(_commands(command, f"{prefix}{name} "))
+        else:
+            found[f"{prefix}{name}"] = command
+    return found
+
+
 def _path_options() -> list[tuple[str, str, list[str]]]:
     """(command, option, the other arguments it needs) for every command with a path
     option that names where results go (``--out``, ``--runs``)."""
-    group = typer.main.get_command(cli.app)
     found = []
-    for name, command in group.commands.items():
+    for name, command in _commands(typer.main.get_command(cli.app)).items():
         required = []
         for param in command.params:
             if param.required:
@@ -176,7 +188,7 @@ def _path_options() -> list[tuple[str, str, list[str]]]:
 
 
 def test_the_empty_out_check_covers_every_command_that_writes():
-    names = {name for name, _, _ in _path_options()}
+    names = {name.split()[0] for name, _, _ in _path_options()}
     assert {"run", "compare", "pretrain", "plot", "report", "bench", "reproduce"} <= names
 
 
@@ -185,7 +197,7 @@ def test_the_empty_out_check_covers_every_command_that_writes():
 def test_empty_out_is_one_line_error(tmp_path, monkeypatch, command, option, required):
     """``--out ''`` was the current folder: a run landed beside the user's files."""
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(cli.app, [command, *required, option, ""])
+    result = CliRunner().invoke(cli.app, [*command.split(), *required, option, ""])
     _one_line_error(result, option, "empty")
     assert list(tmp_path.iterdir()) == []
 

@@ -41,8 +41,12 @@ import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
+import typer
+
+from fedforge.bench.options import Groups, Iterations, Out, Results, Warmup, folders
 
 FRAMEWORKS = ("fedforge", "pfl", "flower", "plain")
 FEDFORGE_ENGINES = ("auto", "loop", "vmap", "procs")
@@ -371,3 +375,43 @@ def summarize(frameworks: list[str], runs: dict[str, list[Run]], why: dict,
                      round(s["start"], 2), round(s["first"], 2), round(s["rss"]),
                      round(s["acc"], 4), ratio("it"), ratio("start"), ratio("rss")])
     return rows
+
+
+# ----------------------------------------------------------- fedforge bench pfl-cifar10
+
+Engines = Annotated[str, typer.Option(
+    help="fedforge (engine auto) or fedforge:loop|vmap|procs, pfl (one process) or pfl:procs "
+         "(torchrun, one process per core), flower, plain, each optionally ending in :bf16 "
+         "(that row in bf16)")]
+Quick = Annotated[bool, typer.Option(
+    "--quick", help="a tiny workload (16 users, cohort 4), random images when CIFAR-10 is "
+                    "absent: checks that every row runs")]
+Precision = Annotated[str, typer.Option(
+    help="fp32 | bf16 (autocast, fp32 weights) for every framework")]
+PeerPython = Annotated[str | None, typer.Option(
+    help="the Python that runs pfl-research (one with pfl installed that can import "
+         "fedforge); default this one")]
+DataRoot = Annotated[Path | None, typer.Option(
+    "--data-root", help="folder holding the dataset folders (wins over $FEDFORGE_DATA)")]
+
+
+def pfl_cifar10(engines: Engines = "fedforge,pfl,pfl:procs,flower,plain", groups: Groups = 3,
+                warmup: Warmup = 1, iterations: Iterations = 5, quick: Quick = False,
+                precision: Precision = "fp32", peer_python: PeerPython = None,
+                data_root: DataRoot = None, out: Out = "runs/bench_pfl_cifar10",
+                results: Results = None) -> str:
+    """pfl-research's CIFAR-10 workload: fedforge, pfl-research, Flower and a plain loop,
+    interleaved."""
+    import torch
+
+    from fedforge.bench.report import append_results
+    from fedforge.data.root import use_data_root_option
+
+    folder, results = folders(out, results)
+    if data_root is not None:
+        use_data_root_option(data_root)
+    rows, note = run_pfl_cifar10(parse_frameworks(engines), folder, groups=groups,
+                                 warmup=warmup, iterations=iterations, quick=quick,
+                                 precision=precision, peer_python=peer_python)
+    title = "pfl-research CIFAR-10 (simple_cnn, FedAvg)" + (", --quick" if quick else "")
+    return append_results(results, title, torch.device("cpu"), HEADER, rows, note)

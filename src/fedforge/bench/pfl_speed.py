@@ -34,10 +34,15 @@ import os
 import statistics
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Annotated
 
+import torch
+import typer
 from safetensors.torch import load_file
 
+from fedforge.bench.options import Groups, Iterations, Out, Results, Warmup, folders
 from fedforge.bench.pfl_cifar10 import launch
+from fedforge.bench.report import append_results
 from fedforge.bench.workload import LR, W1
 
 FRAMEWORKS = ("fedforge", "plain")
@@ -226,3 +231,26 @@ def _same_work(cohort: int, runs: list[Run]) -> str:
     worst = max(diffs)
     return f"{'yes' if worst <= SAME_TOLERANCE else 'NO'} ({worst:.1e})"
 
+
+
+# ------------------------------------------------------------- fedforge bench pfl-ditto
+
+Cohorts = Annotated[str | None, typer.Option(
+    help="comma-separated cohort sizes (default 10,100,1000; with --quick 2,3)")]
+Model = Annotated[str | None, typer.Option(
+    help="another registered model on the workload's inputs (default lenet5)")]
+Quick = Annotated[bool, typer.Option("--quick", help="cohorts 2 and 3, 2 steps of batch 8")]
+
+
+def pfl_ditto(cohorts: Cohorts = None, groups: Groups = 3, warmup: Warmup = 1,
+              iterations: Iterations = 5, quick: Quick = False, model: Model = None,
+              out: Out = "runs/bench_pfl_ditto", results: Results = None) -> str:
+    """Personalised FL: Ditto with fedforge's auto engine and a plain per-client loop,
+    interleaved."""
+    folder, results = folders(out, results)
+    rows, note = run_pfl_ditto(folder, parse_cohorts(cohorts) if cohorts else None,
+                               groups=groups, warmup=warmup, iterations=iterations,
+                               quick=quick, model=model)
+    title = "pfl-ditto (Ditto, fedforge auto vs a plain per-client loop)"
+    return append_results(results, title + (", --quick" if quick else ""),
+                          torch.device("cpu"), HEADER, rows, note)

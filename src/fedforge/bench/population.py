@@ -21,11 +21,14 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Annotated
 
 import torch
+import typer
 
-from fedforge.bench.report import machine_line
-from fedforge.experiment.rundir import save_figure, subfolder, write_text
+from fedforge.bench.options import Out, Results, folders
+from fedforge.bench.report import command_line, machine_line
+from fedforge.experiment.rundir import append_text, save_figure, subfolder, write_text
 from fedforge.experiment.styles import style_for
 
 HEADER = ["clients", "algorithm", "store", "peak RSS MB", "run folder MB", "s / round",
@@ -245,6 +248,32 @@ def quick_or_full(quick: bool, populations: str | None, cohort: int | None,
         raise ValueError(f"--cohort: {bench.cohort} is more than the smallest population "
                          f"({min(bench.populations)})")
     return bench
+
+
+
+# ------------------------------------------------------------ fedforge bench population
+
+Populations = Annotated[str | None, typer.Option(
+    help="comma-separated client counts (default 1000,10000,100000,1000000)")]
+Cohort = Annotated[int | None, typer.Option(help="clients per round (default 1000)", min=1)]
+Rounds = Annotated[int | None, typer.Option(
+    help="rounds per configuration (default 5)", min=3)]
+Quick = Annotated[bool, typer.Option(
+    "--quick", help="10^2 and 10^3 clients, cohort 10, 3 rounds (a smoke run)")]
+
+
+def population(populations: Populations = None, cohort: Cohort = None, rounds: Rounds = None,
+               quick: Quick = False, out: Out = "runs/bench_population",
+               results: Results = None) -> str:
+    """Memory, disk and time per round from 10^3 to 10^6 clients."""
+    folder, results = folders(out, results)
+    bench = quick_or_full(quick, populations, cohort, rounds)
+    rows = run_population(bench, folder)
+    plot_population(rows, folder)
+    text = table(bench, rows, command_line())
+    write_text(folder, "population.md", text)
+    append_text(results.parent, results.name, "\n" + text)
+    return text
 
 
 if __name__ == "__main__":

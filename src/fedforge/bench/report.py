@@ -37,15 +37,21 @@ def default_results(folder: Path) -> Path:
     return folder / "RESULTS.md"
 
 
+def command_line() -> str:
+    """The command line that is running, as a table records it: ``fedforge bench ...`` or
+    ``python SCRIPT ...``."""
+    program = sys.argv[0]
+    words = (["fedforge"] if program.endswith("fedforge")
+             else ["python", Path(program).name])
+    return " ".join(words + sys.argv[1:]).replace("  ", " ").strip()
+
+
 def append_results(path: str | Path, title: str, device: torch.device, header: list[str],
                    rows: list[list[object]], note: str = "", command: str | None = None) -> str:
     """Append ``### title · date · machine · torch · command`` and a markdown table.
     ``command``: the line that reproduces the table, when ``sys.argv`` does not show it
     (``python -m`` modules)."""
-    cmd = command or " ".join(
-        ["fedforge" if sys.argv[0].endswith("fedforge") else "python"]
-        + [Path(sys.argv[0]).name if not sys.argv[0].endswith("fedforge") else ""]
-        + sys.argv[1:]).replace("  ", " ")
+    cmd = command or command_line()
     lines = [f"\n### {title} · {dt.date.today().isoformat()} · {machine_line(device)} · "
              f"torch {torch.__version__}\n", f"\nCommand: `{cmd.strip()}`\n",
              "\n| " + " | ".join(header) + " |\n", "|" + "---|" * len(header) + "\n"]

@@ -37,23 +37,29 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from pathlib import Path
+from typing import Annotated, NamedTuple
 
 import torch
 import torch.nn.functional as F
+import typer
 
 from fedforge.algorithms import build_algorithm
+from fedforge.bench.options import Device, Out, Profile, Results, folders
+from fedforge.bench.report import append_results, plot_scaling
 from fedforge.bench.workload import (
     LR,
     W1,
+    W2,
     Workload,
     fedforge_round,
+    for_model,
     make_data,
     make_engine,
     plain_loop,
 )
 from fedforge.engine import AutoEngine, classification_loss
-from fedforge.models import build_model
+from fedforge.models import MODELS, build_model
 
 ENGINES = ("plain", "loop", "vmap", "auto", "procs", "flower")
 FLAGS = ("compile", "cudagraphs", "procs2", "fp32", "bf16", "nhwc")
@@ -267,3 +273,60 @@ def run_w1(cohorts: list[int], engines: list[str], device: torch.device, chunk="
             print(f"{work.name} {name:11s} cohort {cohort:5d}: {rate:8.1f} client updates/s, "
                   f"{achieved:6.1f} GFLOP/s ({share:.0f} % of peak){mem}{warm}", flush=True)
     return rows
+
+
+# ------------------------------------------------------------ fedforge bench w1 | w2
+
+Cohorts = Annotated[str, typer.Option(help="comma-separated cohort sizes")]
+Engines = Annotated[str, typer.Option(
+    help="plain,loop,vmap,auto,procs (one single-threaded worker process per CPU),flower; "
+         "suffixes :bf16 (bf16 autocast), :procs2 (the same round, half the cohort in each "
+         "of two single-threaded worker processes that hold the data from their start: two "
+         "processes vs one with two intra-op threads), for loop and procs :nhwc "
+         "(channels-last images and convolution weights) and, for vmap, :compile "
+         "(torch.compile), e.g. vmap:bf16:compile")]
+Chunk = Annotated[str, typer.Option(help="vmap chunk size or auto")]
+Repeats = Annotated[int, typer.Option(help="timed repetitions after a warm-up")]
+Model = Annotated[str | None, typer.Option(
+    help="another registered model on the workload's inputs (e.g. mlp, logreg); a sequence "
+         "model (char_lstm, transformer_lm, ...) gets random sequences of 80 tokens with the "
+         "same schedule")]
+Plot = Annotated[Path | None, typer.Option(help="write a scaling PNG here")]
+DEFAULT_ENGINES = "plain,loop,vmap,auto"
+
+
+def w1(cohorts: Cohorts = "10,100", engines: Engines = DEFAULT_ENGINES, device: Device = "cpu",
+       chunk: Chunk = "auto", repeats: Repeats = 1, model: Model = None, plot: Plot = None,
+       profile: Profile = False, out: Out = "runs/bench_w1", results: Results = None) -> str:
+    """W1 throughput: client updates/s of FedAvg with the 2-conv CNN, per engine."""
+    return throughput(W1, cohorts, engines, device, chunk, repeats, model, plot, profile,
+                      out, results)
+
+
+def w2(cohorts: Cohorts = "10,100", engines: Engines = DEFAULT_ENGINES, device: Device = "cpu",
+       chunk: Chunk = "auto", repeats: Repeats = 1, model: Model = None, plot: Plot = None,
+       profile: Profile = False, out: Out = "runs/bench_w2", results: Results = None) -> str:
+    """W2 throughput: client updates/s of FedAvg with ResNet-18-GN, per engine."""
+    return throughput(W2, cohorts, engines, device, chunk, repeats, model, plot, profile,
+                      out, results)
+
+
+def throughput(work: Workload, cohorts: str, engines: str, device: str, chunk: str,
+               repeats: int, model: str | None, plot: Path | None, profile: bool, out: str,
+               results: Path | None) -> str:
+    """Measure ``work`` (with ``model`` instead of its own), append the table to
+    ``results`` and return it; ``plot``: also a scaling figure."""
+    folder, results = folders(out, results)
+    dev = torch.device(device)
+    if model is not None:
+        if model not in MODELS:
+            raise ValueError(f"--model: unknown model {model!r}; expected one of "
+                             f"{sorted(MODELS)}")
+        work = for_model(work, model)
+    rows = run_w1([int(c) for c in cohorts.split(",")], engines.split(","), dev,
+                  chunk if chunk == "auto" else int(chunk), repeats, work,
+                  profile_dir=folder / "profile" if profile else None)
+    title = f"{work.name} ({work.model}, {work.steps} steps x batch {work.batch}, FedAvg)"
+    if plot is not None:
+        plot_scaling(rows, plot, f"{title}, {dev.type}")
+    return append_results(results, title, dev, W1_HEADER, rows)

@@ -24,8 +24,15 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Annotated
 
+import torch
+import typer
+
+from fedforge.bench.options import Device, Out, Profile, Results, folders
 from fedforge.bench.plain_fl import W3Result, baseline_lr, run_plain
+from fedforge.bench.profiling import profiled
+from fedforge.bench.report import append_results
 from fedforge.experiment.build import resolve_device
 from fedforge.experiment.config import RunConfig, load_config
 from fedforge.experiment.metrics import evaluated
@@ -110,3 +117,27 @@ def run_w3_engines(config: str | Path, engines: list[str], out: str | Path,
 
 def _s(seconds: float | None) -> str:
     return "not reached" if seconds is None else f"{seconds:.1f} s"
+
+
+# ------------------------------------------------------------------- fedforge bench w3
+
+Config = Annotated[Path, typer.Option(
+    help="run config (FedAvg; every engine reads its data, model, rounds, cohorts, local "
+         "work and evaluation)")]
+Target = Annotated[float, typer.Option(
+    help="test-accuracy target; each engine stops at its first evaluation at or above it")]
+Engines = Annotated[str, typer.Option(
+    help="the config as a fedforge run, as a plain PyTorch FedAvg loop and on Flower's "
+         "simulation engine, each stopped at the target")]
+
+
+def w3(config: Config = Path("examples/femnist_fedavg.toml"), target: Target = 0.8,
+       engines: Engines = "fedforge,plain,flower", device: Device = "cpu",
+       profile: Profile = False, out: Out = "runs/bench_w3", results: Results = None) -> str:
+    """W3 time to accuracy: wall time of one config to a test-accuracy target, per engine."""
+    folder, results = folders(out, results)
+    with profiled(folder / "profile", "w3", enabled=profile):
+        rows = run_w3_engines(config, engines.split(","), folder, target,
+                              [f"engine.device={device}"])
+    return append_results(results, "W3 time to accuracy", torch.device(device), W3_HEADER,
+                          rows)

@@ -34,6 +34,14 @@ def use_data_root(path: str | Path | None) -> None:
     _cli_root = None if path is None else Path(path).expanduser()
 
 
+def use_data_root_option(path: str | Path) -> None:
+    """:func:`use_data_root` for the ``--data-root`` option: a folder that does not exist
+    is a ``ValueError`` naming the option, before any dataset is looked for."""
+    if not Path(path).expanduser().is_dir():
+        raise ValueError(f"--data-root: directory {str(path)!r} does not exist")
+    use_data_root(path)
+
+
 def resolve_data_root(configured: str | Path | None = None) -> DataRoot:
     """The folder datasets are read from, and which setting chose it (for error messages)."""
     if _cli_root is not None:

@@ -93,6 +93,14 @@ class ResumeConfigError(RunDirError):
     the folder, such as a sweep's ``best/``, tells this case apart from a broken folder)."""
 
 
+def folder_option(option: str, value: str | Path) -> Path:
+    """The folder a path option (``--out``, ``--runs``) names. An empty value is refused: it
+    would silently mean the current folder."""
+    if not str(value).strip():
+        raise RunDirError(f"{option}: empty; name a folder (or '.' for the current one)")
+    return Path(value)
+
+
 @contextmanager
 def claim_run_dir(
     out: str | Path, write_config: Callable[[Path], None], *, resume: bool = False,
