@@ -218,6 +218,21 @@ def test_finetuner_trains_only_its_part(part):
         np.testing.assert_allclose(gh, wh, rtol=1e-12, atol=1e-14, err_msg=f"{part} {t}")
 
 
+def test_fedbabu_fine_tunes_at_its_own_rate():
+    """``finetune_lr`` replaces the training rate in the fine-tuning steps only: four rounds
+    of the tuner equal those of a FedBABU trained at that rate, and differ from the default
+    (the training rate)."""
+    slow = LR / 10
+    got = run(build_algorithm("fedbabu", local_lr=LR, finetune_lr=slow, head=HEAD).personal
+              .finetuner())
+    want = run(build_algorithm("fedbabu", local_lr=slow, head=HEAD).personal.finetuner())
+    default = run(build_algorithm("fedbabu", local_lr=LR, head=HEAD).personal.finetuner())
+    for (gb, gh, _), (wb, wh, _) in zip(got, want, strict=True):
+        np.testing.assert_allclose(gb, wb, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(gh, wh, rtol=1e-12, atol=1e-14)
+    assert not np.allclose(got[-1][0], default[-1][0])
+
+
 def test_finetuner_over_a_frozen_chain_and_without_an_optimizer():
     """A fine-tuning optimizer that already freezes a part still chains (distinct names);
     a spec without one has no fine-tuning."""

@@ -304,6 +304,9 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Default]] = {
         "fedbabu": {
             **_sgd_client(),
             "finetune_steps": _FT_STEPS,
+            "finetune_lr": ours(None, "none: local_lr, as PFLlib's FedBABU (10 epochs at its "
+                                      "training rate 0.005); the official FedBABU code "
+                                      "fine-tunes at 1e-3 after training at 0.1"),
             "finetune_part": code("all", f"{PFLLIB} clientbabu.py: fine_tune(which_module="
                                          "['base', 'head']), body and head"),
             "head": _HEAD,

@@ -120,16 +120,19 @@ def fedrep(local_lr: ScheduleLike, head_passes: int, client_optimizer: str,
 
 
 @defaults_from("fedbabu")
-def fedbabu(local_lr: ScheduleLike, finetune_steps: int, finetune_part: str,
-            client_optimizer: str, weight_decay: ScheduleLike,
+def fedbabu(local_lr: ScheduleLike, finetune_steps: int, finetune_lr: ScheduleLike | None,
+            finetune_part: str, client_optimizer: str, weight_decay: ScheduleLike,
             max_grad_norm: ScheduleLike | None, nar: bool, head: Sequence[str] | None
             ) -> PersonalAlgorithm:
     """FedBABU (Oh et al. 2022): the body is trained and averaged with the randomly
     initialised head frozen; at evaluation each client fine-tunes ``finetune_part`` for
-    ``finetune_steps`` steps."""
+    ``finetune_steps`` steps at ``finetune_lr`` (default: ``local_lr``; the authors' code
+    fine-tunes at a rate far below the training one)."""
     opt = _opt(client_optimizer, local_lr, weight_decay, max_grad_norm, nar)
+    ft_opt = opt if finetune_lr is None else _opt(client_optimizer, finetune_lr, weight_decay,
+                                                  max_grad_norm, nar)
     patterns = _head(head)
-    spec = Personal(head=patterns, finetune=Phase(opt), finetune_part=finetune_part,
+    spec = Personal(head=patterns, finetune=Phase(ft_opt), finetune_part=finetune_part,
                     finetune_steps=int(finetune_steps))
     return personalised("fedbabu", chain(opt, freeze("head", patterns)), spec,
                         "FedBABU (Oh et al. 2022): body only, frozen random head; "
