@@ -20,7 +20,7 @@ pytest.importorskip("dp_accounting", reason="needs the privacy extra (dp-account
 
 from fedforge.algorithms import ALGORITHMS, build_algorithm  # noqa: E402
 from fedforge.core.checkpoint import load_checkpoint  # noqa: E402
-from fedforge.engine.local import classification_loss, make_local_update  # noqa: E402
+from fedforge.engine.local import classification_loss, local_update_of  # noqa: E402
 from fedforge.experiment.config import ConfigError, load_config  # noqa: E402
 from fedforge.experiment.runner import Experiment, run_experiment  # noqa: E402
 from fedforge.models import build_model  # noqa: E402
@@ -71,7 +71,7 @@ def _local_round(algorithm, model, params, xs, ys, ws):
     info = {k: v[0] for k, v in algorithm.round_info(1, torch.Generator()).items()}
     if algorithm.privacy is not None:
         info[KEY] = SEED_KEY
-    update = make_local_update(algorithm, classification_loss(model), masked=True)
+    update = local_update_of(algorithm, classification_loss(model), masked=True)
     out = update(params, broadcast, algorithm.client_init(params), info, xs, ys, ws)
     return out.delta, out.client_state, out.uploads
 

@@ -16,7 +16,7 @@ import torch
 
 from fedforge.algorithms.base import Algorithm
 from fedforge.core.tree import Params, PyTree, tree_index, tree_map, tree_map2
-from fedforge.engine.local import LocalResult, LossFn, make_local_update
+from fedforge.engine.local import LocalResult, LossFn, local_update_of
 from fedforge.engine.randomness import check_random_layers
 
 logger = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ class ChunkedEngine:
     def local_update(self, algorithm: Algorithm, loss_fn: LossFn, masked: bool) -> Callable:
         key = (id(algorithm), id(loss_fn), masked)
         if key not in self._fns:
-            self._fns[key] = self.wrap(make_local_update(
+            self._fns[key] = self.wrap(local_update_of(
                 algorithm, loss_fn, masked=masked, functional=self.functional_grad,
                 engine=self.label or self.name))
         return self._fns[key]

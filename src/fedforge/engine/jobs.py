@@ -8,7 +8,7 @@ params too (one model version per job), in chunks sized like a cohort's (free me
 size, one job per call on the loop engine) and halved on out-of-memory errors, at most
 ``max_batch`` jobs per call. ``max_batch=1`` is the one-at-a-time reference; both give the
 same models and events (``tests/engine/test_jobs.py``). Local training is the library's own
-pure ``make_local_update``, with the task algorithm's local optimizer.
+pure local update (``local_update_of``), with the task algorithm's local optimizer.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from fedforge.algorithms.base import Algorithm
 from fedforge.core.tree import Params, tree_index, tree_stack
 from fedforge.data.batching import client_batches
 from fedforge.engine.base import ChunkedEngine, CohortInputs, _cat
-from fedforge.engine.local import LossFn, make_local_update
+from fedforge.engine.local import LossFn, local_update_of
 from fedforge.engine.randomness import CLIENT_KEY, check_random_layers, is_keyed, job_keys
 from fedforge.engine.vmap import VmapEngine, refusing_random
 
@@ -55,7 +55,7 @@ def job_function(algorithm: Algorithm, loss_fn: LossFn, masked: bool,
                  engine: str = "vmap") -> Callable:
     """The local update vmapped over jobs: every argument, the model too, has a job axis."""
     check_random_layers(loss_fn, engine)
-    fn = make_local_update(algorithm, loss_fn, masked=masked, engine=engine)
+    fn = local_update_of(algorithm, loss_fn, masked=masked, engine=engine)
     return refusing_random(torch.func.vmap(fn, in_dims=(0, 0, 0, 0, 0, 0, 0)), engine)
 
 

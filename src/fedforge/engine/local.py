@@ -1,9 +1,12 @@
 """The client's local round as one pure function of tensors.
 
 ``make_local_update`` builds ``local_update(global_params, broadcast, client_state, info, xs,
-ys, ws)`` for one client. It has no Python state, no RNG and no data-dependent control flow,
-so ``LoopEngine`` calls it per client and ``VmapEngine`` vmaps it over a chunk of clients;
-both must agree to float tolerance.
+ys, ws)`` for one client: one plain step loop (:func:`run_steps`) wrapped by a chain of
+stages (:mod:`fedforge.engine.stages`: dropout keys, padding, personal parameters, privacy,
+the algorithm's parts, the codec). It has no Python state, no RNG and no data-dependent
+control flow, so ``LoopEngine`` calls it per client and ``VmapEngine`` vmaps it over a chunk
+of clients; every engine builds it with :func:`local_update_of`, and all must agree to float
+tolerance.
 """
 
 from __future__ import annotations
@@ -16,21 +19,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedforge.algorithms.base import Algorithm, FinalizeInputs
-from fedforge.algorithms.personal.batch import StepBatch, with_step_batch
-from fedforge.client.transforms import RoundContext, clip_statistics, local_step
-from fedforge.core.tree import (
-    Params,
-    tree_map2,
-    tree_sub,
-    tree_where,
-    tree_zeros_like,
-    upcast,
-)
+from fedforge.algorithms.base import Algorithm
+from fedforge.client.transforms import RoundContext, Transform, clip_statistics, local_step
+from fedforge.core.tree import Params, tree_map2, tree_sub, tree_zeros_like, upcast
 from fedforge.engine.pooling import TiledPoolMode
-from fedforge.engine.randomness import CLIENT_KEY, KeyedRandomness, is_keyed, no_key
-
-LossFn = Callable[[Params, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+from fedforge.engine.stages import (
+    Batch,
+    Chain,
+    ClientData,
+    GradFn,
+    Local,
+    LossFn,
+    Step,
+    Trained,
+    Upload,
+    local_stages,
+    plain_step,
+)
 
 
 class LocalResult(NamedTuple):
@@ -123,11 +128,61 @@ def autograd_grad_and_value(loss_fn: LossFn) -> Callable:
     return grad_and_value
 
 
-def make_local_update(
-    algorithm: Algorithm, loss_fn: LossFn, *, masked: bool, functional: bool = True,
-    engine: str = "loop",
-) -> Callable:
-    """Build the pure local-round function of ``algorithm``.
+def run_steps(step: Step, optimizer: Transform, start: Params, ctx: RoundContext,
+              data: ClientData, passes: int = 1) -> Trained:
+    """The plain step loop, ``passes`` times over the client's batches: each step a gradient
+    and one step of ``optimizer``, as the stages made ``step``."""
+    params, state = start, optimizer.init(start, ctx)
+    dtype = next(iter(params.values())).dtype  # float64 runs count in float64
+    loss_sum = torch.zeros((), dtype=dtype, device=data.ws.device)
+    steps = torch.zeros((), dtype=dtype, device=data.ws.device)
+    grad_sum = tree_zeros_like(params) if step.grad_sum else None
+    for _ in range(passes):
+        for k in range(data.xs.shape[0]):
+            batch = Batch(k, data.xs[k], data.ys[k], data.ws[k])
+            with step.around(batch):
+                grads, loss = step.grad(params, batch)
+            after = Local(*local_step(optimizer, grads, state, params, step.context(ctx, batch)))
+            (params, state), a = step.accept(batch, Local(params, state), after, loss)
+            loss_sum = loss_sum + a * loss.detach()
+            steps = steps + a
+            if grad_sum is not None:
+                grad_sum = tree_map2(lambda s, g, a=a: s + a * g, grad_sum, grads)
+    return Trained(params, state, loss_sum, steps, grad_sum)
+
+
+def make_local_update(optimizer: Transform, loss_grad: GradFn, stages: Chain) -> Callable:
+    """Build the pure local-round function: the step loop of ``optimizer`` (the algorithm's
+    local optimizer) on the gradients of ``loss_grad``, wrapped by ``stages``
+    (:mod:`fedforge.engine.stages`). The client's delta ``x^t - x_i`` is defined here."""
+
+    def local_update(global_params, broadcast, client_state, info, xs, ys, ws) -> LocalResult:
+        # xs: [steps, batch, ...], ys: [steps, batch], ws: [steps, batch]
+        ctx = RoundContext(global_params, broadcast, client_state, info)
+        data = ClientData(xs, ys, ws)
+        step = stages.step(plain_step(loss_grad), ctx, data)
+
+        def train(start: Params, opt: Transform, ctx: RoundContext, passes: int = 1) -> Trained:
+            return run_steps(step, opt, start, ctx, data, passes)
+
+        start, ctx = stages.begin(global_params, ctx, train)
+        trained = train(start, optimizer, ctx)
+        sent = stages.finish(Upload(tree_sub(global_params, trained.params), {}, {}, {}),
+                             trained, ctx)
+        metrics = {"loss": trained.loss_sum / trained.steps.clamp_min(1.0),
+                   "steps": trained.steps}
+        diagnostics = {**sent.diagnostics, **clip_statistics(trained.opt_state, trained.steps)}
+        if diagnostics:  # parts' per-client diagnostics, logged as cohort means
+            metrics["parts"] = diagnostics
+        return LocalResult(sent.delta, sent.client_state, sent.uploads, metrics)
+
+    return local_update
+
+
+def local_update_of(algorithm: Algorithm, loss_fn: LossFn, *, masked: bool,
+                    functional: bool = True, engine: str = "loop") -> Callable:
+    """``algorithm``'s local round: its local optimizer through the chain of
+    :func:`~fedforge.engine.stages.local_stages` (every engine builds it here).
 
     Args:
       masked: some steps of some clients are padding (all weights zero); such steps leave
@@ -135,89 +190,8 @@ def make_local_update(
       functional: gradients through ``torch.func`` (needed under ``vmap``); ``False`` uses
         plain autograd, for an engine that runs one client at a time.
       engine: the engine's name, for the one-line refusal of a random layer it cannot key.
-
-    A model with dropout layers draws its masks from the client's key in the round inputs
-    (``info[CLIENT_KEY]``, see :mod:`fedforge.engine.randomness`), the step and the layer,
-    so every engine draws the same masks; without a key every client gets key 0.
     """
-    grad_and_loss = (torch.func.grad_and_value(loss_fn) if functional
-                     else autograd_grad_and_value(loss_fn))
-    opt = algorithm.local_optimizer
-    keep_grad_sum = algorithm.needs_grad_sum
-    privacy = algorithm.privacy  # fedforge.privacy: DP-SGD, clipped deltas
-    # personalised FL (fedforge.algorithms.personal): where the round starts, what is sent
-    personal = algorithm.personal
-    # a spec whose steps take gradients at other points on the step's batch (APFL, pFedMe)
-    batch_access = personal is not None and personal.step_batch
-    keyed = is_keyed(loss_fn)  # dropout layers: masks from (client key, step, layer)
-
-    def randomness(key: torch.Tensor | None, step: int):
-        return KeyedRandomness(key, step, engine) if keyed else nullcontext()
-
-    def local_update(global_params, broadcast, client_state, info, xs, ys, ws) -> LocalResult:
-        # xs: [steps, batch, ...], ys: [steps, batch], ws: [steps, batch]
-        ctx = RoundContext(global_params, broadcast, client_state, info)
-        step_grad = None if privacy is None else privacy.step_grad(grad_and_loss, loss_fn, info)
-        key = info.get(CLIENT_KEY) if keyed else None
-        if keyed and key is None:
-            key = no_key(ws.device)
-
-        def train(params, opt, ctx, passes=1):  # the masked step loop, ``passes`` times over
-            state = opt.init(params, ctx)
-            dtype = next(iter(params.values())).dtype  # float64 runs count in float64
-            loss_sum = torch.zeros((), dtype=dtype, device=ws.device)
-            steps = torch.zeros((), dtype=dtype, device=ws.device)
-            grad_sum = tree_zeros_like(params) if keep_grad_sum else None
-            for k in [k for _ in range(passes) for k in range(xs.shape[0])]:
-                with randomness(key, k):
-                    grads, loss = (grad_and_loss(params, xs[k], ys[k], ws[k])
-                                   if step_grad is None
-                                   else step_grad(params, xs[k], ys[k], ws[k], k))
-                step_ctx = ctx
-                if batch_access:
-                    def batch_grad(at, weights=None, k=k):
-                        with randomness(key, k):
-                            return grad_and_loss(at, xs[k], ys[k],
-                                                 ws[k] if weights is None else weights)[0]
-                    step_ctx = with_step_batch(ctx, StepBatch(batch_grad, ys[k], ws[k], ys, ws))
-                new_params, new_state = local_step(opt, grads, state, params, step_ctx)
-                if masked:
-                    active = ws[k].sum() > 0
-                    params = tree_where(active, new_params, params)
-                    state = tree_where(active, new_state, state)
-                    a = active.to(loss.dtype)
-                else:
-                    params, state, a = new_params, new_state, 1.0
-                loss_sum = loss_sum + a * loss.detach()
-                steps = steps + a
-                if grad_sum is not None:
-                    grad_sum = tree_map2(lambda s, g, a=a: s + a * g, grad_sum, grads)
-            return params, state, loss_sum, steps, grad_sum
-
-        start = global_params
-        if personal is not None:  # the shared leaves + the client's own; earlier phases
-            start, ctx = personal.begin(train, ctx)
-        params, state, loss_sum, steps, grad_sum = train(start, opt, ctx)
-        delta = tree_sub(global_params, params)
-        if personal is not None:  # the client's own leaves are never sent
-            delta = personal.shared(delta)
-        if privacy is not None:  # clipped (central) or clipped and noised (local) upload
-            delta, dp_uploads = privacy.client_delta(delta, broadcast, info)
-            if personal is not None:  # kept leaves carry no data: no local noise either
-                delta = personal.shared(delta)
-        fin = FinalizeInputs(ctx, delta, params, state, grad_sum, steps)
-        new_client_state, uploads = algorithm.finalize(fin)
-        if privacy is not None:
-            uploads = {**uploads, **dp_uploads}
-        if algorithm.codec is not None:  # uplink codec: the engine averages the message
-            delta, codec_state = algorithm.codec.encode(
-                delta, client_state.get("codec", {}), ctx)
-            if codec_state:
-                new_client_state = {**new_client_state, "codec": codec_state}
-        metrics = {"loss": loss_sum / steps.clamp_min(1.0), "steps": steps}
-        diagnostics = {**algorithm.client_metrics(fin), **clip_statistics(state, steps)}
-        if diagnostics:  # parts' per-client diagnostics, logged as cohort means
-            metrics["parts"] = diagnostics
-        return LocalResult(delta, new_client_state, uploads, metrics)
-
-    return local_update
+    loss_grad = (torch.func.grad_and_value(loss_fn) if functional
+                 else autograd_grad_and_value(loss_fn))
+    return make_local_update(algorithm.local_optimizer, loss_grad,
+                             local_stages(algorithm, loss_fn, masked=masked, engine=engine))

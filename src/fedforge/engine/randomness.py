@@ -12,7 +12,8 @@ and on a GPU.
 
 The key of client ``i`` in round ``t`` is :func:`client_keys` of ``(seed, t, i)``;
 :func:`~fedforge.engine.round.federated_round` puts it into the round inputs under
-:data:`CLIENT_KEY`, and :func:`~fedforge.engine.local.make_local_update` enters
+:data:`CLIENT_KEY`, and the local update's ``dropout`` stage
+(:func:`~fedforge.engine.stages.dropout_keys`) enters
 :class:`KeyedRandomness` around each step's forward and backward pass. Only models with
 dropout layers (``p > 0``) pay for the mode. Other random layers (``RReLU``, alpha dropout)
 and random functions called inside ``forward`` cannot be keyed: the engine refuses them in

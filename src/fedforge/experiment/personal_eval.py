@@ -23,7 +23,7 @@ from fedforge.core.tree import Params, tree_map
 from fedforge.data.batching import client_batches
 from fedforge.data.client_split import ClientTests, client_split
 from fedforge.data.federated import gather_round_indices
-from fedforge.engine.local import LossFn, make_local_update
+from fedforge.engine.local import LossFn, local_update_of
 
 
 def _padded(indices: Sequence[torch.Tensor], device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,7 +94,7 @@ def finetune(algorithm: Algorithm, loss_fn: LossFn, start: Params, client_ids: t
     idx = gather_round_indices(tests.train_table, client_ids, pos)
     dev = train_x.device
     weights = weights.to(dev, next(iter(start.values())).dtype)
-    update = make_local_update(algorithm, loss_fn, masked=True, engine="vmap")
+    update = local_update_of(algorithm, loss_fn, masked=True, engine="vmap")
     broadcast = {"round": torch.tensor(float(round_), device=dev)}
     out = torch.func.vmap(update, in_dims=(0, None, None, None, 0, 0, 0))(
         start, broadcast, {}, {}, train_x[idx], train_y[idx], weights)
