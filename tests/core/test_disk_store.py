@@ -156,8 +156,9 @@ def test_collect_keeps_the_segments_of_kept_checkpoints(tmp_path):
         disk.scatter(ids, _values(ids, g))
         metas.append(disk.commit(v))
     names = lambda m: {s["file"] for s in m["segments"]}  # noqa: E731
-    assert disk.collect(names(metas[1])) == []  # checkpoints 2 and 3 kept: nothing to delete
-    deleted = disk.collect(set())  # only the last one kept
+    record = {"kind": "disk", "version": 2, "world": 1, "ranks": [metas[1]["segments"]]}
+    assert disk.collect([record]) == []  # checkpoints 2 and 3 kept: nothing to delete
+    deleted = disk.collect([])  # only the last one kept
     assert {p.name for p in deleted} == names(metas[1]) - names(metas[2])
     assert {p.name for p in folder.glob("segment_*")} == names(metas[2])
     disk.close()

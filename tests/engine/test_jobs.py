@@ -13,9 +13,9 @@ from fedforge.engine.base import OOM_ERRORS
 from fedforge.engine.jobs import JobInputs, job_function, job_generator, run_jobs
 from fedforge.sim.clock import Job
 from fedforge.sim.delays import ShiftedExponential
-from fedforge.sim.fedast import AsyncDriver, AsyncOptions
+from fedforge.sim.fedast import AsyncOptions, AsyncScheduler
 from fedforge.sim.population import Population
-from tests.sim.async_helpers import quadratic_task
+from tests.sim.async_helpers import quadratic_task, step_until
 
 CENTERS = [[[1, 2], [3, 4], [5, 6], [0, 1]], [[10, 0], [-10, 0], [0, 3], [1, 1]]]
 
@@ -24,9 +24,9 @@ def _run(max_batch, method):
     tasks = [quadratic_task(m, c, max_batch=max_batch) for m, c in enumerate(CENTERS)]
     opts = AsyncOptions(method, requests=(4,), rb_ratio=2, variance_window=3,
                         c_period_factor=0.5)
-    d = AsyncDriver(tasks, Population.build(4), ShiftedExponential(), opts, seed=3)
+    d = AsyncScheduler(tasks, Population.build(4), ShiftedExponential(), opts, seed=3)
     d.start()
-    d.run(lambda m, r: None, max_updates=150)
+    step_until(d, 150)
     return d, tasks
 
 
@@ -45,9 +45,9 @@ def test_first_fedast_step_by_hand():
     x1 = x0 - mean_i 0.1 (x0 - c_i) over the two clients in the event log."""
     task = quadratic_task(0, CENTERS[0], tau=1, lr=0.1, server_lr=1.0, w0=(2.0, 2.0))
     opts = AsyncOptions("fedast_static", requests=(4,), buffer_size=2)
-    d = AsyncDriver([task], Population.build(4), ShiftedExponential(), opts, seed=0)
+    d = AsyncScheduler([task], Population.build(4), ShiftedExponential(), opts, seed=0)
     d.start()
-    d.run(lambda m, r: None, max_updates=2)
+    step_until(d, 2)
     clients = [row[2] for row in d.clock.log]
     x0 = torch.tensor([2.0, 2.0], dtype=torch.float64)
     cs = torch.tensor([CENTERS[0][c] for c in clients], dtype=torch.float64)
@@ -60,9 +60,9 @@ def test_fedbuff_single_task_uses_idle_clients_only():
     """FedBuff (one task) never queues: every request starts when it is sent."""
     task = quadratic_task(0, CENTERS[0] * 2, server_lr=0.5)
     opts = AsyncOptions("fedbuff", requests=(4,), buffer_size=2)
-    d = AsyncDriver([task], Population.build(8), ShiftedExponential(), opts, seed=1)
+    d = AsyncScheduler([task], Population.build(8), ShiftedExponential(), opts, seed=1)
     d.start()
-    d.run(lambda m, r: None, max_updates=60)
+    step_until(d, 60)
     assert d.c == 60 and task.server.round == 30
     assert all(row[4] == row[5] for row in d.clock.log)  # send == start
 
@@ -73,10 +73,10 @@ def test_fedbuff_task_left_without_clients_at_start_still_trains():
     tasks = [quadratic_task(m, c) for m, c in enumerate(CENTERS)]
     opts = AsyncOptions("fedbuff", requests=(4,), buffer_size=2)
     pop = Population.build(8, available_fraction=0.5)
-    d = AsyncDriver(tasks, pop, ShiftedExponential(), opts, seed=1)
+    d = AsyncScheduler(tasks, pop, ShiftedExponential(), opts, seed=1)
     d.start()
     assert d.cur == [4, 0]
-    d.run(lambda m, r: None, max_updates=60)
+    step_until(d, 60)
     assert tasks[1].server.round > 0
 
 

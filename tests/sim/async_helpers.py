@@ -1,4 +1,4 @@
-"""Quadratic tasks on the async drivers: RNG-free losses, so every number is checkable."""
+"""Quadratic tasks on the multi-task schedulers: RNG-free losses, so every number is checkable."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from fedforge.algorithms import build_algorithm
 from fedforge.data.federated import build_index_table
 from fedforge.engine.jobs import TaskExecutor
 from fedforge.sim.buffered import BufferedServer
+from fedforge.sim.scheduler import Scheduler
 from fedforge.sim.task import Task
 from tests.quadratic import quadratic_loss
 
@@ -33,3 +34,10 @@ def quadratic_task(m: int, centers: list[list[float]], *, lr: float = 0.1, serve
 
     return Task(f"q{m}", alg, ex, server, tau, step_time, lr, server_lr, evaluate, target,
                 eval_every)
+
+
+def step_until(scheduler: Scheduler, max_updates: int) -> None:
+    """Step ``scheduler`` as the multi-task driver does, until it is done or has applied
+    ``max_updates`` client updates (evaluations are dropped)."""
+    while not scheduler.done(max_updates):
+        scheduler.step(lambda m, rec: None)

@@ -11,9 +11,9 @@ from fedforge.sim.allocation import (
     realloc,
 )
 from fedforge.sim.delays import ConstantDelay
-from fedforge.sim.fedast import AsyncDriver, AsyncOptions
+from fedforge.sim.fedast import AsyncOptions, AsyncScheduler
 from fedforge.sim.population import Population
-from tests.sim.async_helpers import quadratic_task
+from tests.sim.async_helpers import quadratic_task, step_until
 
 
 def test_normalized_variance_hand():
@@ -43,9 +43,9 @@ def test_dynamic_allocation_moves_requests_to_noisier_task():
     tasks = [quadratic_task(0, quiet, w0=(5.0, 5.0)), quadratic_task(1, noisy, w0=(5.0, 5.0))]
     opts = AsyncOptions("fedast", requests=(8,), rb_ratio=4, variance_window=4,
                         c_period_factor=0.5)
-    d = AsyncDriver(tasks, Population.build(8), ConstantDelay(), opts, seed=0)
+    d = AsyncScheduler(tasks, Population.build(8), ConstantDelay(), opts, seed=0)
     d.start()
-    d.run(lambda m, r: None, max_updates=200)
+    step_until(d, 200)
     assert len(d.alloc_log) > 1
     assert d.R[1] > d.R[0] and sum(d.R) == 16
     assert tasks[1].server.b == math.ceil(d.R[1] / 4)

@@ -23,7 +23,7 @@ from fedforge.sim.allocation_code import (
     redistribute,
 )
 from fedforge.sim.delays import ConstantDelay
-from fedforge.sim.fedast import AsyncDriver, AsyncOptions
+from fedforge.sim.fedast import AsyncOptions, AsyncScheduler
 from fedforge.sim.population import FEDAST_SPEED_CLASSES, Population
 from tests.sim.async_helpers import quadratic_task
 
@@ -129,12 +129,12 @@ def test_speed_classes_follow_the_code_shuffle():
     np.testing.assert_array_equal(s, expect)
 
 
-def _driver(allocation: str, n: int = 1000, fraction: float = 1.0) -> AsyncDriver:
+def _driver(allocation: str, n: int = 1000, fraction: float = 1.0) -> AsyncScheduler:
     """Two quadratic tasks, 8 requests each; task 0 is 100x slower per step."""
     c = [[1.0, 0.0], [-1.0, 0.0]]
     tasks = [quadratic_task(0, c, step_time=100.0), quadratic_task(1, c, step_time=0.5)]
     opts = AsyncOptions("fedast", requests=(8,), rb_ratio=32, allocation=allocation)
-    return AsyncDriver(tasks, Population.build(n, available_fraction=fraction), ConstantDelay(),
+    return AsyncScheduler(tasks, Population.build(n, available_fraction=fraction), ConstantDelay(),
                        opts, seed=0)
 
 

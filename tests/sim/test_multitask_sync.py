@@ -5,7 +5,7 @@ import pytest
 
 from fedforge.engine import LoopEngine
 from fedforge.sim.delays import ConstantDelay
-from fedforge.sim.multitask_sync import SyncDriver, SyncOptions
+from fedforge.sim.multitask_sync import SyncOptions, SyncScheduler
 from fedforge.sim.population import Population
 from tests.sim.async_helpers import quadratic_task
 
@@ -16,7 +16,7 @@ def test_round_time_is_max_over_tasks_of_kth_arrival():
     pop = Population(np.array([1.3, 1.0, 0.7, 1.0]))
     tasks = [quadratic_task(0, [[0, 0]] * 4, tau=2, step_time=1.0),
              quadratic_task(1, [[0, 0]] * 4, tau=2, step_time=2.0)]
-    d = SyncDriver(tasks, pop, ConstantDelay(), SyncOptions("sync_st", 4, k=1), 0, LoopEngine())
+    d = SyncScheduler(tasks, pop, ConstantDelay(), SyncOptions("sync_st", 4, k=1), 0, LoopEngine())
     d.step(lambda m, r: None)
     kept = {}
     for row in d.clock.log:
@@ -30,7 +30,7 @@ def test_round_time_is_max_over_tasks_of_kth_arrival():
 def test_no_mitigation_waits_for_everyone():
     pop = Population(np.array([1.3, 1.0, 0.7, 1.0]))
     tasks = [quadratic_task(0, [[0, 0]] * 4, tau=1, step_time=1.0)]
-    d = SyncDriver(tasks, pop, ConstantDelay(), SyncOptions("sync_st_nosm", 4), 0, LoopEngine())
+    d = SyncScheduler(tasks, pop, ConstantDelay(), SyncOptions("sync_st_nosm", 4), 0, LoopEngine())
     d.step(lambda m, r: None)
     assert d.clock.now == pytest.approx(1.3) and d.c == 4
 
@@ -38,13 +38,13 @@ def test_no_mitigation_waits_for_everyone():
 def test_sequential_and_ucb_counts():
     pop = Population.build(10)
     tasks = [quadratic_task(0, [[0, 0]] * 10, target=0.99), quadratic_task(1, [[0, 0]] * 10)]
-    seq = SyncDriver(tasks, pop, ConstantDelay(), SyncOptions("sequential", 6, k=2), 0,
+    seq = SyncScheduler(tasks, pop, ConstantDelay(), SyncOptions("sequential", 6, k=2), 0,
                      LoopEngine())
     assert seq.counts() == [6, 0]  # one task at a time
     tasks[0].done = True
     assert seq.counts() == [0, 6]
     tasks = [quadratic_task(0, [[0, 0]] * 10), quadratic_task(1, [[0, 0]] * 10)]
-    ucb = SyncDriver(tasks, pop, ConstantDelay(), SyncOptions("sync_ucb_st", 6, k=2), 0,
+    ucb = SyncScheduler(tasks, pop, ConstantDelay(), SyncOptions("sync_ucb_st", 6, k=2), 0,
                      LoopEngine())
     ucb.first_loss, ucb.last_loss, ucb.assigned = [1.0, 1.0], [0.1, 0.9], [30, 30]
     c = ucb.counts()

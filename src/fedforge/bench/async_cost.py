@@ -34,6 +34,7 @@ from fedforge.engine.round import federated_round
 from fedforge.experiment.build import build_scheduler, build_tasks, sample_round
 from fedforge.experiment.config import load_config
 from fedforge.experiment.runner import Experiment
+from fedforge.sim.scheduler import Scheduler
 
 ASYNC_OVERRIDES = ["tasks.1.name=mnist-mlp-2", "tasks.1.data.dataset=mnist",
                    "tasks.1.model.name=mlp", "tasks.1.step_time=0.148",
@@ -41,14 +42,21 @@ ASYNC_OVERRIDES = ["tasks.1.name=mnist-mlp-2", "tasks.1.data.dataset=mnist",
                    "tasks.eval_every=1000000000"]
 
 
+def step_until(scheduler: Scheduler, max_updates: int) -> None:
+    """Step ``scheduler`` as the multi-task driver does, without evaluating, logging or
+    checkpointing (what is timed is the scheduler and its jobs alone)."""
+    while not scheduler.done(max_updates):
+        scheduler.step(lambda m, rec: None)
+
+
 def time_async(path: str, updates: int = 1000, warmup: int = 100) -> dict[str, float]:
     """-> wall and in-engine training seconds per 1000 updates, and jobs per training call."""
     cfg = load_config(path, ASYNC_OVERRIDES)
     dev = torch.device("cpu")
     tasks = build_tasks(cfg, dev)
-    driver = build_scheduler(cfg, tasks)
-    driver.start()
-    driver.run(lambda m, r: None, max_updates=warmup)
+    scheduler = build_scheduler(cfg, tasks)
+    scheduler.start()
+    step_until(scheduler, warmup)
 
     def counts() -> tuple[float, int, int]:
         ex = [t.executor for t in tasks]
@@ -57,7 +65,7 @@ def time_async(path: str, updates: int = 1000, warmup: int = 100) -> dict[str, f
 
     c0, j0, b0 = counts()
     t0 = time.perf_counter()
-    driver.run(lambda m, r: None, max_updates=warmup + updates)
+    step_until(scheduler, warmup + updates)
     wall = time.perf_counter() - t0
     c1, j1, b1 = counts()
     return {"wall": wall * 1000.0 / updates, "compute": (c1 - c0) * 1000.0 / updates,

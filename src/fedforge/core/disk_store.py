@@ -22,7 +22,9 @@ short and a row is rewritten a logarithmic number of times. :meth:`restore` chec
 chain (each segment's name, hash and place: they cover versions 1 to the checkpoint's, in
 order) before it deletes anything, then rebuilds the live files from it, checking each
 segment's tensors: what was written after the checkpoint (a killed run, a rolled-back round)
-is gone. :meth:`collect` deletes the segments no kept checkpoint names. A read or write that
+is gone. :meth:`collect` deletes the segments no kept checkpoint names. These are the
+checkpoint half of :class:`fedforge.core.store.StateStore` (:meth:`checkpoint`,
+:meth:`restore_checkpoint`, :meth:`collect`, :meth:`close`). A read or write that
 moves only part of a row is continued, so no torn row reaches a segment; a full disk stops
 the run with an error naming the file.
 
@@ -69,6 +71,7 @@ class DiskClientStore:
     ``template``: one client's state (``algorithm.client_init(params)``); ``device``: where
     gathered rows are used; ``cache_mb``: the most live-file bytes open at once."""
 
+    kind = "disk"
     rank, world = 0, 1  # a store sharded over torchrun ranks holds one rank's clients
 
     def __init__(self, num_clients: int, template: dict, directory: str | Path,
@@ -222,6 +225,16 @@ class DiskClientStore:
                      where)
         return None
 
+    def checkpoint(self, version: int) -> tuple[dict[str, torch.Tensor], dict]:
+        """Commit ``version`` -> (no tensors, :meth:`record`): the rows stay in this
+        folder's segments, which the record names."""
+        return {}, self.record(version)
+
+    def restore_checkpoint(self, tensors: dict | None, record: dict | None = None,
+                           where: object = "checkpoint", version: int | None = None) -> None:
+        """:meth:`restore_record` (``tensors``: unused, the rows are in the segments)."""
+        self.restore_record(record, where, version)
+
     def referenced(self, records: Iterable[object]) -> set[str]:
         """This rank's segment names in checkpoints' ``"store"`` records (malformed ones
         count for nothing; :meth:`restore` refuses them when read)."""
@@ -292,10 +305,10 @@ class DiskClientStore:
                                   "segment was dropped, or the version changed)")
         return chain
 
-    def collect(self, referenced: Iterable[str]) -> list[Path]:
-        """Delete the segment files that neither the chain nor ``referenced`` names (the
-        kept checkpoints' segments) -> the deleted paths."""
-        keep = set(referenced) | {s["file"] for s in self.chain}
+    def collect(self, records: Iterable[object]) -> list[Path]:
+        """Delete the segment files that neither the chain nor the kept checkpoints'
+        ``"store"`` ``records`` name (see :meth:`referenced`) -> the deleted paths."""
+        keep = self.referenced(records) | {s["file"] for s in self.chain}
         deleted = []
         if self.empty or not self.directory.is_dir():
             return deleted

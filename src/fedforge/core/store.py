@@ -10,12 +10,13 @@ thousands of clients (e.g. FAdamGC keeps two model copies each) does not occupy 
 
 :class:`StateStore` is the interface every store offers (this one, the disk store of
 :mod:`fedforge.core.disk_store`, the ones sharded over torchrun ranks), so rounds, screening,
-robust aggregation and the drivers never ask which store they hold. :func:`choose_store`
-is ``engine.client_store = "auto"``'s rule.
+robust aggregation, checkpoints and the drivers never ask which store they hold.
+:func:`choose_store` is ``engine.client_store = "auto"``'s rule.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -37,16 +38,25 @@ memory available when the run starts; past it, on disk."""
 
 @runtime_checkable
 class StateStore(Protocol):
-    """Per-client state of a population, read and written one cohort at a time.
+    """Per-client state of a population, read and written one cohort at a time, and
+    checkpointed with the run.
 
     ``gather``/``scatter`` move the cohort's rows (every rank calls them with the same ids
     when sharded); a client never written reads as the algorithm's initial state.
     ``state_dict``/``load_state_dict`` are the whole population in the stacked
     ``[num_clients, ...]`` layout (the in-memory checkpoint format). ``state`` is every
     row this process holds, stacked, for evaluation-time diagnostics (``{}`` when that
-    would not fit the store's memory budget)."""
+    would not fit the store's memory budget).
+
+    The checkpoint half: :meth:`checkpoint` gives what a checkpoint keeps, tensors for its
+    file and a record for its JSON; :meth:`restore_checkpoint` continues from them;
+    :meth:`collect` deletes what no kept checkpoint names; :meth:`close` releases open
+    files. ``kind`` is what ``engine.client_store`` calls the store (``"memory"``,
+    ``"disk"``): a resumed run continues in the kind its checkpoint holds
+    (:func:`record_kind`)."""
 
     num_clients: int
+    kind: str
 
     @property
     def empty(self) -> bool: ...
@@ -63,6 +73,35 @@ class StateStore(Protocol):
     def state_dict(self) -> dict[str, torch.Tensor]: ...
 
     def load_state_dict(self, flat: dict[str, torch.Tensor]) -> None: ...
+
+    def checkpoint(self, version: int) -> tuple[dict[str, torch.Tensor], dict | None]:
+        """The store at the checkpoint of ``version`` (the run's round or update count) ->
+        (tensors for the checkpoint file, the record for its JSON or None); a collective
+        when sharded."""
+        ...
+
+    def restore_checkpoint(self, tensors: dict | None, record: dict | None = None,
+                           where: object = "checkpoint", version: int | None = None) -> None:
+        """Continue from a checkpoint's ``tensors`` and ``record`` (read from ``where``,
+        written at ``version``; None: not checked); both None: every client's initial
+        state, dropping what an earlier run left (a fresh run, a rollback to the start)."""
+        ...
+
+    def collect(self, records: Iterable[object]) -> object:
+        """Delete what neither this store's state nor the kept checkpoints' ``records``
+        (what :meth:`checkpoint` returned for each) name."""
+        ...
+
+    def close(self) -> None:
+        """Release open files (the store stays usable)."""
+        ...
+
+
+def record_kind(record: object) -> str:
+    """The kind of store that wrote a checkpoint's store ``record``: ``"memory"`` keeps its
+    rows in the checkpoint's tensors and records nothing; the disk store is the one kind
+    that records its files (a malformed record is then refused by it, naming the file)."""
+    return "memory" if record is None else "disk"
 
 
 def template_nbytes(template: dict) -> int:
@@ -92,6 +131,11 @@ def choose_store(setting: str, num_clients: int, nbytes_per_client: int,
 
 
 class ClientStore:
+    """Every client's state in memory, one stacked tensor per leaf; a checkpoint holds the
+    rows as tensors and records nothing in its JSON."""
+
+    kind = "memory"
+
     def __init__(self, num_clients: int, template: dict, device: torch.device | str = "cpu",
                  storage: torch.device | str | None = None):
         """``device``: where gathered cohort state is used; ``storage``: where all rows live
@@ -101,6 +145,7 @@ class ClientStore:
         self.device = torch.device(storage) if storage is not None else self.compute_device
         pin = self.device.type == "cpu" and self.compute_device.type == "cuda"
         # template: one client's state, e.g. {"scaffold": {"c": {"w": tensor}}}
+        self.template = tree_map(lambda t: t.detach().clone(), template)  # for a reset
         rows = self.num_rows()
         self.state: dict = tree_map(lambda t: self._alloc(rows, t, pin), template)
 
@@ -140,3 +185,24 @@ class ClientStore:
     def load_state_dict(self, flat: dict[str, torch.Tensor]) -> None:
         """Load a checkpoint's rows in this store's key order (refusing other layouts)."""
         self.state = restore_like(self.state, unflatten_dict(dict(flat)), "client")
+
+    def checkpoint(self, version: int) -> tuple[dict[str, torch.Tensor], None]:
+        """The rows are the checkpoint's tensors (``version`` is not needed)."""
+        return self.state_dict(), None
+
+    def restore_checkpoint(self, tensors: dict | None, record: dict | None = None,
+                           where: object = "checkpoint", version: int | None = None) -> None:
+        """The checkpoint's rows (``record`` and ``version``: unused); None: the initial
+        state, written over the rows in place."""
+        if tensors is not None:
+            self.load_state_dict(tensors)
+            return
+        for leaf, init in zip(tree_leaves(self.state), tree_leaves(self.template), strict=True):
+            leaf.copy_(init.to(leaf.device).expand_as(leaf))
+
+    def collect(self, records: Iterable[object]) -> list:
+        """Nothing to delete: the rows live in the checkpoints' own files."""
+        return []
+
+    def close(self) -> None:
+        """Nothing open."""

@@ -48,9 +48,15 @@ from fedforge.robust.setup import build_robust
 from fedforge.sim.allocation_code import code_speed_factors
 from fedforge.sim.buffered import BufferedServer
 from fedforge.sim.delays import delay_from
-from fedforge.sim.fedast import ASYNC_METHODS, AsyncDriver, AsyncOptions
-from fedforge.sim.multitask_sync import StoreFactory, SyncDriver, SyncOptions, memory_stores
+from fedforge.sim.fedast import ASYNC_METHODS, AsyncOptions, AsyncScheduler
+from fedforge.sim.multitask_sync import (
+    StoreFactory,
+    SyncOptions,
+    SyncScheduler,
+    memory_stores,
+)
 from fedforge.sim.population import Population
+from fedforge.sim.scheduler import Scheduler
 from fedforge.sim.task import Task
 
 
@@ -302,7 +308,7 @@ def build_tasks(cfg: RunConfig, device: torch.device,
 
 
 def build_scheduler(cfg: RunConfig, tasks: list[Task], *, allow_processes: bool = False,
-                    make_store: StoreFactory = memory_stores) -> AsyncDriver | SyncDriver:
+                    make_store: StoreFactory = memory_stores) -> Scheduler:
     """The method's scheduler of a multi-task run over ``tasks`` on one client pool
     (``allow_processes``: as for :meth:`Setup.from_config`; ``make_store``: the tasks'
     client stores of a synchronous method, in memory unless the runner passes its own)."""
@@ -319,9 +325,9 @@ def build_scheduler(cfg: RunConfig, tasks: list[Task], *, allow_processes: bool 
         opts = AsyncOptions(cfg.method, tuple(req), a.rb_ratio, a.buffer_size, a.variance_window,
                             a.c_period_factor, a.min_requests, fedasync_alpha=a.fedasync_alpha,
                             fedasync_a=a.fedasync_a, allocation=a.allocation)
-        return AsyncDriver(tasks, pop, delay, opts, cfg.seed)
+        return AsyncScheduler(tasks, pop, delay, opts, cfg.seed)
     alloc = [t.sync_clients for t in cfg.tasks]
     opts = SyncOptions(cfg.method, cfg.sync.clients_per_round, cfg.sync.k,
                        tuple(alloc) if alloc[0] is not None else None, cfg.sync.ucb_c)
-    return SyncDriver(tasks, pop, delay, opts, cfg.seed,
-                      build_engine(cfg.engine, allow_processes=allow_processes), make_store)
+    return SyncScheduler(tasks, pop, delay, opts, cfg.seed,
+                         build_engine(cfg.engine, allow_processes=allow_processes), make_store)

@@ -35,8 +35,8 @@ from fedforge.algorithms.base import (
     SERVER_PREP_SECONDS,
 )
 from fedforge.core.checkpoint import checkpoint_jsons, load_checkpoint
-from fedforge.core.disk_store import DiskClientStore, check_record_world
-from fedforge.core.store import ClientStore, StateStore, choose_store, template_nbytes
+from fedforge.core.disk_store import check_record_world
+from fedforge.core.store import StateStore, choose_store, record_kind, template_nbytes
 from fedforge.core.tree import restore_like
 from fedforge.engine import classification_loss
 from fedforge.engine.distributed import (
@@ -66,15 +66,10 @@ from fedforge.experiment.progress import RoundProgress, setup_step
 from fedforge.experiment.state import UPDATES, RunState
 from fedforge.robust.divergence import DivergenceError, log_event
 from fedforge.sim.cost import build_cost_model
-from fedforge.sim.driver_state import (
-    collect_stores,
-    driver_state,
-    load_driver_state,
-    restore_stores,
-)
-from fedforge.sim.fedast import ASYNC_METHODS, AsyncDriver
+from fedforge.sim.fedast import ASYNC_METHODS
 from fedforge.sim.multitask_sync import StoreFactory
 from fedforge.sim.rounds import keep_clients, straggler_clock, straggler_round
+from fedforge.sim.scheduler import Scheduler
 
 Show = Callable[[list[dict]], None]
 """Shows a step's records (a progress bar, a printed line)."""
@@ -204,9 +199,9 @@ class RoundsDriver:
         self.params = exp.initial_params()
         self.server_state = exp.algorithm.server_init(self.params)
         self.store = self._make_store(exp.algorithm.client_init(self.params))
-        if self._loaded is None and isinstance(self.store, DiskClientStore):
-            self.store.restore_record(None)  # a fresh run: no rows of an earlier one
-        if self._loaded is not None:
+        if self._loaded is None:
+            self.store.restore_checkpoint(None)  # a fresh run: no rows of an earlier one
+        else:
             self._restore(self._loaded, self.state.store)
             exp.engine.load_state_dict(self.state.engine)  # auto: the recorded choice
             exp.scale_local_lr(self.state.lr_scale)
@@ -225,7 +220,7 @@ class RoundsDriver:
         exp, cfg = self.exp, self.cfg
         n = exp.data.num_clients
         if self._loaded is not None:
-            kind = "disk" if self.state.store is not None else "memory"
+            kind = record_kind(self.state.store)
             if kind == "disk":
                 check_record_world(self.state.store, world_size(), self.folder.checkpoints /
                                    f"round_{self.state.round:05d}.json")
@@ -244,24 +239,17 @@ class RoundsDriver:
         """Resume and rollback: the checkpoint's tensors, rebuilt from a fresh state of this
         run's algorithm in the model's parameter order (so codec and part states are never
         dropped and nothing depends on the file's key order); None: the initial state.
-        ``store``: the checkpoint's disk-store record (its segments)."""
+        ``store``: the checkpoint's client-store record."""
         exp, template = self.exp, self.exp.initial_params()
-        if isinstance(self.store, DiskClientStore):  # rebuilt from the recorded segments
-            self.store.restore_record(store if tensors is not None else None,
-                                      self.folder.checkpoints / f"round_{self.state.round:05d}"
-                                      ".json", version=self.state.round)
+        where = self.folder.checkpoints / f"round_{self.state.round:05d}.json"
         if tensors is None:
-            if not isinstance(self.store, DiskClientStore):
-                fresh = ClientStore(exp.data.num_clients, exp.algorithm.client_init(template),
-                                    "cpu")
-                if not fresh.empty:
-                    self.store.load_state_dict(fresh.state_dict())
+            self.store.restore_checkpoint(None)
             self.params, self.server_state = template, exp.algorithm.server_init(template)
             return
         self.params = restore_like(template, tensors["params"], "params")
         self.server_state = exp.algorithm.server.restore(template, tensors.get("server", {}))
-        if not isinstance(self.store, DiskClientStore):
-            self.store.load_state_dict(tensors.get("clients", {}))
+        self.store.restore_checkpoint(tensors.get("clients", {}), store, where,
+                                      version=self.state.round)
 
     def step(self) -> list[dict]:
         exp, cfg, s = self.exp, self.cfg, self.state
@@ -351,9 +339,7 @@ class RoundsDriver:
         # collectives when sharded: every rank. The disk store writes the rows changed since
         # the last checkpoint and the JSON records its segments; the memory store's rows are
         # tensors of the checkpoint.
-        disk = isinstance(self.store, DiskClientStore)
-        record = self.store.record(self.state.round) if disk else None
-        clients = {} if disk else self.store.state_dict()
+        clients, record = self.store.checkpoint(self.state.round)
         state = replace(
             self.state, wall_s=time.perf_counter() - self.t0, seed=self.cfg.seed,
             sim_clock=None if self.stragglers is None else self.stragglers.state_dict(),
@@ -365,13 +351,11 @@ class RoundsDriver:
                 }, state
 
     def checkpointed(self) -> None:
-        """The disk store deletes the segments that no checkpoint left in the folder names
-        (an unreadable or linked checkpoint JSON: nothing is deleted)."""
-        if not isinstance(self.store, DiskClientStore):
-            return
+        """The store deletes what no checkpoint left in the folder names (a disk store's
+        segments; an unreadable or linked checkpoint JSON: nothing is deleted)."""
         records = kept_checkpoints(self.folder.checkpoints)
         if records is not None:
-            self.store.collect(self.store.referenced(r.get("store") for r in records))
+            self.store.collect([r.get("store") for r in records])
 
     def rollback(self, error: DivergenceError) -> bool:
         cfg, s = self.cfg, self.state
@@ -409,8 +393,8 @@ class RoundsDriver:
 
     def __exit__(self, *exc: object) -> None:
         self.exp.engine.__exit__(*exc)  # procs: its worker processes end with the run
-        if isinstance(getattr(self, "store", None), DiskClientStore):
-            self.store.close()  # unmap its live files
+        if hasattr(self, "store"):  # made by start
+            self.store.close()  # its open files
 
 
 def kept_checkpoints(where: Path) -> list[dict] | None:
@@ -507,8 +491,8 @@ class TasksDriver:
         return make
 
     def load_state_dict(self, tensors: dict, state: RunState) -> None:
-        load_driver_state(self.scheduler, tensors, state.driver,
-                          self.folder.checkpoints / f"round_{state.round:05d}.json")
+        self.scheduler.load_state_dict(tensors, state.driver,
+                                       self.folder.checkpoints / f"round_{state.round:05d}.json")
         logged = state.driver["clock"]["num_logged"]
         self.events = MetricsWriter(self.folder.out / "events.jsonl",
                                     keep=lambda r, i: i < logged, remember=False)
@@ -519,10 +503,7 @@ class TasksDriver:
     def start(self) -> None:
         if self.events is None:
             self.events = MetricsWriter(self.folder.out / "events.jsonl", remember=False)
-            if isinstance(self.scheduler, AsyncDriver):
-                self.scheduler.start()
-            else:  # no rows of an earlier run in a disk store's folder
-                restore_stores(self.scheduler, None)
+            self.scheduler.start()
         self.t0 = time.perf_counter() - self.state.wall_s
         self.written = len(self.scheduler.clock.log)
         self._mark_saved()
@@ -545,13 +526,7 @@ class TasksDriver:
                 "wall_s": round(time.perf_counter() - self.t0, 3)}
 
     def finished(self) -> bool:
-        s, cfg = self.scheduler, self.cfg
-        if s.finished or (cfg.max_updates is not None and s.c >= cfg.max_updates):
-            return True
-        if isinstance(s, AsyncDriver):  # the next arrival, if any, past the time limit
-            nxt = s.clock.peek()
-            return nxt is None or (cfg.max_time is not None and nxt.finish > cfg.max_time)
-        return cfg.max_time is not None and s.clock.now >= cfg.max_time
+        return self.scheduler.done(self.cfg.max_updates, self.cfg.max_time)
 
     def checkpoint_due(self) -> bool:
         return self.scheduler.c >= self.next_checkpoint
@@ -564,21 +539,17 @@ class TasksDriver:
     def state_dict(self) -> tuple[dict, RunState]:
         """The checkpoint; the event log is written up to it first (its length is saved)."""
         self._flush_events()
-        tensors, meta = driver_state(self.scheduler)
+        tensors, meta = self.scheduler.state_dict()
         self._mark_saved()
         return tensors, replace(self.state, round=self.scheduler.c, driver=meta,
                                 wall_s=time.perf_counter() - self.t0)
 
     def checkpointed(self) -> None:
-        """Disk stores delete the segments that no checkpoint left in the folder names (an
-        unreadable or linked checkpoint JSON: nothing is deleted); the rest of the state is
-        in the checkpoint's own files."""
-        if isinstance(self.scheduler, AsyncDriver) or not any(
-                isinstance(s, DiskClientStore) for s in self.scheduler.stores):
-            return
+        """The scheduler deletes what no checkpoint left in the folder names (disk stores'
+        segments; an unreadable or linked checkpoint JSON: nothing is deleted)."""
         records = kept_checkpoints(self.folder.checkpoints)
         if records is not None and all(isinstance(r.get("driver"), dict) for r in records):
-            collect_stores(self.scheduler, [r["driver"] for r in records])
+            self.scheduler.collect([r["driver"] for r in records])
 
     def rollback(self, error: DivergenceError) -> bool:
         return False  # a multi-task run stops at a diverged update
@@ -603,12 +574,10 @@ class TasksDriver:
     def __exit__(self, *exc: object) -> None:
         if self.scattered:
             stop_workers()
-        for s in getattr(self.scheduler, "stores", ()):
-            if isinstance(s, DiskClientStore):
-                s.close()  # unmap its live files
+        self.scheduler.close()  # its stores' open files
 
 
-def write_summary(out: Path, cfg: RunConfig, scheduler, wall_s: float) -> dict:
+def write_summary(out: Path, cfg: RunConfig, scheduler: Scheduler, wall_s: float) -> dict:
     """``summary.json``: per-task time to target, time to finish all tasks, final rounds."""
     done = [t.done_time for t in scheduler.tasks]
     summary = {
@@ -617,8 +586,7 @@ def write_summary(out: Path, cfg: RunConfig, scheduler, wall_s: float) -> dict:
         "time_to_target": {t.name: t.done_time for t in scheduler.tasks},
         "time_all_tasks": max(done) if all(d is not None for d in done) else None,
         "final_round": {t.name: t.server.round for t in scheduler.tasks},
+        **scheduler.summary(),  # the method's own fields (FedAST: its allocation log)
     }
-    if isinstance(scheduler, AsyncDriver):
-        summary["allocation_log"] = scheduler.alloc_log
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary

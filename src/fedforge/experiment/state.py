@@ -39,11 +39,13 @@ class RunState:
 
     ``round``: rounds done, or client updates applied when ``unit`` is ``"updates"``;
     ``sim_clock``: the straggler clock's queue tails; ``engine``: the engine's recorded
-    choices (``auto``, ``procs``); ``privacy``: the privacy ledger; ``store``: the disk
-    client store's committed version and segments (absent for the in-memory store, whose rows
-    are the checkpoint's ``clients`` tensors); ``driver``: a multi-task scheduler's own state
-    (clock, allocation, tasks); ``algorithm``: the ``algorithm.name`` that wrote the
-    checkpoint (see :meth:`check_algorithm`)."""
+    choices (``auto``, ``procs``); ``privacy``: the privacy ledger; ``store``: the client
+    store's checkpoint record (:meth:`fedforge.core.store.StateStore.checkpoint`: the disk
+    store's committed version and segments; absent for the in-memory store, whose rows are
+    the checkpoint's ``clients`` tensors); ``driver``: a multi-task scheduler's own state,
+    what its :meth:`fedforge.sim.scheduler.Scheduler.state_dict` returns (clock,
+    allocation, tasks); ``algorithm``: the ``algorithm.name`` that wrote the checkpoint
+    (see :meth:`check_algorithm`)."""
 
     round: int = 0
     wall_s: float = 0.0

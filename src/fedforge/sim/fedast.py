@@ -1,10 +1,10 @@
-"""Asynchronous drivers on the simulated clock: FedAST (Alg. 2-4), its ablations, FedBuff, FedAsync.
+"""Asynchronous schedulers on the simulated clock: FedAST (Alg. 2-4), ablations, FedBuff, FedAsync.
 
 Askin et al., "FedAST: Federated Asynchronous Simultaneous Training", UAI 2024.
 Nguyen et al., "Federated Learning with Buffered Asynchronous Aggregation", AISTATS 2022.
 Xie et al., "Asynchronous Federated Optimization", 2019.
 
-One event = one arriving update. The driver pops it from the clock, asks the task's executor
+One event = one arriving update. The scheduler pops it from the clock, asks the task's executor
 for the delta (computed in batches, see :mod:`fedforge.engine.jobs`), feeds the task's
 server, runs Realloc (option D), evaluates after a server step, and sends ``K`` new requests
 carrying the *newest* model (line 13 runs after line 10).
@@ -21,16 +21,18 @@ Methods (``AsyncOptions.method``):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
+from fedforge.core.tree import tree_clone
 from fedforge.sim import allocation_code as code
 from fedforge.sim.allocation import buffer_size, estimate_variance, proportional_split, realloc
 from fedforge.sim.clock import EventClock, Job
 from fedforge.sim.delays import DelayLaw
 from fedforge.sim.population import Population
+from fedforge.sim.scheduler import OnEval, load_shared_state, shared_state
 from fedforge.sim.task import Task
 
 ASYNC_METHODS = ("fedast", "fedast_static", "fedast_uniform", "fedast_nobuffer", "fedbuff",
@@ -65,8 +67,14 @@ class AsyncOptions:
         return self.method == "fedast"
 
 
-class AsyncDriver:
-    """Runs M tasks on one clock and one client pool until every task is done or a limit."""
+class AsyncScheduler:
+    """Runs M tasks on one clock and one client pool until every task is done or a limit
+    (a :class:`fedforge.sim.scheduler.Scheduler`).
+
+    Its checkpoint keeps the model versions in flight and the results computed but not yet
+    arrived: a job's result is a pure function of the version it was sent, its client and
+    its seed, but recomputed in another batch of jobs it may differ in the last bits, and a
+    resumed run must equal the uninterrupted one exactly."""
 
     def __init__(self, tasks: list[Task], population: Population, delay: DelayLaw,
                  options: AsyncOptions, seed: int) -> None:
@@ -131,7 +139,7 @@ class AsyncDriver:
                 self.send(m, capped=self.code is None)  # the code sends all (server.py:978)
 
     # --- one event ------------------------------------------------------------------------
-    def step(self, on_eval: Callable[[int, dict], None]) -> Job:
+    def step(self, on_eval: OnEval) -> Job:
         job = self.clock.pop()
         m, task = job.task, self.tasks[job.task]
         delta, loss, sent = task.executor.result(job)
@@ -237,16 +245,58 @@ class AsyncDriver:
     def finished(self) -> bool:
         return all(t.done for t in self.tasks)
 
-    def run(self, on_eval: Callable[[int, dict], None], *, max_updates: int | None = None,
-            max_time: float | None = None, on_update: Callable[[], None] | None = None) -> None:
-        """Process events until all tasks are done, the clock passes ``max_time``, or
-        ``max_updates`` total updates have arrived."""
-        while not self.finished and self.clock.peek() is not None:
-            if max_updates is not None and self.c >= max_updates:
-                break
-            nxt = self.clock.peek()
-            if max_time is not None and nxt.finish > max_time:
-                break
-            self.step(on_eval)
-            if on_update is not None:
-                on_update()
+    def done(self, max_updates: int | None = None, max_time: float | None = None) -> bool:
+        """Every task done, no arrival left, ``max_updates`` reached, or the next arrival
+        past ``max_time``."""
+        if self.finished or (max_updates is not None and self.c >= max_updates):
+            return True
+        nxt = self.clock.peek()  # after the checks above: it drops cancelled jobs
+        return nxt is None or (max_time is not None and nxt.finish > max_time)
+
+    # --- checkpoints ----------------------------------------------------------------------
+    def state_dict(self) -> tuple[dict, dict]:
+        tensors, meta = shared_state(self)
+        meta.update(R=self.R, cur=self.cur, since_realloc=self.since_realloc,
+                    alloc_log=self.alloc_log)
+        if self.code is not None:
+            meta["code"] = self.code.state_dict()
+        for m, t in enumerate(self.tasks):
+            # by version, so a resumed run writes the same file; clones: may alias params
+            versions = sorted(t.executor.versions.items(), key=lambda item: item[0])
+            tensors[f"task{m}"]["versions"] = {
+                f"v{v}": {"params": tree_clone(p), "bcast": tree_clone(b)}
+                for v, (p, b) in versions}
+            deltas, losses = t.executor.computed()
+            tensors[f"task{m}"]["results"] = deltas
+            meta["tasks"][m]["results"] = losses
+            tensors[f"task{m}"]["window"] = {f"w{i}": w for i, w in enumerate(self.window[m])}
+        return tensors, meta
+
+    def load_state_dict(self, tensors: dict, meta: dict, where: object = "checkpoint") -> None:
+        load_shared_state(self, tensors, meta)
+        self.R, self.cur = list(meta["R"]), list(meta["cur"])
+        self.since_realloc = meta["since_realloc"]
+        self.alloc_log = [tuple(x) for x in meta["alloc_log"]]
+        if self.code is not None:
+            self.code.load_state_dict(meta["code"])
+        for m, t in enumerate(self.tasks):
+            tt = tensors[f"task{m}"]
+            versions, win = tt.get("versions", {}), tt.get("window", {})
+            self.window[m] = [win[f"w{i}"] for i in range(len(win))]
+            deltas, losses = tt.get("results", {}), meta["tasks"][m].get("results", {})
+            for job in self.clock.pending(m):
+                v = versions[f"v{job.version}"]
+                key = f"j{job.job_id}"
+                t.executor.restore(job, v["params"], {"round": v["bcast"]["round"],
+                                                      **{k: x for k, x in v["bcast"].items()
+                                                         if k != "round"}},
+                                   deltas.get(key), losses.get(key))
+
+    def collect(self, metas: Iterable[dict]) -> None:
+        """Nothing outside the checkpoints' own files."""
+
+    def close(self) -> None:
+        """Nothing open."""
+
+    def summary(self) -> dict:
+        return {"allocation_log": self.alloc_log}

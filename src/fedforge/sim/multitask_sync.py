@@ -15,19 +15,22 @@ stragglers stay busy (their next request queues behind the unfinished one).
 
 Local training is the engine's cohort path (:func:`fedforge.engine.round.federated_round`);
 each task keeps its clients' state in a store of the run's kind (``engine.client_store``),
-made by the :data:`StoreFactory` the runner passes.
+made by the :data:`StoreFactory` the runner passes. A checkpoint holds each store's
+checkpoint: a memory store's rows are tensors of the checkpoint (``task<m>/store``), a disk
+store's record names its segments in the meta's ``"stores"`` (one entry per task, ``None``
+for a task in memory; the key is absent when no task is on disk).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from fedforge.core.store import StateStore
+from fedforge.core.store import StateStore, record_kind
 from fedforge.engine.base import ChunkedEngine
 from fedforge.engine.distributed import make_client_store
 from fedforge.engine.round import federated_round
@@ -35,6 +38,7 @@ from fedforge.sim.allocation import proportional_split
 from fedforge.sim.clock import EventClock, Job, kth_arrival_round
 from fedforge.sim.delays import DelayLaw
 from fedforge.sim.population import Population
+from fedforge.sim.scheduler import OnEval, load_shared_state, shared_state
 from fedforge.sim.task import Task
 
 SYNC_METHODS = ("sync_st", "sync_st_nosm", "sync_ucb_st", "sequential")
@@ -66,7 +70,10 @@ class SyncOptions:
                              f"{list(SYNC_METHODS)}")
 
 
-class SyncDriver:
+class SyncScheduler:
+    """Rounds of every unfinished task on one clock and one client pool (a
+    :class:`fedforge.sim.scheduler.Scheduler`)."""
+
     def __init__(self, tasks: list[Task], population: Population, delay: DelayLaw,
                  options: SyncOptions, seed: int, engine: ChunkedEngine,
                  make_store: StoreFactory = memory_stores) -> None:
@@ -119,7 +126,7 @@ class SyncDriver:
             out[m] = c
         return out
 
-    def step(self, on_eval: Callable[[int, dict], None]) -> None:
+    def step(self, on_eval: OnEval) -> None:
         self.round += 1
         counts = self.counts()
         clients = self.rng.permutation(self.pop.sample_available(self.rng, self.n_per_round))
@@ -141,7 +148,7 @@ class SyncDriver:
         for m, jobs in kept_jobs.items():
             self._train(m, jobs, on_eval)
 
-    def _train(self, m: int, jobs: list[tuple[int, int]], on_eval) -> None:
+    def _train(self, m: int, jobs: list[tuple[int, int]], on_eval: OnEval) -> None:
         task = self.tasks[m]
         ex = task.executor
         fake = [Job(jid, m, c, task.server.round, 0.0, 0.0, 0.0) for jid, c in jobs]
@@ -172,12 +179,56 @@ class SyncDriver:
     def finished(self) -> bool:
         return all(t.done for t in self.tasks)
 
-    def run(self, on_eval, *, max_updates=None, max_time=None, on_update=None) -> None:
-        while not self.finished:
-            if max_updates is not None and self.c >= max_updates:
-                break
-            if max_time is not None and self.clock.now >= max_time:
-                break
-            self.step(on_eval)
-            if on_update is not None:
-                on_update()
+    def start(self) -> None:
+        """A fresh run: no rows of an earlier run in a disk store's folder."""
+        for store in self.stores:
+            store.restore_checkpoint(None)
+
+    def done(self, max_updates: int | None = None, max_time: float | None = None) -> bool:
+        """Every task done, ``max_updates`` reached, or the clock at ``max_time``."""
+        return (self.finished or (max_updates is not None and self.c >= max_updates)
+                or (max_time is not None and self.clock.now >= max_time))
+
+    # --- checkpoints ----------------------------------------------------------------------
+    def state_dict(self) -> tuple[dict, dict]:
+        tensors, meta = shared_state(self)
+        meta.update(round=self.round, first_loss=self.first_loss, last_loss=self.last_loss,
+                    assigned=self.assigned)
+        records = []
+        for m, store in enumerate(self.stores):  # version: the updates so far, which grow
+            tensors[f"task{m}"]["store"], record = store.checkpoint(self.c)
+            records.append(record)
+        if any(r is not None for r in records):
+            meta["stores"] = records
+        return tensors, meta
+
+    def load_state_dict(self, tensors: dict, meta: dict, where: object = "checkpoint") -> None:
+        load_shared_state(self, tensors, meta)
+        self.round, self.assigned = meta["round"], list(meta["assigned"])
+        self.first_loss, self.last_loss = list(meta["first_loss"]), list(meta["last_loss"])
+        records = meta.get("stores", [None] * len(self.stores))  # absent: all in memory
+        if not isinstance(records, list):  # None would start the tasks' disk stores afresh
+            raise ValueError(f"{where}: \"stores\" must be a list of each task's store "
+                             f"record, got {type(records).__name__}")
+        if len(records) != len(self.stores):
+            raise ValueError(f"{where}: \"stores\" has {len(records)} entries for "
+                             f"{len(self.stores)} tasks")
+        for m, record in enumerate(records):  # continued in the kind the checkpoint holds
+            if self.stores[m].kind != record_kind(record):
+                self.stores[m] = self.new_store(m, record_kind(record))
+            self.stores[m].restore_checkpoint(tensors[f"task{m}"].get("store"), record, where,
+                                              version=self.c)
+
+    def collect(self, metas: Iterable[dict]) -> None:
+        """Each task's store deletes what none of the kept checkpoints' ``metas`` records."""
+        metas = list(metas)
+        for m, store in enumerate(self.stores):
+            store.collect([meta["stores"][m] for meta in metas
+                           if isinstance(meta.get("stores"), list) and len(meta["stores"]) > m])
+
+    def close(self) -> None:
+        for store in self.stores:
+            store.close()
+
+    def summary(self) -> dict:
+        return {}
