@@ -3,7 +3,8 @@ algorithms | datasets | models."""
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from importlib import import_module
 from pathlib import Path
 from typing import Annotated
@@ -49,16 +50,23 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+@contextmanager
+def _failing(*errors: type[Exception]) -> Iterator[None]:
+    """An error of these types (the user's input, not a bug) leaves as one line."""
+    try:
+        yield
+    except errors as exc:
+        _fail(str(exc))
+
+
 def _nonempty(option: str):
     """A parser for a path option (``--out``, ``--runs``) that refuses an empty value: it
     would silently mean the current folder."""
     def parse(value: str | Path | None) -> Path | None:
         from fedforge.experiment.rundir import folder_option
 
-        try:
+        with _failing(ValueError):
             return None if value is None else folder_option(option, value)
-        except ValueError as exc:
-            _fail(str(exc))
 
     return parse
 
@@ -79,15 +87,11 @@ def _setup(plugins: list[str] | None, data_root: Path | None = None,
     if mlflow_uri is not None:
         os.environ[URI_ENV] = mlflow_uri
 
-    try:
+    with _failing(PluginError):
         load_plugins(plugins or [])
-    except PluginError as exc:
-        _fail(str(exc))
     if data_root is not None:
-        try:
+        with _failing(ValueError):
             use_data_root_option(data_root)
-        except ValueError as exc:
-            _fail(str(exc))
 
 
 def _config_plugins(config: Path, allow: bool) -> None:
@@ -98,35 +102,8 @@ def _config_plugins(config: Path, allow: bool) -> None:
     from fedforge.experiment.config import ConfigError, listed_plugins, load_raw
     from fedforge.plugins import PluginError, load_plugins
 
-    try:
+    with _failing(ConfigError, PluginError):
         load_plugins(listed_plugins(load_raw(config)), "plugins")
-    except (ConfigError, PluginError) as exc:
-        _fail(str(exc))
-
-
-def _variant(config: Path, variant: str, overrides: list[str]):
-    """``fedforge run --variant X``: the config ``fedforge compare -a X`` would run."""
-    from fedforge.experiment.compare import comparison_configs
-    from fedforge.experiment.config import ConfigError, load_raw
-
-    try:
-        tables = load_raw(config).get("compare") or {}
-        if not isinstance(tables, dict) or variant not in tables:
-            known = sorted(tables) if isinstance(tables, dict) else []
-            raise ConfigError(f"--variant: no [compare.{variant}] table in {config}; "
-                              f"tables: {known or 'none'}")
-        return comparison_configs(config, [variant], overrides)[variant][0]
-    except ConfigError as exc:
-        _fail(str(exc))
-
-
-def _load(config: Path, overrides: list[str]):
-    from fedforge.experiment.config import ConfigError, load_config
-
-    try:
-        return load_config(config, overrides)
-    except ConfigError as exc:
-        _fail(str(exc))
 
 
 @app.command()
@@ -157,14 +134,17 @@ def run(
     checkpoint and engine settings may change) or --overwrite."""
     _setup(plugin, data_root, mlflow_uri)
     _config_plugins(config, allow_config_plugins)
+    from fedforge.bench.profiling import profiled
+    from fedforge.core.memory import out_of_memory
     from fedforge.data import DatasetError
-    from fedforge.experiment.metrics import evaluated
+    from fedforge.experiment.compare import variant_config
+    from fedforge.experiment.config import ConfigError, load_config
+    from fedforge.experiment.metrics import run_summary
     from fedforge.experiment.runner import run_experiment
 
-    cfg = (_load(config, overrides or []) if variant is None
-           else _variant(config, variant, overrides or []))
-    from fedforge.bench.profiling import profiled
-
+    with _failing(ConfigError):
+        cfg = (load_config(config, overrides or []) if variant is None
+               else variant_config(config, variant, overrides or []))
     try:
         with profiled(out / "profile", "run", enabled=profile):
             history = run_experiment(cfg, out, resume=resume, progress=not quiet,
@@ -172,35 +152,12 @@ def run(
     except (DatasetError, ValueError, OSError, FloatingPointError) as exc:
         _fail(str(exc))
     except (MemoryError, RuntimeError) as exc:  # an allocation past a ulimit -v: one line
-        from fedforge.core.memory import out_of_memory
-
         if (message := out_of_memory(exc)) is None:
             raise
         _fail(message)
-    if cfg.multitask:
-        summary = out / "summary.json"
-        if summary.is_file():  # ranks > 0 of a torchrun job write none
-            console.print(f"[bold green]done[/bold green] {cfg.method or 'fedast'} on "
-                          f"{len(cfg.tasks)} tasks -> {out}\n{summary.read_text()}",
-                          highlight=False)
-        return
-    evals = evaluated(history)
-    if not evals:  # ranks > 0 of a torchrun job: rank 0 reports
-        return
-    last = evals[-1]
-    console.print(
-        f"[bold green]done[/bold green] {cfg.algorithm.name} on {cfg.data.dataset}: round "
-        f"{last.get('round')} test_accuracy={last.get('test_accuracy', float('nan')):.4f} "
-        f"test_loss={last.get('test_loss', float('nan')):.4f}{_privacy_note(last)}  -> {out}"
-    )
-
-
-def _privacy_note(record: dict) -> str:
-    """`` ε=… σ=…`` for a differentially private run's record, else nothing."""
-    if "dp_epsilon" not in record:
-        return ""
-    return (f" ε={record['dp_epsilon']:.3f} "
-            f"σ={record.get('dp_noise_multiplier', float('nan')):.4g}")
+    summary = run_summary(cfg, history, out)
+    if summary is not None:  # ranks > 0 of a torchrun job: rank 0 reports
+        console.print(f"[bold green]done[/bold green] {summary}", highlight=not cfg.multitask)
 
 
 @app.command()
@@ -226,29 +183,19 @@ def pretrain(
     _setup(plugin, data_root)
     _config_plugins(config, allow_config_plugins)
     from fedforge.data import DatasetError
+    from fedforge.experiment.config import ConfigError, load_config
     from fedforge.pretrain import pretrain as run_pretrain
 
-    cfg = _load(config, overrides or [])
+    with _failing(ConfigError):
+        cfg = load_config(config, overrides or [])
     if part not in ("public", "private", "all"):
         _fail(f"--part: expected public, private or all, got {part!r}")
-    try:
+    with _failing(DatasetError, ValueError, OSError):
         summary = run_pretrain(cfg, out, part=part, epochs=epochs, lr=lr,  # type: ignore[arg-type]
                                batch_size=batch_size, optimizer=optimizer, max_steps=max_steps)
-    except (DatasetError, ValueError, OSError) as exc:
-        _fail(str(exc))
     console.print(f"[bold green]done[/bold green] pretrained {cfg.model.name} on "
                   f"{summary['train_samples']} samples: test_accuracy="
                   f"{summary['test_accuracy']:.4f} -> {out}", highlight=False)
-
-
-def _multitask(config: Path) -> bool:
-    """Whether the file has a ``[[tasks]]`` list (``compare`` then compares methods)."""
-    from fedforge.experiment.config import ConfigError, load_raw
-
-    try:
-        return "tasks" in load_raw(config)
-    except ConfigError as exc:
-        _fail(str(exc))
 
 
 Bands = Annotated[str | None, typer.Option(
@@ -300,7 +247,8 @@ def compare(
     with a shaded 95 % t-interval, and table.json / table.csv give mean, std, n and the
     interval of each metric. Runs already in --out with the same config are continued (a
     finished one is not re-run); with a changed config they need --overwrite."""
-    from fedforge.experiment.compare import comparison_configs, run_comparison
+    from fedforge.experiment import compare as studies
+    from fedforge.experiment.config import ConfigError
 
     _setup(plugin, data_root, mlflow_uri)
     _config_plugins(config, allow_config_plugins)
@@ -308,38 +256,22 @@ def compare(
     names = [a.strip() for a in algorithms.split(",") if a.strip()]
     if not names:
         _fail("--algorithms: expected a comma-separated list, e.g. fedavg,scaffold")
-    if _multitask(config):  # multi-task: --algorithms names methods (fedast,sync_st,...)
-        from fedforge.experiment.compare import run_multitask_comparison
-        from fedforge.experiment.config import ConfigError, load_config
-
-        try:
-            mcfgs = {n: load_config(config, [*(overrides or []), f"method={n}"])
-                     for n in names}
-            with styled:
-                table_rows, plot = run_multitask_comparison(mcfgs, out, progress=not quiet,
-                                                            overwrite=overwrite,
-                                                            allow_processes=True)
-        except (ConfigError, ValueError, OSError) as exc:
-            _fail(str(exc))
+    with _failing(ConfigError, ValueError, OSError):
+        methods = studies.method_configs(config, names, overrides or [])
+    if methods is not None:  # a multi-task file: --algorithms names methods
+        with _failing(ConfigError, ValueError, OSError), styled:
+            table_rows, plot = studies.run_multitask_comparison(
+                methods, out, progress=not quiet, overwrite=overwrite, allow_processes=True)
         _print_rows(table_rows, out)
         console.print(f"plot: {plot}")
         return
-    from fedforge.experiment.config import ConfigError
-
-    try:
-        seed_list = None if seeds is None else [int(s) for s in seeds.split(",") if s.strip()]
-    except ValueError:
-        _fail(f"--seeds: expected comma-separated integers, got {seeds!r}")
-    try:
-        cfgs = comparison_configs(config, names, overrides, seed_list)
-    except ConfigError as exc:
-        _fail(str(exc))
-    try:
-        with styled:
-            table_rows, plot = run_comparison(cfgs, out, target=target, progress=not quiet,
-                                              overwrite=overwrite, allow_processes=True)
-    except (ValueError, OSError, FloatingPointError) as exc:
-        _fail(str(exc))
+    with _failing(ValueError):
+        seed_list = studies.parse_seeds(seeds)
+    with _failing(ConfigError):
+        cfgs = studies.comparison_configs(config, names, overrides, seed_list)
+    with _failing(ValueError, OSError, FloatingPointError), styled:
+        table_rows, plot = studies.run_comparison(cfgs, out, target=target, progress=not quiet,
+                                                  overwrite=overwrite, allow_processes=True)
     _print_rows(table_rows, out)
     console.print(f"plot: {plot} (and .pdf); table: {out / 'table.json'} (and .csv)")
 
@@ -396,28 +328,33 @@ def sweep(
         config, out, list(overrides or []), space, sampler, trials, jobs, metric, direction,
         prune, resume, validation_fraction, seed, final, list(plugin or []),
         allow_config_plugins, data_root)
-    try:
+    with _failing(DatasetError, ValueError, OSError, ImportError):
         result = run_sweep(settings, log=lambda line: console.print(
             line, highlight=False, markup=False, soft_wrap=True))
-    except (DatasetError, ValueError, OSError, ImportError) as exc:
-        _fail(str(exc))
     console.print(f"table: {out / 'table.csv'} (and .json); figure: {out / 'sweep.png'}"
                   + ("" if result.best is not None else "; no trial completed"),
                   highlight=False)
+
+
+def _print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]], *,
+                 highlight: bool = False, bold_first: bool = False, **table_options) -> None:
+    table = Table(title=title, **table_options)
+    for i, column in enumerate(columns):
+        table.add_column(column, style="bold" if bold_first and i == 0 else None)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table, highlight=highlight)
 
 
 def _print_rows(table_rows: list[dict], out: Path) -> None:
     from fedforge.experiment.compare import format_cell
     from fedforge.experiment.labels import metric
 
-    table = Table(title=f"comparison ({out}); mean ± half the 95 % interval over seeds",
-                  title_justify="left")
-    for col in table_rows[0]:
-        table.add_column(metric(col).label if col not in ("algorithm", "method", "seeds")
-                         else col)
-    for row in table_rows:
-        table.add_row(*[format_cell(v, row.get("seeds")) for v in row.values()])
-    console.print(table, highlight=False)
+    columns = [col if col in ("algorithm", "method", "seeds") else metric(col).label
+               for col in table_rows[0]]
+    _print_table(f"comparison ({out}); mean ± half the 95 % interval over seeds", columns,
+                 [[format_cell(v, row.get("seeds")) for v in row.values()]
+                  for row in table_rows], title_justify="left")
 
 
 @app.command()
@@ -463,11 +400,9 @@ def reproduce(
     if scale == "paper":
         console.print(paper_scale(spec), highlight=False, soft_wrap=True)
         return
-    try:
+    with _failing(ConfigError, ValueError, OSError, FloatingPointError):
         page = run_reproduction(spec, runs=runs, data=data, out=out, report_only=report_only,
                                 progress=not quiet, allow_processes=True)
-    except (ConfigError, ValueError, OSError, FloatingPointError) as exc:
-        _fail(str(exc))
     console.print(f"report: {page}")
 
 
@@ -490,12 +425,10 @@ def plot(
     from fedforge.experiment.plots import load_run_list, plot_runs
 
     styled = _figure_options(bands, legend)
-    try:
-        with styled:
-            path = plot_runs(load_run_list(run_dirs), out, y=metric, x=x, logx=logx,
-                             average=not per_seed)
-    except (OSError, ValueError) as exc:  # missing/damaged metrics file, unknown metric
-        _fail(str(exc))
+    # missing/damaged metrics file, unknown metric
+    with _failing(OSError, ValueError), styled:
+        path = plot_runs(load_run_list(run_dirs), out, y=metric, x=x, logx=logx,
+                         average=not per_seed)
     console.print(f"wrote {path} and {path.with_suffix('.pdf')}")
 
 
@@ -513,11 +446,8 @@ def report(
     from fedforge.experiment.report import write_report
 
     styled = _figure_options(bands, legend)
-    try:
-        with styled:
-            path = write_report(folder, out)
-    except (OSError, ValueError) as exc:
-        _fail(str(exc))
+    with _failing(OSError, ValueError), styled:
+        path = write_report(folder, out)
     console.print(f"wrote {path}")
 
 
@@ -546,25 +476,14 @@ class _Benches(TyperGroup):
         return typer.main.get_command(workload)
 
     def invoke(self, ctx: click.Context) -> None:
-        try:
+        with _failing(ValueError, OSError):
             table = super().invoke(ctx)
-        except (ValueError, OSError) as exc:
-            _fail(str(exc))
         console.print(table, markup=False)
 
 
 app.add_typer(typer.Typer(cls=_Benches, no_args_is_help=True,
                           help="Run a benchmark workload, print a table and append it to "
                                "--results (fedforge bench WORKLOAD --help)."), name="bench")
-
-
-def _print_registry(title: str, entries: dict[str, str]) -> None:
-    table = Table(title=title)
-    table.add_column("name", style="bold")
-    table.add_column("description")
-    for name, desc in entries.items():
-        table.add_row(name, desc)
-    console.print(table)
 
 
 @app.command("algorithms")
@@ -584,23 +503,15 @@ def list_algorithms(
         typer.echo(methods.markdown(), nl=False)
         return
     if params is not None:
-        try:
+        with _failing(KeyError, ValueError):
             rows, kind = methods.parameter_rows(params), methods.method_kind(params)
-        except (KeyError, ValueError) as exc:
-            _fail(str(exc))
-        table = Table(title=f"{params} ({kind}): defaults and their sources")
-        for col in ("parameter", "default", "source", "where / why"):
-            table.add_column(col)
-        for row in rows:
-            table.add_row(*row)
-        console.print(table, highlight=False)
+        _print_table(f"{params} ({kind}): defaults and their sources",
+                     ("parameter", "default", "source", "where / why"), rows)
         return
-    table = Table(title="methods (fedforge algorithms --params NAME for the defaults)")
-    for col in ("name", "kind", "description"):
-        table.add_column(col)
-    for name, kind in methods.all_methods().items():
-        table.add_row(name, kind, methods.describe(name))
-    console.print(table, highlight=False)
+    _print_table("methods (fedforge algorithms --params NAME for the defaults)",
+                 ("name", "kind", "description"),
+                 [(name, kind, methods.describe(name))
+                  for name, kind in methods.all_methods().items()])
 
 
 @app.command("config")
@@ -638,7 +549,8 @@ def list_datasets(plugin: Plugins = None) -> None:
     _setup(plugin)
     from fedforge.data import DATASETS
 
-    _print_registry("datasets", dict(sorted(DATASETS.items())))
+    _print_table("datasets", ("name", "description"), sorted(DATASETS.items()),
+                 highlight=True, bold_first=True)
 
 
 @app.command("models")
@@ -647,7 +559,9 @@ def list_models(plugin: Plugins = None) -> None:
     _setup(plugin)
     from fedforge.models import MODELS
 
-    _print_registry("models", {k: v[1] for k, v in sorted(MODELS.items())})
+    _print_table("models", ("name", "description"),
+                 [(k, v[1]) for k, v in sorted(MODELS.items())], highlight=True,
+                 bold_first=True)
 
 
 if __name__ == "__main__":

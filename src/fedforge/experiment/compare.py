@@ -12,6 +12,7 @@ from fedforge.experiment.config import (
     ConfigError,
     RunConfig,
     apply_overrides,
+    load_config,
     load_raw,
     validate,
 )
@@ -67,6 +68,36 @@ def comparison_configs(
         out[name] = [base] if seeds is None else [
             base.model_copy(update={"seed": s}) for s in seeds]
     return out
+
+
+def variant_config(path: str | Path, variant: str, overrides: list[str]) -> RunConfig:
+    """``fedforge run --variant X``: the config ``fedforge compare -a X`` would run (its
+    first seed); a file without a ``[compare.X]`` table is a ConfigError."""
+    tables = load_raw(path).get("compare") or {}
+    if not isinstance(tables, dict) or variant not in tables:
+        known = sorted(tables) if isinstance(tables, dict) else []
+        raise ConfigError(f"--variant: no [compare.{variant}] table in {path}; "
+                          f"tables: {known or 'none'}")
+    return comparison_configs(path, [variant], overrides)[variant][0]
+
+
+def method_configs(path: str | Path, names: list[str], overrides: list[str]
+                   ) -> dict[str, RunConfig] | None:
+    """A multi-task file's config per method (``--algorithms`` names methods there:
+    fedast, sync_st ...), or None for a single-task file (no ``[[tasks]]`` list)."""
+    if "tasks" not in load_raw(path):
+        return None
+    return {n: load_config(path, [*overrides, f"method={n}"]) for n in names}
+
+
+def parse_seeds(text: str | None) -> list[int] | None:
+    """``--seeds``: comma-separated integers (None: the config's seed)."""
+    if text is None:
+        return None
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds: expected comma-separated integers, got {text!r}") from None
 
 
 def _algorithm(table: dict, name: str) -> str:

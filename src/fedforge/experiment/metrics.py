@@ -14,6 +14,10 @@ import json
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fedforge.experiment.config import RunConfig
 
 TEST_METRIC = "test_accuracy"
 """The key every evaluation writes (fedforge.experiment.evaluate): it marks evaluated records."""
@@ -100,3 +104,31 @@ def evaluated(records: Iterable[dict], key: str = TEST_METRIC) -> list[dict]:
     rounds only; files written before every round was recorded, and multi-task runs, hold
     evaluations only, and come back whole."""
     return [r for r in records if is_evaluated(r, key)]
+
+
+def run_summary(cfg: RunConfig, history: list[dict], out: Path) -> str | None:
+    """What ``fedforge run`` prints after ``done``: the method and its last evaluation (a
+    multi-task run: its ``summary.json``), or None where there is nothing to report (the
+    ranks > 0 of a torchrun job write no summary and hold no evaluations)."""
+    if cfg.multitask:
+        summary = out / "summary.json"
+        if not summary.is_file():
+            return None
+        return (f"{cfg.method or 'fedast'} on {len(cfg.tasks)} tasks -> {out}\n"
+                f"{summary.read_text()}")
+    evals = evaluated(history)
+    if not evals:
+        return None
+    last = evals[-1]
+    return (f"{cfg.algorithm.name} on {cfg.data.dataset}: round {last.get('round')} "
+            f"test_accuracy={last.get('test_accuracy', float('nan')):.4f} "
+            f"test_loss={last.get('test_loss', float('nan')):.4f}{_privacy_note(last)}  -> "
+            f"{out}")
+
+
+def _privacy_note(record: dict) -> str:
+    """`` ε=… σ=…`` for a differentially private run's record, else nothing."""
+    if "dp_epsilon" not in record:
+        return ""
+    return (f" ε={record['dp_epsilon']:.3f} "
+            f"σ={record.get('dp_noise_multiplier', float('nan')):.4g}")
