@@ -1,5 +1,6 @@
-"""``fedforge`` command line: run | compare | reproduce | pretrain | plot | bench | config |
-algorithms | datasets | models."""
+"""``fedforge`` command line: run | pretrain | compare | sweep | reproduce | plot | report |
+bench WORKLOAD | algorithms | config | datasets | models. Only the command surface: what
+each command does lives in the module it calls."""
 
 from __future__ import annotations
 

@@ -218,7 +218,7 @@ LAST_ENGINE: list = []  # the engine of the latest fedforge row (auto: its choic
 def run_w1(cohorts: list[int], engines: list[str], device: torch.device, chunk="auto",
            repeats: int = 1, work: Workload = W1, profile_dir=None) -> list[list[object]]:
     """Rows of :data:`W1_HEADER`, printed as they go. ``profile_dir``: profile each row's
-    timed calls there (``fedforge bench --profile``)."""
+    timed calls there (``fedforge bench w1 --profile``)."""
     from fedforge.bench.profiling import profiled
 
     # bad names and a missing Flower fail before anything is measured
