@@ -112,3 +112,19 @@ def test_robust_aggregators_equal_flowers_strategies(ours, strategy, options):
     flower = flower_fedavg(FakeGrid(interop_app.plain_client, NUM_CLIENTS), cfg,
                            strategy=strategy, **options)
     assert_close(got, flower.arrays.to_torch_state_dict(), tol=1e-6)
+
+
+def test_bulyan_equals_flowers_message_api_bulyan():
+    """Flower's Message-API ``Bulyan`` selects by one Multi-Krum scoring (no removal); ours
+    with ``selection = "multi_krum"`` gives it on seven plain Flower clients (4f + 3 for f = 1).
+    The paper's selection with removal is checked against Flower's ``aggregate_bulyan`` in
+    ``tests/robust/test_bulyan_meamed.py``."""
+    from flwr.serverapp.strategy import Bulyan  # noqa: PLC0415
+
+    cfg = all_clients_cfg("data.options.num_clients=7", "server.clients_per_round=7",
+                          "server.aggregator=bulyan", "server.aggregator_options.f=1",
+                          "server.aggregator_options.selection=multi_krum")
+    got = run_server(FakeGrid(interop_app.plain_client, 7), cfg, FLOWER)
+    flower = flower_fedavg(FakeGrid(interop_app.plain_client, 7), cfg, strategy=Bulyan,
+                           num_malicious_nodes=1)
+    assert_close(got, flower.arrays.to_torch_state_dict(), tol=1e-6)

@@ -5,8 +5,10 @@ from fedforge.robust.aggregators import (
     AGGREGATORS,
     Aggregator,
     build_aggregator,
+    bulyan,
     coordinate_median,
     krum,
+    meamed,
     norm_clip,
     trimmed_mean,
     weighted_mean,
@@ -17,7 +19,7 @@ from fedforge.robust.setup import build_robust
 
 __all__ = [
     "AGGREGATORS", "ATTACKS", "POLICIES", "Aggregator", "Attack", "DivergenceError",
-    "RobustRound", "attacker_ids", "build_aggregator", "build_robust", "coordinate_median",
-    "flip_labels", "krum", "norm_clip", "poison_updates", "screen_cohort", "trimmed_mean",
-    "weighted_mean",
+    "RobustRound", "attacker_ids", "build_aggregator", "build_robust", "bulyan",
+    "coordinate_median", "flip_labels", "krum", "meamed", "norm_clip", "poison_updates",
+    "screen_cohort", "trimmed_mean", "weighted_mean",
 ]

@@ -12,6 +12,12 @@ References:
     Tolerant Gradient Descent", NeurIPS 2017 (score = sum of the n - f - 2 smallest squared
     distances to the other updates; Multi-Krum averages the m best-scored updates).
   * Norm clipping: Sun et al., "Can You Really Backdoor Federated Learning?", 2019.
+  * Bulyan: El Mhamdi, Guerraoui & Rouault, "The Hidden Vulnerability of Distributed
+    Learning in Byzantium", ICML 2018 (theta = n - 2f Krum picks, each removed from the
+    candidates; per coordinate the mean of the beta = theta - 2f picks closest to their
+    median; n >= 4f + 3). Flower's ``aggregate_bulyan`` does the same.
+  * MeaMed: Xie, Koyejo & Gupta, "Generalized Byzantine-tolerant SGD", 2018 (mean around
+    median: per coordinate the mean of the n - f values closest to the median).
 """
 
 from __future__ import annotations
@@ -28,10 +34,12 @@ AggregateFn = Callable[[Params, torch.Tensor], tuple[Params, dict]]
 
 
 class Aggregator(NamedTuple):
-    """``aggregate(deltas [C, ...], weights [C]) -> (delta, info)``; info holds 0-d/[C] tensors."""
+    """``aggregate(deltas [C, ...], weights [C]) -> (delta, info)``; info holds 0-d/[C] tensors.
+    ``min_clients``: the smallest cohort the rule's guarantee holds for (checked per round)."""
 
     name: str
     aggregate: AggregateFn
+    min_clients: int = 1
 
 
 def _flat(deltas: Params) -> torch.Tensor:
@@ -48,17 +56,19 @@ def weighted_mean() -> Aggregator:
     return Aggregator("mean", aggregate)
 
 
+def _median(values: torch.Tensor) -> torch.Tensor:
+    """Coordinate-wise median of ``values [m, ...]`` (mean of the two middles for even m)."""
+    s = values.sort(dim=0).values
+    n = s.shape[0]
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
 def coordinate_median() -> Aggregator:
     """Coordinate-wise median (Yin et al. 2018); the mean of the two middle values when C is
     even (numpy's convention). Client weights are ignored: each client counts once."""
 
     def aggregate(deltas: Params, weights: torch.Tensor) -> tuple[Params, dict]:
-        out = {}
-        for k, d in deltas.items():
-            s = d.sort(dim=0).values  # [C, ...]
-            n = s.shape[0]
-            out[k] = s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
-        return out, {}
+        return {k: _median(d) for k, d in deltas.items()}, {}
 
     return Aggregator("median", aggregate)
 
@@ -130,6 +140,80 @@ def multi_krum(f: int = 1, m: int | None = None) -> Aggregator:
     return krum(f, m)._replace(name="multi_krum")
 
 
+def _check_f(f: int) -> int:
+    if isinstance(f, bool) or not isinstance(f, int) or f < 0:
+        raise ValueError(f"server.aggregator_options.f: expected an integer >= 0, got {f!r}")
+    return f
+
+
+def check_cohort(name: str, needed: int, num_clients: int, f: int) -> None:
+    """One line naming the rule, its bound and the fields to change when a cohort is too
+    small for the assumed number ``f`` of Byzantine clients."""
+    if num_clients < needed:
+        raise ValueError(f"server.aggregator_options.f: {name} with f = {f} needs at least "
+                         f"{needed} clients per round, got {num_clients} (lower f or raise "
+                         f"server.clients_per_round)")
+
+
+def mean_around(reference: torch.Tensor, values: torch.Tensor, k: int) -> torch.Tensor:
+    """Per coordinate, the mean of the ``k`` rows of ``values [m, ...]`` closest to
+    ``reference [...]`` (ties: the earlier row, a stable sort)."""
+    order = (values - reference).abs().sort(dim=0, stable=True).indices[:k]  # [k, ...]
+    return values.gather(0, order).mean(0)
+
+
+def meamed(f: int = 1) -> Aggregator:
+    """Mean around median (Xie et al. 2018): per coordinate, the mean of the ``C - f`` values
+    closest to the coordinate-wise median (weights ignored); needs ``C >= 2f + 1``."""
+    f = _check_f(f)
+
+    def aggregate(deltas: Params, weights: torch.Tensor) -> tuple[Params, dict]:
+        n = next(iter(deltas.values())).shape[0]
+        check_cohort("meamed", 2 * f + 1, n, f)
+        return {k: mean_around(_median(d), d, n - f) for k, d in deltas.items()}, {}
+
+    return Aggregator("meamed", aggregate, min_clients=2 * f + 1)
+
+
+SELECTIONS = ("krum", "multi_krum")
+
+
+def bulyan_selection(flat: torch.Tensor, f: int, selection: str = "krum") -> torch.Tensor:
+    """Bulyan's first phase on ``flat [C, D]``: ``theta = C - 2f`` updates. ``"krum"`` (the
+    paper): ``theta`` times the Krum choice among the updates not yet chosen, scored over that
+    remaining set, which it then leaves (ties: the lower client index). ``"multi_krum"``: the
+    ``theta`` best scores of one Krum scoring of all ``C`` (Flower's Message-API ``Bulyan``)."""
+    theta = flat.shape[0] - 2 * f
+    if selection == "multi_krum":
+        return krum_scores(flat, f).argsort(stable=True)[:theta]
+    remaining, chosen = list(range(flat.shape[0])), []
+    for _ in range(theta):
+        best = remaining[int(krum_scores(flat[remaining], f).argmin())]
+        chosen.append(best)
+        remaining.remove(best)
+    return torch.tensor(chosen, dtype=torch.long, device=flat.device)
+
+
+def bulyan(f: int = 1, selection: str = "krum") -> Aggregator:
+    """Bulyan over Krum (El Mhamdi et al. 2018, as Flower's ``aggregate_bulyan``): select
+    ``theta = C - 2f`` updates (:func:`bulyan_selection`), then per coordinate average the
+    ``beta = theta - 2f`` selected values closest to their median; needs ``C >= 4f + 3``."""
+    f = _check_f(f)
+    if selection not in SELECTIONS:
+        raise ValueError(f"server.aggregator_options.selection: expected one of {SELECTIONS}, "
+                         f"got {selection!r}")
+
+    def aggregate(deltas: Params, weights: torch.Tensor) -> tuple[Params, dict]:
+        flat = _flat(deltas)
+        check_cohort("bulyan", 4 * f + 3, flat.shape[0], f)
+        chosen = bulyan_selection(flat, f, selection)  # [theta]
+        beta = chosen.numel() - 2 * f
+        out = {k: mean_around(_median(d[chosen]), d[chosen], beta) for k, d in deltas.items()}
+        return out, {"selected": chosen.sort().values.float()}
+
+    return Aggregator("bulyan", aggregate, min_clients=4 * f + 3)
+
+
 AGGREGATORS: dict[str, Callable[..., Aggregator]] = {
     "mean": weighted_mean,
     "median": coordinate_median,
@@ -137,6 +221,8 @@ AGGREGATORS: dict[str, Callable[..., Aggregator]] = {
     "norm_clip": norm_clip,
     "krum": krum,
     "multi_krum": multi_krum,
+    "bulyan": bulyan,
+    "meamed": meamed,
 }
 
 

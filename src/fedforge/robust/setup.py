@@ -19,4 +19,8 @@ def build_robust(cfg, data) -> RobustRound | None:
     if attack.kind == "label_flip" and attackers.numel():
         data.train_y = flip_labels(data.train_y, data.client_indices, attackers, data.num_classes)
     aggregator = build_aggregator(cfg.server.aggregator, **cfg.server.aggregator_options)
+    if cfg.server.clients_per_round < aggregator.min_clients:  # Bulyan: 4f + 3, MeaMed: 2f + 1
+        raise ValueError(f"server.clients_per_round: {aggregator.name} with these "
+                         f"server.aggregator_options needs at least {aggregator.min_clients} "
+                         f"clients per round, got {cfg.server.clients_per_round}")
     return RobustRound(aggregator, attack, attackers, cfg.seed)
