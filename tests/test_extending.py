@@ -82,7 +82,7 @@ def test_fednova_round_by_hand(engine):
     τ_eff = ¼·1 + ¾·2 = 1.75;  Σ p d = (−0.125, −0.5625);  x = 0 − 1.75 Σ p d = (0.21875, 0.984375).
     (FedAvg with the same weights would give x = −Σ p Δ = (0.125, 1.125).)"""
     fedforge.load_plugins([NOVA])
-    nova = build_algorithm("fednova", local_lr=0.5)
+    nova = build_algorithm("my_fednova", local_lr=0.5)
     w, _ = one_round(nova, engine(), sample_counts=torch.tensor([1, 3]))
     assert torch.allclose(w, torch.tensor([0.21875, 0.984375], dtype=torch.float64))
     fedavg = build_algorithm("fedavg", local_lr=0.5)
@@ -243,13 +243,13 @@ def test_cli_runs_a_plugin_algorithm(tmp_path):
     """The tutorial's command: FedNova from the command line, 2 rounds on the quickstart."""
     out = tmp_path / "nova"
     proc = _fedforge("run", "examples/quickstart.toml", "--plugin",
-                     "examples/plugins/fednova_plugin.py", "algorithm.name=fednova",
+                     "examples/plugins/fednova_plugin.py", "algorithm.name=my_fednova",
                      "rounds=2", "eval.every=1", "--out", str(out), "-q", cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     rounds = [json.loads(line)["round"] for line in (out / "metrics.jsonl").open()]
     assert rounds == [1, 2]
     resolved = (out / "config.resolved.toml").read_text()
-    assert 'name = "fednova"' in resolved and "server_lr = 1.0" in resolved
+    assert 'name = "my_fednova"' in resolved and "server_lr = 1.0" in resolved
     bad = _fedforge("run", "examples/quickstart.toml", "--plugin", "no_such_plugin",
                     "--out", str(tmp_path / "bad"), cwd=ROOT)
     assert bad.returncode == 2
@@ -273,7 +273,7 @@ def test_listing_commands_load_plugins():
     """`fedforge algorithms/datasets --plugin` shows what the plugin registered."""
     algs = _fedforge("algorithms", "--plugin", "examples/plugins/fednova_plugin.py", cwd=ROOT)
     assert algs.returncode == 0, algs.stderr
-    assert "fednova" in algs.stdout
+    assert "my_fednova" in algs.stdout
     data = _fedforge("datasets", "--plugin", "examples/plugins/csv_dataset_plugin.py", cwd=ROOT)
     assert data.returncode == 0, data.stderr
     assert "blobs_csv" in data.stdout

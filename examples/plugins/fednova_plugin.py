@@ -1,5 +1,7 @@
 """FedNova (Wang et al. 2020, "Tackling the Objective Inconsistency Problem in Heterogeneous
 Federated Optimization") as a fedforge plugin; docs/extending.md explains it line by line.
+fedforge has FedNova built in (``fednova``, with local momentum and a proximal term, as the
+official code); this plugin is its plain-SGD core under another name, ``my_fednova``.
 
 Clients that take different numbers of local steps τ_i pull FedAvg towards the clients that
 step most. FedNova averages *normalised* updates instead: each client sends
@@ -8,7 +10,7 @@ d_i = Δ_i / τ_i (plain local SGD) and τ_i, and the server steps
     x ← x − η_g · τ_eff · Σ_i p_i d_i,     τ_eff = Σ_i p_i τ_i,     p_i = n_i / Σ_j n_j.
 
 Run it:  fedforge run examples/quickstart.toml --plugin examples/plugins/fednova_plugin.py \\
-             algorithm.name=fednova --out runs/fednova
+             algorithm.name=my_fednova --out runs/fednova
 """
 
 from __future__ import annotations
@@ -45,9 +47,9 @@ def fednova_step(server_lr: float = 1.0) -> ServerTransform:
 
 def fednova(local_lr: float = 0.01, server_lr: float = 1.0) -> Algorithm:
     """FedNova with plain local SGD (a_i = [1, ..., 1], so ||a_i||_1 = τ_i)."""
-    return Algorithm("fednova", local_optimizer("sgd", local_lr), fednova_step(server_lr),
+    return Algorithm("my_fednova", local_optimizer("sgd", local_lr), fednova_step(server_lr),
                      parts=(NormalisedUpdate(),), aggregation="num_samples",
                      description="FedNova (Wang et al. 2020): normalised averaging")
 
 
-fedforge.register_algorithm("fednova", fednova)
+fedforge.register_algorithm("my_fednova", fednova)

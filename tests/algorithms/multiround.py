@@ -56,8 +56,13 @@ class Round:
     eval_params: np.ndarray | None = None
 
 
-def run(algorithm, schedule=SCHEDULE, seed: int = 0, engine=None) -> list[Round]:
-    """fedforge's trajectory: one :class:`Round` per scheduled round."""
+def run(algorithm, schedule=SCHEDULE, seed: int = 0, engine=None,
+        sample_counts=None) -> list[Round]:
+    """fedforge's trajectory: one :class:`Round` per scheduled round (``sample_counts``:
+    every client's n_i, for an algorithm whose uploads are weighted by them; one each when
+    not given)."""
+    if sample_counts is None and algorithm.weights_uploads:
+        sample_counts = np.ones(N, dtype=np.int64)
     engine = engine or LoopEngine()
     x_all = torch.tensor(np.c_[A, B], dtype=torch.float64)
     y_all = torch.zeros(N, dtype=torch.long)
@@ -75,7 +80,8 @@ def run(algorithm, schedule=SCHEDULE, seed: int = 0, engine=None) -> list[Round]
         info = algorithm.round_info(len(ids), gen)
         params, server_state, _ = federated_round(
             algorithm, engine, quadratic_loss, params, server_state, store, ids_t, x_all, y_all,
-            sample_idx, weights, info=info, round_=t)
+            sample_idx, weights, info=info, round_=t,
+            sample_counts=None if sample_counts is None else torch.tensor(sample_counts)[ids_t])
         clients = {k: v.numpy().copy() for k, v in
                    flatten_dict(store.gather(torch.arange(N))).items()}
         ev = getattr(algorithm, "eval_params", None)

@@ -55,7 +55,8 @@ def test_every_tensor_of_a_float64_run_is_float64(float64_default, name):
         assert agg.dtype == weights.dtype == torch.float64
         params, state, cohort = federated_round(
             exp.algorithm, exp.engine, loss_fn, params, state, store, ids, exp.data.train_x,
-            exp.data.train_y, idx, weights, agg_weights=agg, info=info, round_=t)
+            exp.data.train_y, idx, weights, agg_weights=agg, info=info, round_=t,
+            sample_counts=exp.client_sizes[ids.cpu()])  # n_i: FedNova's weighted uploads
         seen = {
             "params": _floats(params), "server": _floats(dict(state)),
             "clients": _floats(store.state), "delta": _floats(cohort.mean_delta),

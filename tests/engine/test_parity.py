@@ -54,7 +54,7 @@ def _run(algorithm, engine, model, x, y, sample_idx, weights, rounds=2):
         info = algorithm.round_info(CLIENTS, gen)
         params, state, _ = federated_round(
             algorithm, engine, loss_fn, params, state, store, ids, x, y, sample_idx, weights,
-            info=info,
+            info=info, sample_counts=weights.sum((1, 2)),  # n_i: FedNova's weighted uploads
         )
     return params, state, store
 

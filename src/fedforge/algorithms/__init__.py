@@ -8,10 +8,12 @@ from collections.abc import Callable
 from fedforge.algorithms import fadamgc, momentum
 from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
 from fedforge.algorithms.compressed import fetchsgd, marina, onebit_adam, safl, topk_ef
+from fedforge.algorithms.fairness import qffl
 from fedforge.algorithms.fedavg import fedavg, fedavgm, fedprox
 from fedforge.algorithms.feddc import feddc
 from fedforge.algorithms.feddyn import feddyn
 from fedforge.algorithms.fedexp import fedexp
+from fedforge.algorithms.fednova import fednova
 from fedforge.algorithms.fedopt import fedadagrad, fedadam, fedams, fedyogi
 from fedforge.algorithms.fedptr import fedptr, fedptr_s
 from fedforge.algorithms.personal import PERSONAL_ALGORITHMS
@@ -41,6 +43,8 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
     "topk_ef": topk_ef,
     "onebit_adam": onebit_adam,
     "marina": marina,
+    "fednova": fednova,
+    "qffl": qffl,
     **PERSONAL_ALGORITHMS,  # personalised FL (docs/personalised.md)
 }
 
@@ -48,6 +52,7 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
 ALIASES: dict[str, str] = {
     "fedavgm": "fedavg_server_momentum",  # Hsu et al. 2019's name
     "fedavg_m": "fedavg_global_momentum",  # Cheng et al. 2024's name
+    "qfedavg": "qffl",  # the solver's name (Li et al. 2020; Flower's QFedAvg)
 }
 """Older or paper names that stay accepted; ``fedforge algorithms`` lists the canonical ones."""
 

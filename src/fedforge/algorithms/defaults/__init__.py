@@ -54,6 +54,8 @@ SAFL_CODE = "lucmonl/mlopt main.py"
 FEDPTR = "Chen et al. 2023 (FedPTR)"
 FEDAST = "Askin et al. 2024 (FedAST)"
 FEDAST_CODE = "askinb/FedAST"
+FEDNOVA_CODE = "JYWa/FedNova"
+FAIR_CODE = "litian96/fair_flearn"
 
 
 def _sgd_client(lr: Default | None = None) -> dict[str, Default]:
@@ -283,6 +285,22 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Default]] = {
         "compression": _COMPRESSION,
         "sync_prob": ours(0.1, "a full synchronisation every ~10 rounds on average"),
         "seed": _SEED,
+    },
+    "fednova": {
+        "local_lr": ours(0.01, "the library's SGD local lr; train_LocalSGD.py's --lr 0.1 is "
+                               "the FedNova code's CIFAR-10 value"),
+        "local_momentum": code(0.0, f"{FEDNOVA_CODE} train_LocalSGD.py: --momentum 0 (the "
+                                    "paper's Sec. 6 also runs ρ = 0.9)"),
+        "mu": code(0.0, f"{FEDNOVA_CODE} train_LocalSGD.py: --mu 0 (no proximal term)"),
+        "weight_decay": _sgd_client()["weight_decay"],
+        "server_lr": code(1.0, f"{FEDNOVA_CODE} distoptim/FedNova.py average(): "
+                               "x <- x - τ_eff Σ p_i d_i"),
+        "server_momentum": code(0.0, f"{FEDNOVA_CODE} train_LocalSGD.py: --gmf 0"),
+    },
+    "qffl": {
+        "local_lr": code(0.01, f"{FAIR_CODE} run.sh: --learning_rate=0.01"),
+        "q": code(5.0, f"{FAIR_CODE} README.md: q = 5 for q-FedAvg on Vehicle (q = 0 is "
+                       "FedAvg)"),
     },
     **{  # personalised FL (algorithms/personal, docs/personalised.md)
         "local_only": _sgd_client(),
