@@ -2,7 +2,9 @@
 
 Every run builds its engines here (single-task rounds, multi-task rounds, multi-task jobs),
 from the Python API and the ``fedforge`` command alike, so the same section and the same
-flags give the same engine. Nothing is read from the environment of the process:
+flags give the same engine. Building one sets the process's intra-op threads
+(``engine.threads``, :mod:`fedforge.engine.threads`, which reads ``OMP_NUM_THREADS``);
+nothing else is read from the environment of the process:
 
 * ``allow_processes``: whether ``engine.name = "auto"`` may start worker processes. A spawned
   worker re-imports the main module, which only fedforge's own entry points are known to
@@ -22,6 +24,7 @@ from fedforge.engine.base import ChunkedEngine
 from fedforge.engine.distributed import DistributedEngine
 from fedforge.engine.loop import LoopEngine
 from fedforge.engine.procs import ProcessEngine
+from fedforge.engine.threads import apply_threads
 from fedforge.engine.vmap import VmapEngine
 
 ENGINE_NAMES = ("auto", "vmap", "loop", "distributed", "procs")
@@ -43,12 +46,14 @@ def _check_name(name: str) -> None:
 
 def build_engine(section: EngineSection, *, allow_processes: bool, keep_deltas: bool = False,
                  budget_updates: int | None = None) -> ChunkedEngine:
-    """The engine that runs a cohort's local rounds.
+    """The engine that runs a cohort's local rounds, after setting this process's intra-op
+    threads from ``section.threads`` (:mod:`fedforge.engine.threads`).
 
     ``budget_updates``: the run's client updates (rounds x clients per round), which bounds
     what ``auto`` may spend timing candidates; ``None`` runs its measured default."""
     name = section.name
     _check_name(name)
+    apply_threads(getattr(section, "threads", "auto"))
     if name == "loop":
         return LoopEngine(keep_deltas=keep_deltas)
     if name == "procs":  # its workers run the loop: no compiled chunks
@@ -66,6 +71,7 @@ def build_job_engine(section: EngineSection) -> ChunkedEngine:
     starts no process); otherwise the vmapped engine (under torchrun each rank trains its
     shard of jobs with its own)."""
     _check_name(section.name)
+    apply_threads(getattr(section, "threads", "auto"))
     if section.name == "loop":
         return LoopEngine()
     if section.name == "procs":

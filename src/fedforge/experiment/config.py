@@ -175,6 +175,17 @@ class EngineConfig(_Section):
     # vmap/distributed: torch.compile the chunk function (for GPUs); true = mode "default",
     # "reduce-overhead" adds CUDA graphs of the fixed-shape chunk on GPUs
     compile: Literal[False, True, "default", "reduce-overhead", "max-autotune"] = False
+    # intra-op CPU threads of the process that trains: auto = its physical cores, or fewer
+    # when OMP_NUM_THREADS or torch.set_num_threads set fewer (OMP_NUM_THREADS is always
+    # kept); procs worker processes run 1 each. The run's first progress line shows the choice
+    threads: int | Literal["auto"] = "auto"
+
+    @field_validator("threads")
+    @classmethod
+    def _positive_threads(cls, v):
+        if isinstance(v, int) and v < 1:
+            raise ValueError("expected 'auto' or an integer >= 1")
+        return v
 
     @field_validator("chunk_size")
     @classmethod

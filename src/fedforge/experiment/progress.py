@@ -124,6 +124,7 @@ class RoundProgress:
     def for_run(cls, cfg: RunConfig, out: Path, start: int = 1,
                 enabled: bool = True) -> RoundProgress:
         """The progress of a run of ``cfg`` writing into ``out`` (its trackers' folders)."""
+        from fedforge.engine.threads import describe_threads
         from fedforge.experiment.partition_stats import load_partition_stats, partition_summary
         from fedforge.experiment.tracking import open_trackers
 
@@ -132,6 +133,7 @@ class RoundProgress:
         stats = load_partition_stats(out)  # written just before, at the run's start
         if stats is not None:
             bar.intro = f"{stats['dataset']}: {partition_summary(stats)}"
+        bar.intro = "; ".join(p for p in (bar.intro, describe_threads(cfg.engine.name)) if p)
         return bar
 
     def __enter__(self) -> RoundProgress:
