@@ -58,7 +58,7 @@ _REGISTRY: dict[str, DatasetEntry] = {
         "(or apt-get install dataset-fashion-mnist)"),
     "cifar10": DatasetEntry(
         load_cifar10,
-        "CIFAR-10, 50k/10k 3x32x32 RGB images, 10 classes (slow: ~10 s to decompress)",
+        "CIFAR-10, 50k/10k 3x32x32 RGB images, 10 classes (~10 s to decompress once, then cached)",
         "cifar10", ("train_images.npy.xz", "train_labels.npy", "test_images.npy.xz",
                     "test_labels.npy"),
         "CIFAR-10 as xz-compressed .npy arrays (uint8 NHWC images, int labels)"),
