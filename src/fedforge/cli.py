@@ -234,6 +234,12 @@ def compare(
     overwrite: Annotated[bool, typer.Option(
         "--overwrite", help="re-run the runs already in --out instead of continuing them")
     ] = False,
+    metric: Annotated[str | None, typer.Option(
+        "--metric", "-m", help="rank on this metrics key (default: what the methods are "
+                               "judged by, e.g. personal_accuracy_mean)")] = None,
+    paired: Annotated[str, typer.Option(
+        "--paired", help="auto | seed | client: how differences to the first method pair")
+    ] = "auto",
     plugin: Plugins = None,
     allow_config_plugins: AllowConfigPlugins = False,
     data_root: DataRootOption = None,
@@ -272,7 +278,8 @@ def compare(
         cfgs = studies.comparison_configs(config, names, overrides, seed_list)
     with _failing(ValueError, OSError, FloatingPointError), styled:
         table_rows, plot = studies.run_comparison(cfgs, out, target=target, progress=not quiet,
-                                                  overwrite=overwrite, allow_processes=True)
+                                                  overwrite=overwrite, allow_processes=True,
+                                                  metric=metric, paired=paired)
     _print_rows(table_rows, out)
     console.print(f"plot: {plot} (and .pdf); table: {out / 'table.json'} (and .csv)")
 
@@ -292,9 +299,10 @@ def sweep(
     jobs: Annotated[int | None, typer.Option(
         "--jobs", "-j", help="trials at a time (default: one per GPU, else per CPU core)")
     ] = None,
-    metric: Annotated[str, typer.Option(
-        "--metric", help="val_accuracy | val_loss | val_client_mean_accuracy | a metrics key")
-    ] = "val_accuracy",
+    metric: Annotated[str | None, typer.Option(
+        "--metric", help="val_accuracy | val_loss | personal_accuracy_mean | a metrics key "
+                         "(default: what the method is judged by)")
+    ] = None,
     direction: Annotated[str | None, typer.Option(
         "--direction", help="maximize | minimize (default: minimize a loss, else maximize)")
     ] = None,
@@ -351,7 +359,7 @@ def _print_rows(table_rows: list[dict], out: Path) -> None:
     from fedforge.experiment.compare import format_cell
     from fedforge.experiment.labels import metric
 
-    columns = [col if col in ("algorithm", "method", "seeds") else metric(col).label
+    columns = [col if col in ("algorithm", "method", "seeds") else metric(col).described
                for col in table_rows[0]]
     _print_table(f"comparison ({out}); mean ± half the 95 % interval over seeds", columns,
                  [[format_cell(v, row.get("seeds")) for v in row.values()]
@@ -410,7 +418,9 @@ def reproduce(
 @app.command()
 def plot(
     run_dirs: Annotated[list[Path], typer.Argument(help="run directories")],
-    metric: Annotated[str, typer.Option("--metric", "-m")] = "test_accuracy",
+    metric: Annotated[str | None, typer.Option(
+        "--metric", "-m", help="a metrics key (default: what the methods are judged by)")
+    ] = None,
     x: Annotated[str, typer.Option("--x", help="round, sim_time_s, bytes_up, ...")] = "round",
     out: Annotated[Path, typer.Option("--out", "-o", parser=_out_path, metavar="PATH")
                    ] = Path("plot.png"),
@@ -439,16 +449,19 @@ def report(
     out: Annotated[Path | None, typer.Option(
         "--out", "-o", help="HTML file to write (default FOLDER/report.html)",
         parser=_out_path, metavar="PATH")] = None,
+    metric: Annotated[str | None, typer.Option(
+        "--metric", "-m", help="the metric the page ranks and plots first (default: what "
+                               "the methods are judged by)")] = None,
     bands: Bands = None,
     legend: Legend = None,
 ) -> None:
     """Write one self-contained HTML page (no external files): config, partition
-    statistics, curves and the final table."""
+    statistics, curves, per-client distributions and the final table."""
     from fedforge.experiment.report import write_report
 
     styled = _figure_options(bands, legend)
     with _failing(OSError, ValueError), styled:
-        path = write_report(folder, out)
+        path = write_report(folder, out, metric=metric)
     console.print(f"wrote {path}")
 
 

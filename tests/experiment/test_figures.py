@@ -99,7 +99,7 @@ def test_title_styles_labels_and_vector_pdf(tmp_path):
     assert len({ln.get_color() for ln in lines}) == 3 == len({ln.get_marker() for ln in lines})
     assert len({str(ln.get_linestyle()) for ln in lines}) == 3
     assert ax.get_xlabel() == "simulated time (s)" == axis_label("sim_time_s")
-    assert ax.get_ylabel() == "test accuracy"
+    assert ax.get_ylabel() == "test accuracy\nglobal model, pooled test set"  # which model, data
     assert [c["color"] for c in data["curves"]] == [style_for(a).color for a in
                                                     ("fedavg", "scaffold", "fedprox")]
     png = plot_runs(runs, tmp_path / "fig" / "acc.png")

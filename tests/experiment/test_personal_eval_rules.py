@@ -9,6 +9,7 @@ SGD step from zero on samples of class 2 with positive features predicts class 2
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -19,6 +20,7 @@ from fedforge.data.client_split import client_split
 from fedforge.data.federated import FederatedDataset
 from fedforge.engine import classification_loss
 from fedforge.engine.randomness import RandomLayerError
+from fedforge.experiment.metrics import PER_CLIENT
 from fedforge.experiment.personal_eval import (
     evaluate_personal,
     finetune,
@@ -217,7 +219,14 @@ def test_seen_clients_use_their_state_held_out_ones_the_global_model_in_any_chun
         got = evaluate_personal(model, fedper, classification_loss(model), params,
                                 store.gather, tests, split.train_x, split.train_y,
                                 **_kw(), chunk=chunk)
+        columns = got.pop(PER_CLIENT)  # each client's own numbers, the summaries' rows
         assert got == pytest.approx(want, abs=1e-12)
+        assert columns["client"].tolist() == list(range(6))
+        assert columns["held_out"].tolist() == [False] * 4 + [True] * 2
+        assert columns["samples"].tolist() == [4] * 6
+        np.testing.assert_allclose(columns["personal_accuracy"],
+                                   torch.cat([mine[:4], zero[4:]]).numpy())
+        np.testing.assert_allclose(columns["global_accuracy"], zero.numpy())
 
 
 def test_a_plain_algorithm_is_scored_with_the_global_model():
@@ -227,6 +236,7 @@ def test_a_plain_algorithm_is_scored_with_the_global_model():
     got = evaluate_personal(model, build_algorithm("fedavg"), classification_loss(model),
                             _zeros(model), ClientStore(3, {}).gather, tests, split.train_x,
                             split.train_y, **_kw())
+    got.pop(PER_CLIENT)
     zero = torch.tensor([float((tests.y[t] == 0).double().mean()) for t in tests.indices])
     want = summarise("personal_accuracy", zero, torch.full((3,), 4.0))
     assert got == pytest.approx({**want, **{k.replace("personal", "global"): v

@@ -9,7 +9,7 @@ import random
 import pytest
 
 import fedforge.algorithms as algorithms
-from fedforge.algorithms import ALGORITHMS, ALIASES
+from fedforge.algorithms import ALGORITHMS, ALIASES, canonical_name
 from fedforge.experiment.styles import (
     BUILTIN_SLOTS,
     COLORS,
@@ -85,8 +85,9 @@ def _check_distinct(names: list[str]) -> dict:
     styles = styles_for(names)
     pairs = [(s.color, str(s.linestyle)) for s in styles.values()]
     assert len(set(pairs)) == len(pairs) == len(set(names)), names
-    fixed = {style_for(n).color: n for n in set(names) if n in BUILTIN_SLOTS}
-    if len(set(names)) <= len(COLORS) and len(fixed) == len(set(names) & set(BUILTIN_SLOTS)):
+    builtin = {n for n in set(names) if canonical_name(n) in BUILTIN_SLOTS}  # aliases too
+    fixed = {style_for(n).color: n for n in builtin}
+    if len(set(names)) <= len(COLORS) and len(fixed) == len(builtin):
         # built-in names may share a colour (their markers differ); the others take free ones
         assert len({s.color for s in styles.values()}) == len(set(names)), names
     assert styles == styles_for(list(reversed(names)))  # never the run order

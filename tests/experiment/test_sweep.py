@@ -103,12 +103,15 @@ def test_parallel_grid_over_two_keys_of_two_algorithms(tmp_path):
         assert float(row["val_accuracy"]) == pytest.approx(records[-1]["test_accuracy"])
     table = json.loads((out / "table.json").read_text())
     best = max(rows, key=lambda r: float(r["val_accuracy"]))
-    assert table["best"]["trial"] == int(best["trial"]) and table["selected_on"] == "validation"
+    assert table["best"]["trial"] == int(best["trial"])
+    assert table["selected_on"] == "the validation split (held out of the training data)"
     final = (out / "best" / "config.resolved.toml").read_text()  # the test split, once
     assert 'dataset = "synthetic"' in final and "sweep_validation" not in final
     assert table["test"]["test_accuracy"] > 0
     assert (out / "sweep.png").stat().st_size > 0
-    assert "test (chosen setting only)" in result.output
+    assert "test score of the chosen setting, on the selection metric: test_accuracy" in \
+        result.output
+    assert table["final_score"]["metric"] == "test_accuracy"
     again = CliRunner().invoke(app, ["sweep", str(QUICK), *TINY, "--space", str(space),
                                      "--sampler", "grid", "--out", str(out)])
     assert again.exit_code == 2 and "--resume" in again.output

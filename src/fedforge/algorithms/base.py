@@ -211,6 +211,16 @@ class PrivacyMechanism(Protocol):
         """The checkpoint meta's privacy ledger after ``rounds`` rounds."""
 
 
+GLOBAL_METRIC = "test_accuracy"
+"""What a method without a personal model is judged by: the global model on the pooled test set."""
+PERSONAL_METRIC = "personal_accuracy_mean"
+"""What a personalised method is judged by: the mean over clients of the personalised model's
+accuracy on each client's own held-out data (fedforge.experiment.personal_eval)."""
+FAIRNESS_METRICS = ("personal_accuracy_worst", "personal_accuracy_p10",
+                    "global_accuracy_worst", "global_accuracy_p10")
+"""What a fairness method may be judged by (its ``primary_metric``)."""
+
+
 class PersonalSpec(Protocol):
     """What the engine's local round, the personalised evaluation and differential privacy
     ask of a personalised method. :class:`fedforge.algorithms.personal.Personal` implements
@@ -266,6 +276,17 @@ class Algorithm:
     # personalised FL (fedforge.algorithms.personal sets it on a personalised method): where
     # a client's round starts, what it sends, its personal model at evaluation
     personal: PersonalSpec | None = None
+    # the metric the method is judged by (compare, report, plot and sweep default to it):
+    # None is its kind's, :data:`PERSONAL_METRIC` for a personalised method, else
+    # :data:`GLOBAL_METRIC`; a fairness method names the worst-client or 10th-percentile one
+    primary_metric: str | None = None
+
+    @property
+    def judged_by(self) -> str:
+        """The metrics key :attr:`primary_metric` names, or its kind's default."""
+        if self.primary_metric is not None:
+            return self.primary_metric
+        return GLOBAL_METRIC if self.personal is None else PERSONAL_METRIC
 
     @property
     def needs_grad_sum(self) -> bool:

@@ -116,7 +116,8 @@ class Setup:
         data, client_tests = personal_data(  # each client's own test data, held-out clients
             data, algorithm, on=cfg.eval.personal, fraction=cfg.data.client_test_fraction,
             held_out=cfg.eval.held_out, finetune_steps=cfg.eval.finetune_steps,
-            seed=cfg.seed, natural=cfg.data.partition == "natural")
+            seed=cfg.seed, natural=cfg.data.partition == "natural",
+            validation=cfg.eval.client_validation)
         algorithm.bind_data(data.input_shape, data.num_classes)  # e.g. FedPTR's synthetic set
         algorithm.bind_eval(test_scorer(network, data, cfg))  # e.g. FedPTR's projected model
         if cfg.privacy.on:  # clipping, noise, Poisson cohorts, accountant (docs/privacy.md)

@@ -16,7 +16,17 @@ from fedforge.experiment.config import (
     load_raw,
     validate,
 )
-from fedforge.experiment.metrics import evaluated
+from fedforge.experiment.judged import comparison_metric
+from fedforge.experiment.labels import metric as metric_label
+from fedforge.experiment.metrics import TEST_METRIC, evaluated
+from fedforge.experiment.paired import (
+    as_pairs,
+    choose_pairing,
+    client_scores,
+    difference,
+    interval_cell,
+    seed_scores,
+)
 from fedforge.experiment.plots import load_run_list, plot_runs
 from fedforge.experiment.progress import run_position
 from fedforge.experiment.rundir import subfolder, writable_path, write_text
@@ -124,24 +134,31 @@ def _merge(base: dict, extra: dict) -> dict:
 def run_comparison(
     configs: dict[str, RunConfig | list[RunConfig]], out: Path, *, target: float | None = None,
     progress: bool = True, overwrite: bool = False, allow_processes: bool = False,
+    metric: str | None = None, paired: str = "auto",
 ) -> tuple[list[dict], Path]:
     """Run each config (or each seed's config) into ``out/<name>`` (``out/<name>/seed<s>`` for
-    several seeds); -> (table rows, accuracy-vs-round PNG). ``allow_processes``: as for
-    :func:`~fedforge.experiment.runner.run_experiment`.
+    several seeds); -> (table rows, figure of the ranked metric against rounds).
+    ``allow_processes``: as for :func:`~fedforge.experiment.runner.run_experiment`.
 
-    Each row holds numbers: per metric its :func:`summary` over the seeds (mean, std, n and
-    the 95 % t-interval); with ``target`` also rounds and simulated minutes to reach it, over
-    the seeds that reached it (``n`` of ``seeds``). ``out/table.json`` and ``out/table.csv``
-    hold the rows; the figures draw every seed (mean and band). A run already in its folder
-    is resumed (a finished one returns its metrics; a changed config is refused) unless
-    ``overwrite``."""
+    The methods are ranked on ``metric`` (default: the one they are judged by,
+    :func:`fedforge.experiment.judged.comparison_metric`: a personalised method's mean
+    per-client accuracy, else the pooled test accuracy); the table shows it and the pooled
+    test accuracy. Each row holds numbers: per metric its :func:`summary` over the seeds
+    (mean, std, n and the 95 % t-interval); the paired difference to the first method, by
+    seed or by client (``paired``: ``auto``, ``seed`` or ``client``, :mod:`.paired`); with
+    ``target`` also rounds and simulated minutes to reach it, over the seeds that reached it
+    (``n`` of ``seeds``). ``out/table.json`` and ``out/table.csv`` hold the rows in the
+    order of ``configs``; the figures draw every seed (mean and band). A run already in its
+    folder is resumed (a finished one returns its metrics; a changed config is refused)
+    unless ``overwrite``."""
     check_outputs(out)
-    rows, dirs = [], []
+    choose_pairing(paired, 2, True)  # a misspelt choice fails before any run
+    ran: dict[str, tuple[list[list[dict]], list[Path]]] = {}
     total = sum(1 if isinstance(c, BaseRunConfig) else len(c) for c in configs.values())
     done = 0
     for name, cfgs in configs.items():
         cfgs = [cfgs] if isinstance(cfgs, BaseRunConfig) else list(cfgs)
-        hists = []
+        hists, dirs = ran.setdefault(name, ([], []))
         for c in cfgs:
             run_dir = subfolder(out, name if len(cfgs) == 1 else Path(name, f"seed{c.seed}"))
             done += 1
@@ -150,27 +167,89 @@ def run_comparison(
                                             resume=not overwrite, overwrite=overwrite,
                                             allow_processes=allow_processes))
             dirs.append(run_dir)
-        rows.append(_row(name, hists, target))
+    runs = load_run_list([d for _, dirs in ran.values() for d in dirs])
+    main = ranked_metric(runs, metric)
+    rows = [_row(name, hists, target, main) for name, (hists, _) in ran.items()]
+    add_ranks(rows, main)
+    add_paired(rows, ran, main, paired)
     if rows and out.is_dir():
         write_table(rows, out / "table.json")
-    runs = load_run_list(dirs)
     for key, name in (("sim_time_s", "sim_time"), ("dp_epsilon", "dp_epsilon")):
         if any(key in r for run in runs for r in run.records):  # simulated time; ε spent
-            plot_runs(runs, out / f"accuracy_vs_{name}.png", x=key)
-    plot = plot_runs(runs, out / "accuracy.png")
+            plot_runs(runs, out / f"accuracy_vs_{name}.png", y=main, x=key)
+    plot = plot_runs(runs, out / "accuracy.png", y=main)
     return rows, plot
+
+
+def ranked_metric(runs: list, asked: str | None) -> str:
+    """``asked`` if some run records it (ValueError listing what they record otherwise),
+    else the metric the methods are judged by."""
+    if asked is None:
+        return comparison_metric(runs)
+    keys = sorted({k for run in runs for r in evaluated(run.records) for k in r})
+    if asked not in keys:
+        raise ValueError(f"--metric {asked!r}: not in the runs' metrics; available: "
+                         f"{', '.join(keys)}")
+    return asked
+
+
+def rank_key(main: str) -> str:
+    return f"rank_by_{main}"
+
+
+def add_ranks(rows: list[dict], main: str) -> None:
+    """Each row's rank (1: best) on its final ``main`` mean, after ``seeds`` (the rows keep
+    their order: the order the methods were named in)."""
+    key = main_column(main)
+    better = metric_label(main).higher_is_better is not False
+    means = [r[key]["mean"] for r in rows]
+    order = sorted((m for m in means if m is not None), reverse=better)
+    for row, m in zip(rows, means):
+        rank = None if m is None else order.index(m) + 1
+        items = list(row.items())
+        items.insert(2, (rank_key(main), rank))
+        row.clear()
+        row.update(items)
+
+
+def add_paired(rows: list[dict], ran: dict, main: str, paired: str) -> None:
+    """``vs_<first method>``: each method's paired difference to the first one on ``main``,
+    and ``paired_by``: by seed or by client (and how many pairs)."""
+    names = list(ran)
+    if len(names) < 2:
+        return
+    seeds = max(len(h) for h, _ in ran.values())
+    by_client = {n: client_scores(dirs, main) for n, (_, dirs) in ran.items()}
+    how = choose_pairing(paired, seeds, all(v is not None for v in by_client.values()))
+    pairs = ({n: as_pairs(seed_scores(h, main)) for n, (h, _) in ran.items()}
+             if how == "seed" else by_client)
+    ref = names[0]
+    for name, row in zip(names, rows):
+        iv = None if how is None or name == ref or pairs.get(name) is None \
+            or pairs.get(ref) is None else difference(pairs[name], pairs[ref])
+        row[f"vs_{ref}"] = interval_cell(iv)
+        row["paired_by"] = ("reference" if name == ref else "–" if iv is None
+                            else f"{how} ({iv.n} pairs)")
+
+
+def main_column(main: str) -> str:
+    return "final_acc" if main == TEST_METRIC else f"final_{main}"
 
 
 PRIVACY_KEYS = ("dp_epsilon", "dp_noise_multiplier")
 """A private run's ε spent and its σ: shown beside its accuracy wherever a run is summed up."""
 
 
-def _row(name: str, hists: list[list[dict]], target: float | None) -> dict:
+def _row(name: str, hists: list[list[dict]], target: float | None,
+         main: str = TEST_METRIC) -> dict:
     evals = [evaluated(h) for h in hists]  # the last round is always evaluated
-    row: dict = {"algorithm": name, "seeds": len(hists),
-                 "final_acc": summary([e[-1]["test_accuracy"] for e in evals]),
+    row: dict = {"algorithm": name, "seeds": len(hists)}
+    if main != TEST_METRIC:  # ranked on it; the pooled test accuracy beside it
+        found = seed_scores(hists, main)
+        row[main_column(main)] = summary(found or [])
+    row.update({"final_acc": summary([e[-1]["test_accuracy"] for e in evals]),
                  "best_acc": summary([max(r["test_accuracy"] for r in e) for e in evals]),
-                 "final_loss": summary([e[-1]["test_loss"] for e in evals])}
+                 "final_loss": summary([e[-1]["test_loss"] for e in evals])})
     for key in PRIVACY_KEYS:  # differentially private runs: what the accuracy cost
         if all(key in e[-1] for e in evals):
             row[key] = summary([e[-1][key] for e in evals])

@@ -153,6 +153,10 @@ class EvalConfig(_Section):
     # = on for personalised algorithms
     personal: bool | None = Field(default=None, json_schema_extra=SELECTS_DATA)
     finetune_steps: int = Field(default=0, ge=0)
+    # selection without the test data (fedforge sweep on a per-client metric): each client's
+    # held-out test samples are left out entirely, this share of its remaining training
+    # samples is its validation data, and every metric (pooled ones too) is measured there
+    client_validation: float = Field(default=0.0, ge=0.0, lt=1.0, json_schema_extra=SELECTS_DATA)
 
 
 class EngineConfig(_Section):

@@ -16,11 +16,16 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fedforge.experiment.client_metrics import ClientMetricsFile
+
 if TYPE_CHECKING:
     from fedforge.experiment.config import RunConfig
 
 TEST_METRIC = "test_accuracy"
 """The key every evaluation writes (fedforge.experiment.evaluate): it marks evaluated records."""
+
+PER_CLIENT = "per_client"
+"""A record's per-client columns (fedforge.experiment.personal_eval), moved out of the log."""
 
 Keep = Callable[[dict, int], bool]
 """``keep(record, kept_so_far)``: whether a resumed run keeps this record of the old log."""
@@ -39,13 +44,17 @@ class MetricsWriter:
         ``n`` events); it replaces ``truncate_after``. Reading stops at a torn line.
       remember: keep written records in ``records`` too (off for long event logs; the records
         read back on resume are always there).
+      clients: the per-client file of the records' :data:`PER_CLIENT` columns
+        (:mod:`fedforge.experiment.client_metrics`; None: such columns are dropped). It keeps
+        the rows of the rounds the log keeps.
     """
 
     def __init__(self, path: Path, truncate_after: int = 0, *, keep: Keep | None = None,
-                 remember: bool = True) -> None:
+                 remember: bool = True, clients: Path | None = None) -> None:
         self.path = path
         self.remember = remember
         self.records: list[dict] = []
+        self.clients: ClientMetricsFile | None = None
         if keep is None and truncate_after > 0:
             def keep(rec: dict, _: int) -> bool:
                 return rec.get("round", 0) <= truncate_after
@@ -60,6 +69,9 @@ class MetricsWriter:
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in self.records), encoding="utf-8")
         os.replace(tmp, path)
+        if clients is not None:
+            rounds = {r["round"] for r in self.records if "round" in r}
+            self.clients = ClientMetricsFile(clients, rounds if keep is not None else None)
 
     def _kept(self, rec: object, keep: Keep, number: int) -> bool:
         """``keep(rec)`` for a well-formed record; MetricsError naming the line otherwise."""
@@ -80,10 +92,15 @@ class MetricsWriter:
         self.write_many([record])
 
     def write_many(self, records: Iterable[dict]) -> None:
-        """Append ``records`` as whole lines with one flush and fsync."""
+        """Append ``records`` as whole lines with one flush and fsync; their per-client
+        columns (:data:`PER_CLIENT`) go to the per-client file first."""
         records = list(records)
         if not records:
             return
+        for record in records:
+            columns = record.pop(PER_CLIENT, None)
+            if columns is not None and self.clients is not None:
+                self.clients.append(record["round"], columns)
         if self.remember:
             self.records.extend(records)
         with open(self.path, "a", encoding="utf-8") as f:

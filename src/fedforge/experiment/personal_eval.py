@@ -7,11 +7,14 @@ mean, the 10th percentile and the worst client, for the clients' personal models
 reported apart (``held_out_personal_accuracy_*``) after ``eval.finetune_steps`` fine-tuning
 steps on their own training samples. Everything is batched over clients (``vmap`` of
 ``functional_call`` over stacked parameters), and every function here takes the client ids to
-evaluate, so a caller may evaluate a sample of clients.
+evaluate, so a caller may evaluate a sample of clients. Every client's own numbers (test
+samples, accuracy and loss of both models) come with the summaries under :data:`PER_CLIENT`;
+the run's log writer keeps them in ``client_metrics.npz`` (fedforge.experiment.client_metrics).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -24,6 +27,8 @@ from fedforge.data.batching import client_batches
 from fedforge.data.client_split import ClientTests, client_split
 from fedforge.data.federated import gather_round_indices
 from fedforge.engine.local import LossFn, local_update_of
+from fedforge.experiment.client_metrics import ClientColumns
+from fedforge.experiment.metrics import PER_CLIENT  # the per-client columns' record key
 
 
 def _padded(indices: Sequence[torch.Tensor], device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,13 +45,25 @@ def _padded(indices: Sequence[torch.Tensor], device) -> tuple[torch.Tensor, torc
 def client_accuracy(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor,
                     indices: Sequence[torch.Tensor], stacked: bool = True,
                     batch_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (accuracy [C], test samples [C]) of client c's parameters on ``x[indices[c]]``.
+    """-> (accuracy [C], test samples [C]) of client c's parameters on ``x[indices[c]]``
+    (:func:`client_scores` without the loss)."""
+    acc, _, sizes = client_scores(model, params, x, y, indices, stacked, batch_size)
+    return acc, sizes
+
+
+@torch.no_grad()
+def client_scores(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor,
+                  indices: Sequence[torch.Tensor], stacked: bool = True,
+                  batch_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (accuracy [C], mean cross-entropy [C], test samples [C]) of client c's parameters
+    on ``x[indices[c]]`` (a client without test samples: accuracy and loss 0).
 
     ``params`` is stacked ``[C, ...]`` (each client its own model) or, with
     ``stacked=False``, one model for every client. Clients go through in chunks of about
     ``batch_size`` samples, each chunk one vmapped forward pass in eval mode."""
     num = len(indices)
     correct = torch.zeros(num, dtype=torch.float64)
+    loss = torch.zeros(num, dtype=torch.float64)
     sizes = torch.tensor([len(i) for i in indices], dtype=torch.float64)
     width = max(int(sizes.max()) if num else 1, 1)
     chunk = max(1, batch_size // width)
@@ -64,9 +81,20 @@ def client_accuracy(model: nn.Module, params: Params, x: torch.Tensor, y: torch.
             logits = torch.func.vmap(forward, in_dims=(0 if stacked else None, 0))(p, x[idx])
             hit = (logits.argmax(-1) == y[idx]) & mask
             correct[lo:hi] = hit.sum(1).double().cpu()
+            loss[lo:hi] = _loss_sums(logits, y[idx], mask)
     finally:
         model.train(training)
-    return correct / sizes.clamp_min(1), sizes
+    return correct / sizes.clamp_min(1), loss / sizes.clamp_min(1), sizes
+
+
+def _loss_sums(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each client's summed cross-entropy over its real (unpadded) samples; NaN for a task
+    whose logits are not one row per sample."""
+    if logits.dim() != 3:
+        return torch.full((logits.shape[0],), float("nan"), dtype=torch.float64)
+    ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), y.flatten(),
+                                           reduction="none").view(y.shape)
+    return (ce * mask).sum(1).double().cpu()
 
 
 def summarise(prefix: str, accuracy: torch.Tensor, sizes: torch.Tensor) -> dict[str, float]:
@@ -130,37 +158,49 @@ def evaluate_clients(model: nn.Module, algorithm: Algorithm, loss_fn: LossFn,
                      generator: torch.Generator, round_: int) -> dict[str, torch.Tensor]:
     """Accuracy of ``client_ids``' personal models (from their stacked ``states``, after
     ``finetune_steps`` fine-tuning steps) and of the global model on their own test data:
-    ``{"personal": [C], "global": [C], "sizes": [C]}``."""
+    ``{"personal": [C], "personal_loss": [C], "global": [C], "global_loss": [C],
+    "sizes": [C]}``."""
+    models = personalised(algorithm, loss_fn, global_params, client_ids, states, tests,
+                          train_x, train_y, finetune_steps=finetune_steps,
+                          train_batch_size=train_batch_size, generator=generator, round_=round_)
+    own = [tests.indices[int(i)] for i in client_ids]
+    acc, loss, sizes = client_scores(model, models, tests.x, tests.y, own, True, batch_size)
+    glob, gloss, _ = client_scores(model, global_params, tests.x, tests.y, own, False,
+                                   batch_size)
+    return {"personal": acc, "personal_loss": loss, "global": glob, "global_loss": gloss,
+            "sizes": sizes}
+
+
+def personalised(algorithm: Algorithm, loss_fn: LossFn, global_params: Params,
+                 client_ids: torch.Tensor, states: dict, tests: ClientTests,
+                 train_x: torch.Tensor, train_y: torch.Tensor, *, finetune_steps: int,
+                 train_batch_size: int, generator: torch.Generator, round_: int) -> Params:
+    """``client_ids``' personal models as evaluated, stacked: from their ``states``, then
+    ``finetune_steps`` steps of the method's fine-tuning on their own training samples."""
     personal = algorithm.personal
     models = personal_models(algorithm, global_params, states, len(client_ids))
     tuner = None if personal is None else personal.finetuner()
     if finetune_steps > 0 and tuner is not None:
         models = finetune(tuner, loss_fn, models, client_ids, tests, train_x, train_y,
                           finetune_steps, train_batch_size, generator, round_)
-    own = [tests.indices[int(i)] for i in client_ids]
-    acc, sizes = client_accuracy(model, models, tests.x, tests.y, own, True, batch_size)
-    glob, _ = client_accuracy(model, global_params, tests.x, tests.y, own, False, batch_size)
-    return {"personal": acc, "global": glob, "sizes": sizes}
+    return models
 
 
 def evaluate_personal(model: nn.Module, algorithm: Algorithm, loss_fn: LossFn,
                       global_params: Params, gather, tests: ClientTests,
                       train_x: torch.Tensor, train_y: torch.Tensor, *, held_out_steps: int,
                       batch_size: int, train_batch_size: int, seed: int, round_: int,
-                      chunk: int = 64) -> dict[str, float]:
+                      chunk: int = 64) -> dict:
     """The protocol's metrics over every client (``gather(ids)``: their stacked client
     states), ``chunk`` clients at a time: the clients that train with the method's own
     fine-tuning steps; the held-out ones start from the global model, as a new client would,
-    and take ``held_out_steps``."""
-    personal = algorithm.personal
-    own_steps = 0 if personal is None else personal.finetune_steps
-    held = set(tests.held_out.tolist())
-    groups = {"": ([i for i in range(tests.num_clients) if i not in held], own_steps),
-              "held_out_": (sorted(held), held_out_steps)}
-    out: dict[str, float] = {}
-    for prefix, (ids, steps) in groups.items():
+    and take ``held_out_steps``. -> the summaries (floats) and, under :data:`PER_CLIENT`,
+    every client's columns."""
+    out: dict = {}
+    columns: list[dict] = []
+    for prefix, (ids, steps) in eval_groups(algorithm, tests, held_out_steps).items():
         gen = eval_generator(seed, round_)
-        parts: dict[str, list] = {"personal": [], "global": [], "sizes": []}
+        parts: dict[str, list] = {}
         for lo in range(0, len(ids), chunk):
             cids = torch.tensor(ids[lo:lo + chunk], dtype=torch.int64)
             states = gather(cids) if not prefix else {}  # held out: from the global model
@@ -169,13 +209,68 @@ def evaluate_personal(model: nn.Module, algorithm: Algorithm, loss_fn: LossFn,
                 train_y, finetune_steps=steps, batch_size=batch_size,
                 train_batch_size=train_batch_size, generator=gen, round_=round_)
             for k, v in got.items():
-                parts[k].append(v)
+                parts.setdefault(k, []).append(v)
         if not ids:
             continue
-        sizes = torch.cat(parts["sizes"])
-        out.update(summarise(f"{prefix}personal_accuracy", torch.cat(parts["personal"]), sizes))
-        out.update(summarise(f"{prefix}global_accuracy", torch.cat(parts["global"]), sizes))
+        got = {k: torch.cat(v) for k, v in parts.items()}
+        out.update(summarise(f"{prefix}personal_accuracy", got["personal"], got["sizes"]))
+        out.update(summarise(f"{prefix}global_accuracy", got["global"], got["sizes"]))
+        columns.append(_columns(ids, bool(prefix), got))
+    if columns:
+        out[PER_CLIENT] = ClientColumns({k: np.concatenate([c[k] for c in columns])
+                                         for k in columns[0]})
     return out
+
+
+def client_personal_params(algorithm: Algorithm, loss_fn: LossFn, global_params: Params,
+                           client_id: int, gather, tests: ClientTests, train_x: torch.Tensor,
+                           train_y: torch.Tensor, *, held_out_steps: int,
+                           train_batch_size: int, seed: int, round_: int,
+                           chunk: int = 64) -> Params:
+    """Client ``client_id``'s personal model exactly as :func:`evaluate_personal` evaluated it
+    at ``round_``: its chunk of clients is rebuilt, and the fine-tuning draws of the chunks
+    before it are replayed, so a fine-tuned model gets the batches it had."""
+    for prefix, (ids, steps) in eval_groups(algorithm, tests, held_out_steps).items():
+        if client_id not in ids:
+            continue
+        pos = ids.index(client_id)
+        lo = pos - pos % chunk
+        gen = eval_generator(seed, round_)
+        tunes = algorithm.personal is not None and algorithm.personal.finetuner() is not None
+        for before in range(0, lo, chunk):  # the draws fine-tuning took for earlier chunks
+            if steps > 0 and tunes:
+                client_batches(tests.train_sizes[ids[before:before + chunk]], steps, None,
+                               train_batch_size, gen)
+        cids = torch.tensor(ids[lo:lo + chunk], dtype=torch.int64)
+        models = personalised(algorithm, loss_fn, global_params, cids,
+                              gather(cids) if not prefix else {}, tests, train_x, train_y,
+                              finetune_steps=steps, train_batch_size=train_batch_size,
+                              generator=gen, round_=round_)
+        return {k: v[pos - lo] for k, v in models.items()}
+    raise ValueError(f"client_id: expected a client id in 0..{tests.num_clients - 1}, "
+                     f"got {client_id!r}")
+
+
+def eval_groups(algorithm: Algorithm, tests: ClientTests, held_out_steps: int
+                ) -> dict[str, tuple[list[int], int]]:
+    """Metric prefix -> (client ids, fine-tuning steps): the clients that train take the
+    method's own steps; the held-out ones (``held_out_``) take ``held_out_steps``."""
+    personal = algorithm.personal
+    own_steps = 0 if personal is None else personal.finetune_steps
+    held = set(tests.held_out.tolist())
+    return {"": ([i for i in range(tests.num_clients) if i not in held], own_steps),
+            "held_out_": (sorted(held), held_out_steps)}
+
+
+def _columns(ids: list[int], held_out: bool, got: dict[str, torch.Tensor]) -> dict:
+    """One group's per-client columns (see :data:`PER_CLIENT`)."""
+    return {"client": np.asarray(ids, dtype=np.int64),
+            "held_out": np.full(len(ids), held_out),
+            "samples": got["sizes"].numpy().astype(np.int64),
+            "personal_accuracy": got["personal"].numpy(),
+            "personal_loss": got["personal_loss"].numpy(),
+            "global_accuracy": got["global"].numpy(),
+            "global_loss": got["global_loss"].numpy()}
 
 
 def is_personal(algorithm: Algorithm) -> bool:
@@ -183,11 +278,16 @@ def is_personal(algorithm: Algorithm) -> bool:
 
 
 def personal_data(data, algorithm: Algorithm, *, on: bool | None, fraction: float,
-                  held_out: int, finetune_steps: int, seed: int, natural: bool):
+                  held_out: int, finetune_steps: int, seed: int, natural: bool,
+                  validation: float = 0.0):
     """-> (the run's training data, its :class:`ClientTests`) when the protocol is on
     (``on``, by default for a personalised algorithm), else ``(data, None)``. The
-    ``held_out`` highest ids are the clients evaluated after ``finetune_steps`` steps."""
+    ``held_out`` highest ids are the clients evaluated after ``finetune_steps`` steps.
+    ``validation`` > 0: selection mode (:func:`validation_split`)."""
     on = is_personal(algorithm) if on is None else on
+    if validation and not on:
+        raise ValueError("eval.client_validation: needs the personalised evaluation "
+                         "(eval.personal = true, or a personalised algorithm)")
     if not on:
         if finetune_steps:
             raise ValueError("eval.finetune_steps: needs the personalised evaluation "
@@ -199,4 +299,27 @@ def personal_data(data, algorithm: Algorithm, *, on: bool | None, fraction: floa
     if finetune_steps and not held_out:
         raise ValueError("eval.finetune_steps: fine-tunes the held-out clients; set "
                          "eval.held_out to how many of the highest ids never train")
-    return client_split(data, fraction, seed, held_out, natural)
+    split, tests = client_split(data, fraction, seed, held_out, natural)
+    return (split, tests) if not validation else validation_split(split, validation, seed,
+                                                                    held_out)
+
+
+VALIDATION_SALT = 0x5A1D
+"""Offsets the seed of the validation carve, so it is not the test carve's shuffle."""
+
+
+def validation_split(split, fraction: float, seed: int, held_out: int):
+    """Selection without test data: ``split`` (the training data less every client's test
+    samples, which are dropped here) with ``fraction`` of each client's remaining training
+    samples held out as its validation data -> (training data, the validation
+    :class:`ClientTests`). The pooled test split is replaced by the pooled validation
+    samples, so no metric of the run sees a test sample."""
+    train, val = client_split(split, fraction, seed + VALIDATION_SALT, held_out, False)
+    pooled = torch.cat([torch.as_tensor(i, dtype=torch.int64) for i in val.indices])
+    starts = np.cumsum([0, *[len(i) for i in val.indices]])
+    own = [torch.arange(a, b, dtype=torch.int64) for a, b in zip(starts[:-1], starts[1:])]
+    train = dataclasses.replace(
+        train, test_x=split.train_x[pooled.to(split.train_x.device)],
+        test_y=split.train_y[pooled.to(split.train_y.device)], client_test_indices=own,
+        name=f"{split.name} (each client's validation split)")
+    return train, val

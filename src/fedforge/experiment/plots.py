@@ -26,7 +26,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from fedforge.experiment.labels import axis_label  # noqa: E402
+from fedforge.experiment.judged import comparison_metric  # noqa: E402
+from fedforge.experiment.labels import axis_label, metric  # noqa: E402
 from fedforge.experiment.partition_stats import load_partition_stats  # noqa: E402
 from fedforge.experiment.rundir import save_figure, write_text  # noqa: E402
 from fedforge.experiment.stats import t_interval  # noqa: E402
@@ -343,14 +344,49 @@ def figure_options(bands: str | None = None, legend: str | None = None
         _OPTIONS.reset(token)
 
 
+def named_order(runs: list[Run]) -> list[Run]:
+    """``runs`` in the order a comparison named its methods (``compare -a``): a run in a
+    ``compare --out`` folder (``<out>/<name>`` or ``<out>/<name>/seed<s>``) sorts by its
+    name's row in ``<out>/table.json``; other runs keep their order, after them. So a
+    legend lists the methods as ``-a`` did, also for ``fedforge plot runs/cmp/*``."""
+    orders: dict[Path, list[str]] = {}
+
+    def key(item: tuple[int, Run]) -> tuple[int, int, int]:
+        i, run = item
+        for up in (run.path.parent, run.path.parent.parent):
+            names = orders.get(up)
+            if names is None:
+                names = orders[up] = _table_names(up / "table.json")
+            name = run.path.relative_to(up).parts[0]
+            if name in names:
+                return (list(orders).index(up), names.index(name), i)
+        return (len(runs), 0, i)
+
+    return [run for _, run in sorted(enumerate(runs), key=key)]
+
+
+def _table_names(path: Path) -> list[str]:
+    """The method names of a comparison's ``table.json``, in its order ([] if none)."""
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+    except (OSError, ValueError):
+        return []
+    if not isinstance(rows, list):
+        return []
+    return [str(r.get("algorithm", r.get("method"))) for r in rows if isinstance(r, dict)]
+
+
 def plot_runs(
-    runs: list[Run], out: Path, y: str = "test_accuracy", x: str = "round",
+    runs: list[Run], out: Path, y: str | None = None, x: str = "round",
     title: str | None = None, logx: bool = False, average: bool = True,
     bands: str | None = None, legend: str | None = None,
 ) -> Path:
     """Draw ``y`` against ``x`` -> the PNG path (a PDF and the plotted numbers as JSON beside).
 
-    ``x="bytes_up", logx=True``: accuracy against cumulative uplink bytes. A metric no record
+    ``y``: a metrics key (default: what the methods are judged by,
+    :func:`fedforge.experiment.judged.comparison_metric`). ``x="bytes_up", logx=True``:
+    accuracy against cumulative uplink bytes. The methods are drawn, and listed in the
+    legend, in the order :func:`named_order` gives. A metric no record
     has is a ``ValueError`` listing the available ones (no empty plot is written). Multi-task
     runs are drawn per task against simulated time (rounds differ per task). ``bands`` and
     ``legend``: see :class:`FigureOptions` (default: the enclosing :func:`figure_options`)."""
@@ -366,12 +402,14 @@ def plot_runs(
 
 
 def draw(
-    runs: list[Run], y: str = "test_accuracy", x: str = "round", title: str | None = None,
+    runs: list[Run], y: str | None = None, x: str = "round", title: str | None = None,
     logx: bool = False, average: bool = True, bands: str | None = None,
     legend: str | None = None,
 ) -> tuple[Figure, dict]:
     """The figure of :func:`plot_runs` (the caller saves and closes it) and its numbers."""
     opts = current_options(bands, legend)
+    runs = named_order(runs)
+    y = comparison_metric(runs) if y is None else y
     if x == "round" and any("task" in r for run in runs for r in run.records):
         x = "sim_time_s"
     keys = metric_keys(runs)
@@ -449,7 +487,7 @@ def _draw_panels(drawn: list[Curve], styles: list[MethodStyle], x: str, y: str, 
                               fontsize="small")
         ax.set_title(label, fontsize="small", color=styles[i].color)
     fig.supxlabel(plain_text(axis_label(x)), fontsize="medium")
-    fig.supylabel(plain_text(axis_label(y)), fontsize="medium")
+    fig.supylabel(plain_text(y_label(y)), fontsize="medium")
     set_title(fig, title, note="shaded: 95 % t-interval over seeds; grey: the other methods"
               if any(max(c.n) > 1 for c in drawn) else "grey: the other methods")
     return fig
@@ -467,13 +505,14 @@ def _line(ax, c: Curve, style: MethodStyle) -> None:
 
 
 def _band(ax, c: Curve, color: str, y: str) -> None:
-    """The shaded interval, cut to what the metric can be: a t-interval of a few seeds'
+    """The shaded interval, cut to what the metric can be (its declared
+    :attr:`~fedforge.experiment.labels.Metric.bounds`): a t-interval of a few seeds'
     accuracies may reach below 0 or above 1, which no run can (the JSON keeps it whole)."""
     band = [(xv, lo, hi) for xv, lo, hi in zip(c.x, c.ci_low, c.ci_high) if lo is not None]
     if band:
         bx, lo, hi = zip(*band)
-        if y.endswith("accuracy"):
-            lo, hi = [max(0.0, v) for v in lo], [min(1.0, v) for v in hi]
+        bounded = metric(y)
+        lo, hi = [bounded.clip(v) for v in lo], [bounded.clip(v) for v in hi]
         ax.fill_between(bx, lo, hi, color=color, alpha=BAND_ALPHA, linewidth=0, zorder=2)
 
 
@@ -484,8 +523,15 @@ def _axes(ax, x: str, y: str, logx: bool, labels: bool = True) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if labels:
         ax.set_xlabel(plain_text(axis_label(x)))
-        ax.set_ylabel(plain_text(axis_label(y)))
+        ax.set_ylabel(plain_text(y_label(y)))
     ax.grid(alpha=0.3)
+
+
+def y_label(key: str) -> str:
+    """The metric's name and, on a second line, which model on which data measured it."""
+    described = metric(key)
+    return described.label if described.source is None else \
+        f"{described.label}\n{described.source}"
 
 
 def set_title(fig: Figure, title: str | None, note: str | None = None) -> None:

@@ -2,8 +2,8 @@
 
 The page carries everything inline (figures as base64 PNG, no scripts, styles or fonts from
 elsewhere), so it can be mailed, archived or opened offline: the resolved configs, the
-partition statistics (client sizes and a label-by-client heatmap), the curves and the final
-table.
+partition statistics (client sizes and a label-by-client heatmap), the curves, the per-client
+distributions and the final table, ranked on the metric the methods are judged by.
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
+from fedforge.experiment.client_plots import client_spreads, ecdf_figure, per_client_column
 from fedforge.experiment.compare import format_cell, summary
+from fedforge.experiment.judged import comparison_metric, table_metrics
 from fedforge.experiment.labels import axis_label, metric
-from fedforge.experiment.metrics import evaluated
+from fedforge.experiment.metrics import TEST_METRIC, evaluated
 from fedforge.experiment.partition_stats import partition_summary
 from fedforge.experiment.plots import (
     Run,
@@ -29,6 +31,8 @@ from fedforge.experiment.plots import (
     figure_title,
     group_runs,
     load_run,
+    metric_keys,
+    named_order,
     set_title,
 )
 from fedforge.experiment.rundir import write_text
@@ -60,30 +64,38 @@ def find_runs(folder: Path) -> list[Path]:
 
 
 def write_report(folder: str | Path, out: str | Path | None = None, bands: str | None = None,
-                 legend: str | None = None) -> Path:
+                 legend: str | None = None, metric: str | None = None) -> Path:
     """Write the page for ``folder`` (default ``folder/report.html``) -> its path.
 
     ``bands`` and ``legend`` style the curves as in ``fedforge plot``
-    (:class:`fedforge.experiment.plots.FigureOptions`)."""
+    (:class:`fedforge.experiment.plots.FigureOptions`); ``metric``: the one the page ranks
+    and draws first (default: what the methods are judged by)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: no such folder")
     target = folder / "report.html" if out is None else Path(out)
     with figure_options(bands, legend):
-        page = render(folder)
+        page = render(folder, metric)
     return write_text(target.parent, target.name, page)
 
 
-def render(folder: Path) -> str:
-    """The HTML page of ``folder`` as text."""
-    runs = [load_run(d) for d in find_runs(folder)]
+def render(folder: Path, metric_key: str | None = None) -> str:
+    """The HTML page of ``folder`` as text, ranked on ``metric_key`` (default: what the
+    methods are judged by)."""
+    runs = named_order([load_run(d) for d in find_runs(folder)])
+    main = comparison_metric(runs) if metric_key is None else metric_key
+    if metric_key is not None and metric_key not in metric_keys(runs):
+        raise ValueError(f"--metric {metric_key!r}: not in the metrics files; available: "
+                         f"{', '.join(metric_keys(runs))}")
     subtitle = figure_title(runs)
     title = f"fedforge report: {folder.resolve().name}"
     body = [f"<h1>{_e(title)}</h1>",
             f"<p>{_e(subtitle)}</p>" if subtitle else "",
-            f'<p class="note">{len(runs)} run folder(s) under {_e(str(folder))}</p>',
-            "<h2>Final results</h2>", _table(folder, runs),
-            "<h2>Curves</h2>", _curves(runs),
+            f'<p class="note">{len(runs)} run folder(s) under {_e(str(folder))}; methods '
+            f"ranked on {_e(metric(main).described)}</p>",
+            "<h2>Final results</h2>", _table(folder, runs, main),
+            "<h2>Curves</h2>", _curves(runs, main),
+            "<h2>Per-client results</h2>", _clients(runs, main, subtitle),
             "<h2>Partition</h2>", _partition(runs),
             "<h2>Configuration</h2>", _configs(folder, runs)]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -105,9 +117,10 @@ def _png(fig, alt: str = "figure") -> str:
     return f'<img alt="{_e(alt)}" src="data:image/png;base64,{data}">'
 
 
-def _table(folder: Path, runs: list[Run]) -> str:
+def _table(folder: Path, runs: list[Run], main: str = TEST_METRIC) -> str:
     """``table.json`` of a comparison, else one row per method from the runs' last
-    evaluated records (a run still training may have later rounds without test metrics)."""
+    evaluated records (a run still training may have later rounds without test metrics):
+    the ranked metric ``main`` and the pooled test accuracy first."""
     path = folder / "table.json"
     if path.is_file():
         try:
@@ -121,7 +134,7 @@ def _table(folder: Path, runs: list[Run]) -> str:
             if not lasts:
                 continue
             row: dict = {"algorithm": label, "seeds": len(lasts)}
-            for key in ("test_accuracy", "test_loss", "sim_time_s", "bytes_up"):
+            for key in (*table_metrics(main), "test_loss", "sim_time_s", "bytes_up"):
                 values = [e[key] for e in lasts if isinstance(e.get(key), (int, float))]
                 if values:
                     row[f"final {key}"] = summary(values)
@@ -136,8 +149,9 @@ def _table(folder: Path, runs: list[Run]) -> str:
              for i, r in enumerate(rows)]
     return (f'<table id="final"><tr>{head}</tr>'
             + "".join(f"<tr>{line}</tr>" for line in lines) + "</table>"
-            '<p class="note">mean ± half the 95 % t-interval over seeds; (k/m): only k of m '
-            "seeds reached the target</p>")
+            '<p class="note">mean ± half the 95 % t-interval over seeds (a paired difference: '
+            "over the pairs its \"paired by\" column names); (k/m): only k of m seeds "
+            "reached the target</p>")
 
 
 def _cell(path: Path, i: int, row: dict, col: str) -> str:
@@ -151,15 +165,17 @@ def _cell(path: Path, i: int, row: dict, col: str) -> str:
 
 
 def _col(key: str) -> str:
+    """A column header that says which model on which data a number comes from."""
     if key.startswith("final ") and " " not in key[6:]:
-        return f"final {metric(key[6:]).label}"
-    return key if key in ("algorithm", "method", "seeds") else metric(key).label
+        return f"final {metric(key[6:]).described}"
+    return key if key in ("algorithm", "method", "seeds") else metric(key).described
 
 
-def _curves(runs: list[Run]) -> str:
+def _curves(runs: list[Run], main: str = TEST_METRIC) -> str:
     keys = {k for run in runs for r in run.records for k in r}
     parts = []
-    for y, x in CURVES:
+    first = [(main, "round")] if main != TEST_METRIC else []
+    for y, x in dict.fromkeys([*first, *CURVES]):
         if y in keys and x in keys:
             fig, data = draw(runs, y, x, logx=x == "bytes_up")
             panels = ", one panel per method" if data["bands"] == "panels" else ""
@@ -167,6 +183,30 @@ def _curves(runs: list[Run]) -> str:
     if not parts:
         return "<p>No evaluated round yet.</p>"
     return '<div class="figs">' + "\n".join(parts) + "</div>"
+
+
+def _clients(runs: list[Run], main: str, title: str) -> str:
+    """Each method's per-client distribution at its last evaluated round (an ECDF) and a
+    table of its worst clients, from the runs' ``client_metrics.npz``."""
+    column = per_client_column(main)
+    spreads = client_spreads(runs, column)
+    if not spreads:
+        return ("<p>No per-client results (client_metrics.npz: written by the personalised "
+                "evaluation, eval.personal = true).</p>")
+    about = metric(column).described
+    fig = ecdf_figure(spreads, column, title)
+    head = "".join(f"<th>{h}</th>" for h in (
+        "method", "clients", "mean", "10th percentile", "worst client", "mean of the worst 10 %"))
+    lines = []
+    for s in spreads:
+        got = s.summary()
+        cells = [s.method, f"{int(got['clients'])}"] + [
+            f"{got[k]:.4f}" for k in ("mean", "p10", "worst", "worst10_mean")]
+        lines.append("".join(f"<td>{_e(c)}</td>" for c in cells))
+    return (f'<p class="note">{_e(about)}; last evaluated round, seeds pooled</p>'
+            + f'<div class="figs">{_png(fig, f"per-client distribution of {about}")}</div>'
+            + f'<table id="clients"><tr>{head}</tr>'
+            + "".join(f"<tr>{line}</tr>" for line in lines) + "</table>")
 
 
 def _partition(runs: list[Run]) -> str:

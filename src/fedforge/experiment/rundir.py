@@ -56,7 +56,8 @@ HISTORY_NAME = "config.history.jsonl"
 CHECKPOINTS = "checkpoints"
 # the files a run writes at the top of its folder; a non-empty result file or checkpoint
 # marks a folder as holding a run (a config alone is a start that produced nothing yet)
-RESULT_FILES = ("metrics.jsonl", "events.jsonl", "summary.json", "divergence.jsonl")
+RESULT_FILES = ("metrics.jsonl", "events.jsonl", "summary.json", "divergence.jsonl",
+                "client_metrics.npz")
 RUN_FILES = (CONFIG_NAME, HISTORY_NAME, PARTITION_NAME, PARTITION_ARRAYS, *RESULT_FILES)
 SCRATCH_FILES = (CONFIG_NAME + ".tmp", "metrics.jsonl.tmp",  # left behind by a killed write
                  PARTITION_NAME + ".tmp")

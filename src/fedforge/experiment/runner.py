@@ -24,6 +24,7 @@ from fedforge.core.tree import Params, restore_like
 from fedforge.engine.distributed import barrier, is_main_rank, world_size
 from fedforge.experiment.build import Setup, resolve_config, resolve_run
 from fedforge.experiment.checkpoint import resumable
+from fedforge.experiment.client_metrics import FILE as CLIENT_METRICS
 from fedforge.experiment.config import RunConfig, dump_config
 from fedforge.experiment.drivers import (
     Driver,
@@ -91,9 +92,11 @@ def resume_point(folder: RunFolder) -> bool:
 
 
 def open_log(folder: RunFolder, state: RunState) -> MetricsWriter:
-    """``metrics.jsonl``, holding only the records of the steps ``state`` includes."""
+    """``metrics.jsonl``, holding only the records of the steps ``state`` includes, and
+    the per-client results beside it (``client_metrics.npz``)."""
     keep = None if state.round == 0 else lambda record, _: state.covers(record)
-    return MetricsWriter(folder.out / "metrics.jsonl", keep=keep)
+    return MetricsWriter(folder.out / "metrics.jsonl", keep=keep,
+                         clients=folder.out / CLIENT_METRICS)
 
 
 def checkpoint(driver: Driver) -> None:
@@ -114,7 +117,8 @@ class Experiment(Setup):
 
     ``exp = Experiment.from_config(cfg, "runs/a")``, ``exp.run(20)`` (20 more rounds, resumable),
     ``exp.history`` (one record per round), ``exp.model()`` (the current global model as an
-    ``nn.Module``), ``exp.save()``, ``Experiment.load("runs/a")`` (continue a run folder).
+    ``nn.Module``), ``exp.personal_model(i)`` (client i's personalised model),
+    ``exp.save()``, ``Experiment.load("runs/a")`` (continue a run folder).
     :meth:`run` trains this object's model, algorithm and engine; the state between calls
     lives in the folder's checkpoints, as for ``fedforge run``."""
 
@@ -192,6 +196,38 @@ class Experiment(Setup):
         """A copy of the network holding the current global parameters."""
         net = copy.deepcopy(self.network)
         net.load_state_dict(self.params())
+        return net
+
+    def personal_model(self, client_id: int) -> torch.nn.Module:
+        """A copy of the network holding client ``client_id``'s personalised model at the
+        last checkpoint, as that round's personalised evaluation measured it: its stored
+        personal part, then the method's own fine-tuning steps (a held-out client: the
+        global model after ``eval.finetune_steps`` steps). For a method without a personal
+        model it is the global model."""
+        if self.client_tests is None:
+            raise ValueError("personal_model: needs the personalised evaluation "
+                             "(eval.personal = true, or a personalised algorithm)")
+        from dataclasses import replace  # noqa: PLC0415
+
+        from fedforge.experiment.personal_eval import client_personal_params  # noqa: PLC0415
+
+        driver = RoundsDriver(self, replace(run_folder(self.cfg, self._folder()), writes=False),
+                              verbose=False)
+        if self.rounds_done:
+            driver.load_state_dict(*read_checkpoint(driver))
+        driver.start()
+        cfg = self.cfg
+        try:
+            params = client_personal_params(
+                self.algorithm, driver.loss_fn,
+                self.algorithm.eval_params(driver.params, driver.server_state), int(client_id),
+                driver.store.gather, self.client_tests, self.data.train_x, self.data.train_y,
+                held_out_steps=cfg.eval.finetune_steps, train_batch_size=cfg.client.batch_size,
+                seed=cfg.seed, round_=driver.state.round)
+        finally:
+            driver.store.close()
+        net = copy.deepcopy(self.network)
+        net.load_state_dict(params)
         return net
 
     def save(self, path: str | Path | None = None) -> Path:

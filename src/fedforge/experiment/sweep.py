@@ -251,9 +251,15 @@ def _register_dataset() -> None:
 _register_dataset()
 
 
-def validation_raw(raw: dict, cfg: RunConfig, fraction: float, seed: int) -> dict:
+def validation_raw(raw: dict, cfg: RunConfig, fraction: float, seed: int,
+                   per_client: bool = False) -> dict:
     """The raw config ``raw`` (validated as ``cfg``) training on its data less the
-    validation split and scored on that split."""
+    validation split and scored on that split. ``per_client`` (a per-client metric): the
+    split is carved from each client's own training data after its test samples are left
+    out (``eval.client_validation``), so no test sample is seen during selection."""
+    if per_client:
+        return {**raw, "eval": {**(raw.get("eval") or {}), "personal": True,
+                                "client_validation": fraction}}
     data = {**raw.get("data", {}), "dataset": VALIDATION_DATASET, "options": {
         "dataset": cfg.data.dataset, "fraction": fraction, "seed": seed,
         "options": dict(cfg.data.options)}}
@@ -284,7 +290,7 @@ class SweepSettings:
     sampler: str = "tpe"
     trials: int | None = None
     jobs: int | None = None
-    metric: str = "val_accuracy"
+    metric: str | None = None  # None: what the config's algorithm is judged by
     direction: str | None = None
     prune: bool = False
     resume: bool = False
@@ -302,9 +308,47 @@ def metric_key(metric: str) -> str:
     return METRIC_KEYS.get(metric, metric)
 
 
+def per_client(metric: str) -> bool:
+    """Whether ``metric`` is a summary over clients of the personalised evaluation (then
+    each client's validation data is carved from its own training data)."""
+    from fedforge.experiment.client_metrics import column_of
+
+    return column_of(metric_key(metric)) is not None
+
+
+def default_metric(cfg: RunConfig) -> str:
+    """What the config's algorithm is judged by, as a sweep metric (``val_accuracy`` for
+    the pooled test accuracy)."""
+    from fedforge.experiment.judged import algorithm_metric
+    from fedforge.experiment.metrics import TEST_METRIC
+
+    key = algorithm_metric(cfg.algorithm.name, cfg.algorithm.hparams)
+    return "val_accuracy" if key == TEST_METRIC else key
+
+
+def saved_metric(out: Path) -> str | None:
+    """The metric the sweep in ``out`` was started with (None: no readable sweep there)."""
+    try:
+        saved = json.loads((out / SETTINGS_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    metric = saved.get("metric") if isinstance(saved, dict) else None
+    return metric if isinstance(metric, str) else None
+
+
+def selected_on(metric: str) -> str:
+    """Where trials are scored, in words."""
+    return ("each client's validation split (carved from its own training data)"
+            if per_client(metric) else "the validation split (held out of the training data)")
+
+
 def resolve_direction(metric: str, direction: str | None) -> str:
     if direction is None:
-        return "minimize" if "loss" in metric else "maximize"
+        from fedforge.experiment.labels import metric as described
+
+        better = described(metric_key(metric)).higher_is_better
+        return "minimize" if better is False or (better is None and "loss" in metric) \
+            else "maximize"
     if direction not in ("maximize", "minimize"):
         raise SweepError(f"--direction: expected maximize or minimize, got {direction!r}")
     return direction
@@ -313,9 +357,9 @@ def resolve_direction(metric: str, direction: str | None) -> str:
 def prepare_folder(s: SweepSettings) -> tuple[list[Param], str, int]:
     """Check the settings, write (or on resume check) ``OUT/sweep.json``, ``config.yaml``
     (the run config) and ``validation.yaml`` (the trials' config) -> (params, direction,
-    number of trials)."""
+    number of trials). A ``metric`` of None becomes what the config's algorithm is judged
+    by (:func:`default_metric`), in ``s``."""
     table, params = load_space(s.config, s.space)
-    direction = resolve_direction(s.metric, s.direction)
     if not 0.0 < s.validation_fraction < 1.0:
         raise SweepError("--validation-fraction: expected a number in (0, 1), got "
                          f"{s.validation_fraction}")
@@ -325,7 +369,11 @@ def prepare_folder(s: SweepSettings) -> tuple[list[Param], str, int]:
     cfg = validate(raw, allow_plugins=s.allow_plugins)
     if cfg.multitask:
         raise SweepError("tasks: fedforge sweep searches single-task configs")
-    val = validation_raw(raw, cfg, s.validation_fraction, s.seed)
+    if s.metric is None:  # resolved once, saved in sweep.json like an explicit one
+        s.metric = saved_metric(s.out) if s.resume else None
+        s.metric = s.metric or default_metric(cfg)
+    direction = resolve_direction(s.metric, s.direction)
+    val = validation_raw(raw, cfg, s.validation_fraction, s.seed, per_client(s.metric))
     for p in params:  # each key, with one of its values, must make a valid trial config
         validate(apply_overrides(val, overrides({validation_key(p.key): _example(p)})),
                  allow_plugins=s.allow_plugins)
@@ -651,7 +699,7 @@ def _drive(study: Any, s: SweepSettings, params: list[Param], total: int,
     if not stale and not to_ask:
         return
     log(f"sweep {s.out}: {total} trials ({total - to_ask - len(stale)} done, {len(stale)} to "
-        f"resume), {jobs} at a time, sampler {s.sampler}, {s.metric} on the validation split")
+        f"resume), {jobs} at a time, sampler {s.sampler}, {s.metric} on {selected_on(s.metric)}")
     dists = distributions(params)
     optuna = _optuna()
     queue = [(optuna.trial.Trial(study, t._trial_id), True) for t in stale]  # noqa: SLF001
@@ -738,6 +786,8 @@ def run_final(s: SweepSettings, best: dict, log: Callable[[str], None]) -> dict:
     from fedforge.experiment.rundir import ResumeConfigError, subfolder
     from fedforge.experiment.runner import run_experiment
 
+    if s.metric is None:  # a caller's settings: the sweep's own metric
+        s = replace(s, metric=saved_metric(s.out) or "val_accuracy")
     values = {k: v for k, v in best.items() if k not in _ROW_FIELDS and k != s.metric}
     cfg = load_config(s.out / RUN_CONFIG, overrides(values), allow_plugins=s.allow_plugins)
     log(f"best: trial {best['trial']}, {s.metric} {best[s.metric]:.4f}: "
@@ -751,11 +801,21 @@ def run_final(s: SweepSettings, best: dict, log: Callable[[str], None]) -> dict:
             f"rename it to keep its test score, then --resume to train trial {best['trial']} "
             f"(the table is up to date)") from None
     last = evaluated(records)[-1] if evaluated(records) else {}
+    key = metric_key(s.metric)
     test = {k: v for k, v in last.items()
-            if k.startswith("test_") or k in ("client_mean_accuracy", "round")}
-    shown = " ".join(f"{k} {v:.4f}" for k, v in test.items() if k != "round")
-    log(f"test (chosen setting only): {shown} (run folder {folder})")
+            if k.startswith("test_") or k in ("client_mean_accuracy", "round", key)}
+    score = test.get(key)
+    others = " ".join(f"{k} {v:.4f}" for k, v in test.items() if k not in ("round", key))
+    shown = "none recorded" if score is None else f"{score:.4f}"
+    log(f"test score of the chosen setting, on the selection metric: {key} {shown} "
+        f"({_measured_on(key)}); also {others} (run folder {folder})")
     return test
+
+
+def _measured_on(key: str) -> str:
+    from fedforge.experiment.labels import metric
+
+    return metric(key).source or "the test split"
 
 
 _ROW_FIELDS = ("trial", "state", "seconds", "folder", "error")
@@ -775,8 +835,12 @@ def write_outputs(out: Path, rows: list[dict], params: list[Param], metric: str,
     writer.writeheader()
     writer.writerows(rows)
     write_text(out, "table.csv", text.getvalue())
-    table = {"metric": metric, "direction": direction, "selected_on": "validation",
-             "best": best, "test": test, "rows": rows}
+    key = metric_key(metric)
+    table = {"metric": metric, "direction": direction, "selected_on": selected_on(metric),
+             "best": best, "test": test,
+             "final_score": None if test is None else {
+                 "metric": key, "value": test.get(key), "measured_on": _measured_on(key)},
+             "rows": rows}
     write_text(out, "table.json", json.dumps(table, indent=1) + "\n")
     if rows:
         plot_sweep(out, rows, params, metric, best)
@@ -795,8 +859,8 @@ def plot_sweep(out: Path, rows: list[dict], params: list[Param], metric: str,
     from fedforge.experiment.rundir import save_figure
 
     scored = [r for r in rows if r.get(metric) is not None]
-    fig, axes = plt.subplots(1, 1 + len(params), figsize=(4.2 * (1 + len(params)), 3.6),
-                             squeeze=False)
+    fig, axes = plt.subplots(1, 1 + len(params), figsize=(4.2 * (1 + len(params)), 3.8),
+                             squeeze=False, layout="constrained")
     ax = axes[0][0]
     for state, marker in (("complete", "o"), ("pruned", "x")):
         pts = [r for r in scored if r["state"] == state]
@@ -807,16 +871,40 @@ def plot_sweep(out: Path, rows: list[dict], params: list[Param], metric: str,
     if best is not None:
         ax.scatter([best["trial"]], [best[metric]], s=140, facecolors="none", edgecolors="C3",
                    label="chosen")
-    ax.set(xlabel="trial", ylabel=plain_text(f"{metric} (validation)"), title="per trial")
+    where = "each client's validation split" if per_client(metric) else "the validation split"
+    ax.set(xlabel="trial", ylabel=plain_text(f"{metric}\non {where}"), title="per trial")
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    if scored:
-        ax.legend(fontsize=8, loc="best")
+    if scored:  # below the panels: a legend never covers a point
+        fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=3,
+                   fontsize=8)
     for ax, p in zip(axes[0][1:], params):
         _plot_key(ax, [r for r in scored if r["state"] == "complete"], p, metric)
-    fig.tight_layout()
+        untangle_ticks(fig, ax)
     path = save_figure(out, "sweep.png", fig, dpi=120)
     plt.close(fig)
     return path
+
+
+def untangle_ticks(fig: Any, ax: Any) -> None:
+    """x tick labels that overlap are turned 45° (measured on the drawn figure), and if
+    they still do, only every k-th is kept."""
+    labels = [t for t in ax.get_xticklabels() if t.get_text()]
+
+    def overlap() -> bool:
+        fig.canvas.draw()
+        boxes = sorted((t.get_window_extent() for t in labels if t.get_visible()),
+                       key=lambda b: b.x0)
+        return any(a.x1 + 2 > b.x0 for a, b in zip(boxes, boxes[1:]))
+
+    if len(labels) < 2 or not overlap():
+        return
+    for t in labels:
+        t.set(rotation=45, ha="right", rotation_mode="anchor")
+    step = 2
+    while overlap() and step < len(labels):
+        for i, t in enumerate(labels):
+            t.set_visible(i % step == 0)
+        step += 1
 
 
 def _plot_key(ax: Any, rows: list[dict], p: Param, metric: str) -> None:
@@ -825,8 +913,7 @@ def _plot_key(ax: Any, rows: list[dict], p: Param, metric: str) -> None:
     if p.kind == "choice":
         labels = [str(c) for c in p.choices]
         xs = [labels.index(str(r[p.key])) for r in rows]
-        ax.set_xticks(range(len(labels)), [plain_text(x) for x in labels],
-                      rotation=30 if len(labels) > 4 else 0)
+        ax.set_xticks(range(len(labels)), [plain_text(x) for x in labels])
         ax.set_xlim(-0.5, len(labels) - 0.5)
     else:
         xs = [r[p.key] for r in rows]
