@@ -4,6 +4,7 @@ and their censoring."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import matplotlib
@@ -108,17 +109,29 @@ def _runs(rounds: dict[str, list[float]], budget: float = 150.0) -> dict:
                    for s, r in enumerate(values)} for name, values in rounds.items()}
 
 
-def test_a_censored_baseline_is_named_in_the_verdict_line():
-    """b never reaches the target: a − b is an upper bound, which only widens a "<" gap."""
+def test_a_censored_baseline_is_tested_as_censored_not_by_a_t_test():
+    """b never reaches the target in 3 seeds: the t-test on the clipped times says
+    p < 0.001 (a − b = -110 ± 5), but the times are only bounds. The exact sign test sees
+    3 of 3 pairs ordered, which with 3 seeds cannot go below p = 0.25: inconclusive."""
+    from fedforge.reproduce.stats import p_value
+
     spec = _spec((Comparison("a", "b", "rounds", "<"),))
-    line, = headline(spec, _runs({"a": [40.0, 45.0, 50.0], "b": [150.0] * 3}))
+    runs = _runs({"a": [40.0, 45.0, 35.0], "b": [150.0] * 3})
+    j, = judge(spec, runs)
+    assert p_value(j.diff) < 0.001  # what a t-test on the clipped values would claim
+    assert j.test == "exact sign test" and j.signs == (3, 0, 0)
+    assert j.p == pytest.approx(0.25) and j.call == "inconclusive"
+    line, = headline(spec, runs)
     assert "B ≥ 150 in 3 of 3 seeds, censored" in line
-    assert "**reproduced**" in line and "can only widen the gap" in line
+    assert "cannot go below p = 0.25" in line
+    five = _runs({"a": [40.0, 45.0, 35.0, 50.0, 42.0, 44.0], "b": [150.0] * 6})
+    j, = judge(replace(spec, seeds=tuple(range(6))), five)
+    assert j.p == pytest.approx(2 / 2 ** 6) and j.call == "reproduced"
 
 
-def test_a_call_the_censoring_could_overturn_is_not_made():
-    """a's seed 2 stopped at 12 simulated seconds without reaching the target, so its true
-    time may exceed b's: the uncorrected call would be reproduced, the page makes none."""
+def test_a_censored_run_below_the_other_time_leaves_its_pair_undetermined():
+    """a's seed 2 stopped at 12 simulated seconds without reaching the target, below b's
+    23: that pair's order is unknown, so only 2 of 3 pairs count and p = 1."""
     spec = _spec((Comparison("a", "b", "sim_time", "<"),))
 
     def run(seed, t, reached):
@@ -127,10 +140,9 @@ def test_a_call_the_censoring_could_overturn_is_not_made():
     runs = {"a": {0: run(0, 10.0, True), 1: run(1, 11.0, True), 2: run(2, 12.0, False)},
             "b": {0: run(0, 20.0, True), 1: run(1, 22.0, True), 2: run(2, 23.0, True)}}
     j, = judge(spec, runs)
-    assert j.call == "inconclusive" and j.overturned
+    assert j.signs == (2, 0, 1) and j.p == 1.0 and j.call == "inconclusive"
     line, = headline(spec, runs)
-    assert "A ≥ 12 in 1 of 3 seeds, censored" in line
-    assert "→ inconclusive" in line and "could overturn it" in line
+    assert "A ≥ 12 in 1 of 3 seeds, censored" in line and "→ inconclusive" in line
 
 
 def test_the_page_states_its_comparisons_and_applies_holm(tmp_path):
@@ -146,14 +158,37 @@ def test_the_page_states_its_comparisons_and_applies_holm(tmp_path):
     assert "Holm-adjusted" in line and "reproduced before the correction" in line
 
 
-def test_a_named_primary_claim_leaves_the_rest_exploratory():
+def test_primary_and_exploratory_families_are_corrected_separately():
+    """The primary claim alone is its family (Holm p = p, reproduced); the three others form
+    the exploratory family (Holm over 3), and each row names its family."""
+    from fedforge.reproduce.verdicts import families
+
     comps = (Comparison("a", "b", "rounds", "<", primary=True),
              *(Comparison("a", x, "rounds", "<") for x in "cde"))
+    spec = _spec(comps)
+    assert families(spec) == {0: "primary", 1: "exploratory", 2: "exploratory",
+                              3: "exploratory"}
     runs = _runs({"a": [40.0, 50.0, 60.0], **{x: [50.0, 57.0, 73.0] for x in "bcde"}})
-    judged = judge(_spec(comps), runs)
+    judged = judge(spec, runs)
     assert judged[0].call == "reproduced" and judged[0].p_holm == judged[0].p
-    assert [j.p_holm for j in judged[1:]] == [None] * 3
-    assert "exploratory" in headline(_spec(comps), runs)[1]
+    assert [j.family_size for j in judged] == [1, 3, 3, 3]
+    assert all(j.p_holm == pytest.approx(min(1.0, 3 * j.p)) for j in judged[1:])
+    assert [j.call for j in judged[1:]] == ["inconclusive"] * 3  # 3 · 0.029 > 0.05
+    assert "[exploratory]" in headline(spec, runs)[1]
+    # wrong variant: one family over all four would lose the primary call (4 · 0.029)
+    assert judge(_spec(tuple(replace(c, primary=False) for c in comps)), runs)[0].call == \
+        "inconclusive"
+
+
+def test_every_registered_spec_names_primary_claims_and_their_smallest_effect():
+    for name in NAMES:
+        spec = get_reproduction(name)
+        assert any(c.primary for c in spec.comparisons), name
+        for c in spec.comparisons:
+            assert spec.effect(c) > 0, (name, c)
+        for metric, (_, why) in spec.effects.items():
+            assert len(why) > 20, (name, metric)  # a sentence saying why
+        assert spec.scale and spec.title, name
 
 
 def test_the_page_says_how_many_comparisons_and_which_correction(tmp_path, monkeypatch):
@@ -161,9 +196,10 @@ def test_the_page_says_how_many_comparisons_and_which_correction(tmp_path, monke
 
     comps = tuple(Comparison("a", x, "rounds", "<") for x in "bcde")
     assert correction_note(_spec(comps)).startswith(
-        "4 comparisons; Holm-corrected at family-wise 5 %")
+        "4 comparisons, one family; Holm-corrected at family-wise 5 %")
     primary = (Comparison("a", "b", "rounds", "<", primary=True), *comps[1:])
     assert "1 primary" in correction_note(_spec(primary))
-    assert "3 are exploratory" in correction_note(_spec(primary))
+    assert "3 exploratory" in correction_note(_spec(primary))
     text = (DOCS / "reproductions" / "fadamgc.md").read_text(encoding="utf-8")
-    assert "16 comparisons; Holm-corrected at family-wise 5 %" in text
+    assert "16 comparisons: 6 primary" in text
+    assert "underpowered: needs" in text and "smallest effect that matters" in text

@@ -221,21 +221,6 @@ def test_safl_pretraining_is_skipped_when_its_checkpoint_exists(tmp_path, monkey
     safl.pretrain_checkpoint(tmp_path)
 
 
-@pytest.mark.parametrize("call, expect, a_cens, b_cens, result", [
-    ("contradicted", "<", False, True, "inconclusive"),  # b's true time may be longer
-    ("reproduced", "<", False, True, "reproduced"),  # a longer b only widens the gap
-    ("reproduced", "<", True, False, "inconclusive"),  # a's true time may be longer
-    ("contradicted", "<", True, False, "contradicted"),
-    ("reproduced", ">", True, False, "reproduced"),
-    ("reproduced", ">", False, True, "inconclusive"),
-])
-def test_a_censored_time_only_keeps_calls_it_cannot_overturn(call, expect, a_cens, b_cens,
-                                                              result):
-    from fedforge.reproduce.report import _censored_call
-
-    assert _censored_call(call, expect, a_cens, b_cens) == result
-
-
 def test_figures_pair_the_two_sides_of_a_one_to_one_comparison():
     """NAR and vanilla of one backbone share a colour (NAR solid, vanilla dashed); a
     condition compared with several others keeps a colour of its own."""

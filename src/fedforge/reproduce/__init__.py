@@ -12,6 +12,7 @@ protocol.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from fedforge.reproduce.papers import get_reproduction
@@ -25,7 +26,8 @@ from fedforge.reproduce.spec import (
 )
 
 __all__ = ["REPRODUCTIONS", "Comparison", "Condition", "Reproduction", "Sweep",
-           "default_out", "get_reproduction", "register", "reproduce"]
+           "default_out", "get_reproduction", "parse_seeds", "register", "report_all",
+           "reproduce"]
 
 
 def default_out(name: str) -> Path:
@@ -33,13 +35,38 @@ def default_out(name: str) -> Path:
     return Path.cwd() / "reproductions" / name
 
 
+def parse_seeds(text: str) -> tuple[int, ...]:
+    """``"0,1,2"`` or ``"0-9"`` (or a mix, ``"0-4,7"``) -> the seeds, in order."""
+    seeds: list[int] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        low, _, high = part.partition("-")
+        if not (low.isdigit() and (not high or high.isdigit())) or (high and int(high) < int(low)):
+            raise ValueError(f"--seeds: expected e.g. 0,1,2 or 0-9, got {text!r}")
+        seeds += range(int(low), int(high or low) + 1)
+    if not seeds:
+        raise ValueError(f"--seeds: expected e.g. 0,1,2 or 0-9, got {text!r}")
+    return tuple(dict.fromkeys(seeds))
+
+
+def _check_data(spec: Reproduction, data: Path) -> None:
+    """Refuse a report from a data folder holding none of the spec's runs (e.g. outside the
+    checkout): it would be a page of empty rows."""
+    if not any((data / spec.name).glob("*/seed*.jsonl")):
+        raise ValueError(f"--data {data}: no runs of {spec.name!r} (expected "
+                         f"{data / spec.name}/<condition>/seed<k>.jsonl); run from the "
+                         "repository root or pass --data PATH")
+
+
 def reproduce(
     spec: Reproduction | str, *, root: Path = Path("."), runs: Path | None = None,
     data: Path | None = None, out: Path | None = None, report_only: bool = False,
     progress: bool = True, allow_processes: bool = False,
+    seeds: tuple[int, ...] | None = None, conditions: tuple[str, ...] | None = None,
 ) -> Path:
     """Run the grid (unless ``report_only``) and write the report; -> the report page.
     ``allow_processes``: as for :func:`fedforge.run_experiment` (the command passes True).
+    ``seeds`` / ``conditions``: run only these (the seeds the power rule asks for, or the
+    conditions not run yet); the report reads every committed seed.
 
     Defaults: runs in ``<root>/runs/reproduce``, raw metrics in ``<root>/docs/data`` (where
     a source checkout commits them), the page and figures in :func:`default_out`."""
@@ -50,7 +77,26 @@ def reproduce(
     runs = runs or root / "runs" / "reproduce"
     data = data or root / "docs" / "data"
     out = out or default_out(spec.name)
-    if not report_only:
-        run_grid(spec, root=root, runs=runs, data=data, progress=progress,
-                 allow_processes=allow_processes)
+    for name in conditions or ():
+        spec.condition(name)  # a KeyError naming the spec and the condition
+    if report_only:
+        _check_data(spec, data)
+    else:
+        run_grid(replace(spec, seeds=seeds or spec.seeds), root=root, runs=runs, data=data,
+                 progress=progress, allow_processes=allow_processes, only=conditions)
     return write_report(spec, data, out, command=f"fedforge reproduce {spec.name}")
+
+
+def report_all(data: Path, out: Path) -> Path:
+    """Every registered page from the raw metrics, then the summary (``reproductions.md``)
+    from the same data and verdicts; -> the summary. ``fedforge reproduce all
+    --report-only``."""
+    from fedforge.reproduce.report import write_report
+    from fedforge.reproduce.summary import write_summary
+
+    specs = [get_reproduction(name) for name in sorted(REPRODUCTIONS)]
+    for spec in specs:
+        _check_data(spec, data)
+    for spec in specs:
+        write_report(spec, data, out, command=f"fedforge reproduce {spec.name}")
+    return write_summary(specs, data, out)

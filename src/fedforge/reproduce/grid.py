@@ -131,15 +131,17 @@ def _capacity(cfg: RunConfig) -> int:
 def run_grid(
     spec: Reproduction, *, root: Path, runs: Path, data: Path, progress: bool = True,
     log: Callable[[str], None] = print, allow_processes: bool = False,
+    only: tuple[str, ...] | None = None,
 ) -> dict[str, int]:
     """Run what is missing; -> counts ``{"skipped", "ran", "diverged", "total"}``.
     ``allow_processes``: whether ``engine.name = "auto"`` may start worker processes.
 
     A run stopped by non-finite values is an outcome, not a failure of the grid: its metrics
     up to the divergence are kept, ``seed<k>.diverged.json`` records the round, and the grid
-    goes on (rerunning it would diverge again: every run is deterministic)."""
+    goes on (rerunning it would diverge again: every run is deterministic). ``only``: the
+    conditions to run (default: all)."""
     counts = {"skipped": 0, "ran": 0, "diverged": 0, "total": 0}
-    plan = grid_plan(spec, root, runs)
+    plan = [step for step in grid_plan(spec, root, runs) if only is None or step[0].name in only]
     from_data = [not out.exists() and committed(data, spec, cond.name, cfg)
                  for cond, cfg, out in plan]
     finished = [known or is_finished(out, cfg)

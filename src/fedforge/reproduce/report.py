@@ -23,14 +23,15 @@ from fedforge.experiment.stats import Interval, paired_difference, t_interval
 from fedforge.experiment.styles import styles_for
 from fedforge.reproduce.grid import diverged_path, read_marker, read_metrics, summary_path
 from fedforge.reproduce.spec import Comparison, Reproduction, Sweep
-from fedforge.reproduce.stats import (
-    INCONCLUSIVE,
-    REPRODUCED,
-    called,
-    detectable_effect,
-    holm,
-    p_value,
-    verdict,
+from fedforge.reproduce.stats import INCONCLUSIVE, detectable_effect
+from fedforge.reproduce.verdicts import (
+    ALPHA,  # noqa: F401  (re-exported)
+    Judgement,
+    claim_text,
+    correction_note,
+    decide,
+    evidence,
+    judge,
 )
 
 METRICS = {  # key -> (column title, format, higher is better)
@@ -40,10 +41,12 @@ METRICS = {  # key -> (column title, format, higher is better)
     # personalised FL: each client's model on its own test data, averaged over clients (for a
     # method without personal models, the global model's accuracy on the same data)
     "final_personal_acc": ("final mean per-client acc. (mean of last 5 evals)", "{:.4f}", True),
+    "best_weighted_personal_acc": ("best sample-weighted per-client acc. (PFLlib's metric)",
+                                   "{:.4f}", True),
 }
 PERSONAL_METRIC = "personal_accuracy_mean"  # the key final_personal_acc averages
+WEIGHTED_METRIC = "personal_accuracy_weighted"  # pooled over the clients' test samples
 FINAL_EVALS = 5
-ALPHA = 0.05  # family-wise error rate of a page's verdicts
 
 
 @dataclass
@@ -62,6 +65,8 @@ class RunSummary:
     idle: float = math.nan  # multi-task: share of available client time left idle
     diverged_at: int | None = None  # stopped by non-finite values in this round
     final_personal_acc: float = math.nan  # mean of the last evaluations' PERSONAL_METRIC
+    # PFLlib's metric: the best over evaluations of the sample-weighted per-client accuracy
+    best_weighted_personal_acc: float = math.nan
 
 
 def _final(history: list[dict], key: str) -> float:
@@ -78,8 +83,10 @@ def summarize(history: list[dict], seed: int, target: float | None, key: str) ->
     rounds = float(hit["round"] if hit else last["round"])
     sim = float((hit or last).get("sim_time_s", math.nan))
     per_round = float(last.get("sim_time_s", math.nan)) / max(1, last["round"])
+    weighted = [r[WEIGHTED_METRIC] for r in evaluated(history, WEIGHTED_METRIC)]
     return RunSummary(seed, rounds, sim, final, hit is not None, per_round, history,
-                      final_personal_acc=_final(history, PERSONAL_METRIC))
+                      final_personal_acc=_final(history, PERSONAL_METRIC),
+                      best_weighted_personal_acc=max(weighted, default=math.nan))
 
 
 def summarize_multitask(history: list[dict], summary: dict, seed: int,
@@ -108,12 +115,23 @@ def _diverged(run: RunSummary, stop: dict) -> RunSummary:
     return replace(run, diverged_at=int(stop["round"]))
 
 
+def found_seeds(spec: Reproduction, data: Path, cond: str) -> list[int]:
+    """The spec's seeds and any further ``seed<k>.jsonl`` in the condition's folder (the
+    seeds a power-rule rerun added with ``fedforge reproduce NAME --seeds``)."""
+    extra = set()
+    for path in (data / spec.name / cond).glob("seed*.jsonl"):
+        digits = path.stem[len("seed"):]
+        if digits.isdigit():
+            extra.add(int(digits))
+    return sorted(set(spec.seeds) | extra)
+
+
 def load_runs(spec: Reproduction, data: Path) -> dict[str, dict[int, RunSummary]]:
     """Every finished run found under ``data`` -> ``{condition: {seed: summary}}``."""
     out: dict[str, dict[int, RunSummary]] = {}
     for cond in spec.conditions:
         runs = {}
-        for seed in spec.seeds:
+        for seed in found_seeds(spec, data, cond.name):
             hist = read_metrics(data / spec.name / cond.name / f"seed{seed}.jsonl")
             if hist and spec.multitask:
                 spath = summary_path(data, spec, cond.name, seed)
@@ -155,7 +173,7 @@ def uses_personal(spec: Reproduction) -> bool:
 def _seeds(runs: dict[int, RunSummary]) -> str:
     """``0, 1†25, 2``: † marks a seed that diverged, with the round."""
     return ", ".join(f"{s}†{runs[s].diverged_at}" if runs[s].diverged_at else str(s)
-                     for s in sorted(runs)) or "none"
+                     for s in sorted(runs)) or "not run yet"
 
 
 def condition_table(spec: Reproduction, runs: dict, names: list[str] | None = None) -> str:
@@ -164,7 +182,9 @@ def condition_table(spec: Reproduction, runs: dict, names: list[str] | None = No
     to_target, personal = uses_target(spec), uses_personal(spec)
     head = ["method", spec.paper_title,
             *([f"rounds to {target}", f"sim. s to {target}"] if to_target else []),
-            "final acc.", *(["final per-client acc."] if personal else []),
+            "final acc.",
+            *(["final per-client acc.", "best weighted per-client acc. (PFLlib's metric)"]
+              if personal else []),
             "sim. s / round", "seeds"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in names:
@@ -173,7 +193,8 @@ def condition_table(spec: Reproduction, runs: dict, names: list[str] | None = No
         cells = [spec.condition(name).title, spec.paper.get(name, "–"),
                  *([_cell(r, "rounds"), _cell(r, "sim_time")] if to_target else []),
                  _cell(r, "final_acc"),
-                 *([_cell(r, "final_personal_acc")] if personal else []),
+                 *([_cell(r, "final_personal_acc"), _cell(r, "best_weighted_personal_acc")]
+                   if personal else []),
                  per_round if r else "–", _seeds(r)]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
@@ -296,132 +317,41 @@ def _save(fig, path: Path, dpi: int) -> Path:
         plt.close(fig)
 
 
-def _paired(runs: dict, comp: Comparison) -> tuple[Interval, list[int]]:
-    """Paired difference over the seeds both conditions finished."""
-    a, b = runs.get(comp.a, {}), runs.get(comp.b, {})
-    seeds = sorted(set(a) & set(b))
-    return paired_difference([getattr(a[s], comp.metric) for s in seeds],
-                             [getattr(b[s], comp.metric) for s in seeds]), seeds
-
-
-def _censored_sides(runs: dict, comp: Comparison, seeds: list[int]) -> tuple[bool, bool]:
-    """Whether a / b has a run that never reached the target (times only)."""
-    if comp.metric not in ("rounds", "sim_time"):
-        return False, False
-    a, b = runs.get(comp.a, {}), runs.get(comp.b, {})
-    return any(not a[s].reached for s in seeds), any(not b[s].reached for s in seeds)
-
-
 def compare(spec: Reproduction, runs: dict, comp: Comparison) -> tuple[Interval, str, float]:
-    """One comparison on its own (uncorrected 95 %, censoring applied) -> (CI, verdict,
-    MDE); the page's verdicts come from :func:`judge`, which corrects across the family."""
-    diff, seeds = _paired(runs, comp)
-    call = verdict(diff, comp.expect, comp.margin)
-    if call != INCONCLUSIVE:
-        call = _censored_call(call, comp.expect, *_censored_sides(runs, comp, seeds))
-    return diff, call, detectable_effect(diff)
-
-
-def _censored_call(call: str, expect: str, a_censored: bool, b_censored: bool) -> str:
-    """A run that never reached its target counts at its budget, a lower bound on its true
-    time: a censored ``a`` can only make ``a − b`` larger, a censored ``b`` smaller. A call
-    the true values could overturn becomes inconclusive."""
-    says_smaller = (call == REPRODUCED) == (expect == "<")  # the call rests on a − b < margin
-    if (says_smaller and a_censored) or (not says_smaller and b_censored):
-        return INCONCLUSIVE
-    return call
-
-
-@dataclass(frozen=True)
-class Judgement:
-    """One comparison as the page reports it, with everything its verdict rests on."""
-
-    comp: Comparison
-    diff: Interval
-    p: float  # two-sided paired t-test of a − b = margin
-    p_holm: float | None  # Holm-adjusted within the family; None: exploratory
-    call: str  # after the correction and the censoring rule
-    uncorrected: str  # the call at an uncorrected 5 % (censoring applied)
-    mde: float  # at the family's strictest level (α/m), 80 % power
-    censored: str  # "FedAdam ≥ 150 in 3 of 3 seeds" or ""
-    overturned: bool  # censoring made a call inconclusive
-
-
-def family(spec: Reproduction) -> list[int]:
-    """Indices of the corrected family: the primary comparisons if any are named, else all."""
-    primary = [i for i, c in enumerate(spec.comparisons) if c.primary]
-    return primary or list(range(len(spec.comparisons)))
-
-
-def _censoring(spec: Reproduction, runs: dict, comp: Comparison, seeds: list[int]) -> str:
-    """``"FedAdam ≥ 150 in 3 of 3 seeds"``: the sides whose time is only a lower bound."""
-    parts = []
-    for side, flag in zip((comp.a, comp.b), _censored_sides(runs, comp, seeds), strict=True):
-        if flag:
-            cut = sorted({getattr(runs[side][s], comp.metric) for s in seeds
-                          if not runs[side][s].reached})
-            k = sum(not runs[side][s].reached for s in seeds)
-            bound = "/".join(f"{v:.3g}" if comp.metric == "sim_time" else f"{v:g}" for v in cut)
-            parts.append(f"{spec.condition(side).title} ≥ {bound} in {k} of {len(seeds)} seeds")
-    return "; ".join(parts)
-
-
-def judge(spec: Reproduction, runs: dict, alpha: float = ALPHA) -> list[Judgement]:
-    """Every comparison of the page, Holm-corrected across its family, then the censoring
-    rule: a call a censored run could overturn is not made."""
-    fam = family(spec)
-    pairs = [_paired(runs, c) for c in spec.comparisons]
-    ps = [p_value(d, c.margin) for (d, _), c in zip(pairs, spec.comparisons, strict=True)]
-    adjusted = dict(zip(fam, holm([ps[i] for i in fam]), strict=True))
-    out = []
-    for i, (comp, (diff, seeds)) in enumerate(zip(spec.comparisons, pairs, strict=True)):
-        sides = _censored_sides(runs, comp, seeds)
-        raw = called(diff, comp.expect, ps[i], comp.margin, alpha)
-        call = called(diff, comp.expect, adjusted.get(i, ps[i]), comp.margin, alpha)
-        kept = _censored_call(call, comp.expect, *sides) if call != INCONCLUSIVE else call
-        level = 1 - alpha / len(fam) if i in adjusted else 1 - alpha
-        out.append(Judgement(
-            comp, diff, ps[i], adjusted.get(i), kept,
-            _censored_call(raw, comp.expect, *sides) if raw != INCONCLUSIVE else raw,
-            detectable_effect(diff, level=level), _censoring(spec, runs, comp, seeds),
-            kept != call))
-    return out
-
-
-def correction_note(spec: Reproduction, alpha: float = ALPHA) -> str:
-    """The sentence that states the family and its correction."""
-    m, fam = len(spec.comparisons), len(family(spec))
-    pct = f"{alpha:.0%}".replace("%", " %")
-    noun = "comparison" if m == 1 else "comparisons"
-    if fam == m:
-        return (f"{m} {noun}; Holm-corrected at family-wise {pct}: a verdict needs a "
-                f"Holm-adjusted p ≤ {alpha:g}. The intervals are per comparison (95 %); the "
-                f"detectable effect is at level {alpha:g}/{m} (Holm's strictest step), 80 % "
-                "power.")
-    return (f"{m} {noun}, {fam} primary (named before the grid ran); the primary "
-            f"{'claim is' if fam == 1 else 'claims are'} Holm-corrected at family-wise {pct}, "
-            f"and the other {m - fam} are exploratory (uncorrected {pct}, marked as such).")
+    """One comparison on its own (uncorrected 5 %) -> (CI, verdict, detectable effect); the
+    page's verdicts come from :func:`judge`, which corrects within each family."""
+    ev = evidence(spec, runs, comp)
+    return ev.diff, decide(comp, ev, ev.p), detectable_effect(ev.diff)
 
 
 def _verdict_cell(j: Judgement) -> str:
-    text = f"**{j.call}**" if j.call != INCONCLUSIVE else j.call
-    if j.overturned:
-        text += " (censored)"
-    if j.p_holm is None:
-        text += " (exploratory)"
-    return text
+    if j.diff.n == 0:
+        return "not run yet"
+    text = j.call if j.call == INCONCLUSIVE else f"**{j.call}**"
+    return text + (" (underpowered)" if j.underpowered else "")
 
 
 def _p(p: float | None) -> str:
     return "–" if p is None else f"{p:.2g}" if p >= 0.001 else "< 0.001"
 
 
+def _fmt(j: Judgement, value: float) -> str:
+    return "–" if value is None or math.isnan(value) else METRICS[j.comp.metric][1].format(value)
+
+
+def _test_cell(j: Judgement) -> str:
+    if j.signs is None:
+        return j.test
+    less, greater, unknown = j.signs
+    return f"{j.test}: {less} <, {greater} >, {unknown} undetermined ({j.censored})"
+
+
 def comparison_table(spec: Reproduction, runs: dict) -> str:
     timed = any(c.metric == "sim_time" for c in spec.comparisons)
-    cens = uses_target(spec)
-    head = ["difference (paired by seed)", "metric", "paper's claim (a − b)", "mean ± 95 % CI",
-            *(["relative (b − a) / b"] if timed else []), "seeds", "p", "Holm p",
-            *(["censored (≥ budget)"] if cens else []), "verdict", "detectable effect"]
+    head = ["difference (paired by seed)", "family", "metric", "paper claims",
+            "mean ± 95 % CI", *(["relative (b − a) / b"] if timed else []), "test", "p",
+            "Holm p (family)", "verdict", "smallest effect that matters",
+            "detectable effect", "seeds: has / needs"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for j in judge(spec, runs):
         comp, diff = j.comp, j.diff
@@ -429,16 +359,17 @@ def comparison_table(spec: Reproduction, runs: dict) -> str:
         ci = "–" if diff.n == 0 else diff.format(fmt)
         if diff.n >= 2:
             ci += f" [{fmt.format(diff.low)}, {fmt.format(diff.high)}]"
-        mde_txt = "–" if math.isnan(j.mde) else fmt.format(j.mde)
         rel = []
         if timed:
             g = gains(runs.get(comp.b, {}), runs.get(comp.a, {}))
             rel = ["–" if comp.metric != "sim_time" or g.n == 0 else g.format("{:+.1%}")]
+        tested = diff.n >= 2
         rows.append("| " + " | ".join([
             f"{spec.condition(comp.a).title} − {spec.condition(comp.b).title}",
-            METRICS[comp.metric][0], f"{comp.expect} {comp.margin:g}", ci, *rel, str(diff.n),
-            _p(j.p if diff.n >= 2 else None), _p(j.p_holm if diff.n >= 2 else None),
-            *([j.censored or "–"] if cens else []), _verdict_cell(j), mde_txt]) + " |")
+            f"{j.family} ({j.family_size})", METRICS[comp.metric][0], claim_text(comp), ci,
+            *rel, _test_cell(j) if tested else "–", _p(j.p if tested else None),
+            _p(j.p_holm if tested else None), _verdict_cell(j), _fmt(j, j.effect),
+            _fmt(j, j.mde), f"{diff.n} / {'?' if j.needed is None else j.needed}"]) + " |")
     return "\n".join(rows)
 
 
@@ -489,11 +420,32 @@ def line_styles(spec: Reproduction, names: list[str]) -> dict[str, dict]:
     return styles
 
 
+def _method_key(spec: Reproduction, name: str) -> str:
+    """What a condition's colour is keyed by: its algorithm when it runs it unchanged (no
+    overrides beyond those every condition of its panel shares, e.g. the partition), else
+    its label without the panel's "setting: " prefix, so a method keeps its colour across
+    panels."""
+    cond = spec.condition(name)
+    panel = next((ns for _, ns in spec.panels if name in ns), None)
+    if panel is None:
+        return cond.algorithm if not cond.overrides else name
+    common = set.intersection(*(set(spec.condition(n).overrides) for n in panel))
+    if set(cond.overrides) <= common:
+        return cond.algorithm
+    return cond.title.split(": ", 1)[-1]
+
+
+def claim_metric(spec: Reproduction) -> str:
+    """The metrics.jsonl key the claim is judged on: the per-client accuracy for a
+    personalised-FL claim, else the spec's metric."""
+    return PERSONAL_METRIC if uses_personal(spec) else spec.metric
+
+
 def method_looks(spec: Reproduction, names: list[str]) -> dict[str, dict]:
     """Each condition's colour and marker, keyed by its method as in every other fedforge
     figure: the algorithm for a condition that runs it unchanged, else the condition's own
     name. Markers (every tenth point) keep apart two methods that share a colour."""
-    keys = {n: (c.algorithm if not (c := spec.condition(n)).overrides else n) for n in names}
+    keys = {n: _method_key(spec, n) for n in names}
     styles = styles_for(keys.values())
     return {n: {"color": styles[k].color, "marker": styles[k].marker, "markevery": 0.1,
                 "markersize": 4, "ls": "-"} for n, k in keys.items()}
@@ -515,7 +467,7 @@ def plot_accuracy(spec: Reproduction, runs: dict, path: Path) -> Path:
         for name in names:
             if not runs.get(name):
                 continue
-            xs, ys = _mean_curve(runs[name], spec.metric)
+            xs, ys = _mean_curve(runs[name], claim_metric(spec))
             if spec.x_axis != "round":  # e.g. cumulative bytes_up: its mean at each round
                 at = dict(zip(*_mean_curve(runs[name], spec.x_axis), strict=True))
                 xs, ys = [at[x] for x in xs if x in at], [y for x, y in zip(xs, ys,
@@ -533,14 +485,49 @@ def plot_accuracy(spec: Reproduction, runs: dict, path: Path) -> Path:
         if spec.x_axis != "round":
             ax.set_xscale("log")
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:  # a panel whose runs are all still to come has none
-            ax.legend(fontsize=6 if title else 7)
-    grid.flat[0].set_ylabel(f"{spec.metric} (mean over seeds)")
-    fig.tight_layout()
+        if not spec.panels and ax.get_legend_handles_labels()[0]:  # none while runs are to come
+            ax.legend(fontsize=7)
+    grid.flat[0].set_ylabel(f"{claim_metric(spec)} (mean over seeds)")
+    if spec.panels:  # one legend for every panel, below them: a method has one look
+        handles = {}
+        for ax in grid.flat:
+            for line, label in zip(*ax.get_legend_handles_labels(), strict=True):
+                handles.setdefault(label, line)
+        _legend_below(fig, handles, height=4.2)
+    else:
+        fig.tight_layout()
     return _save(fig, path, dpi=110)
 
 
+def _legend_below(fig, handles: dict, height: float, ncol: int = 5) -> None:
+    """A figure legend under the panels (never over data), and the panels laid out above."""
+    lines = -(-len(handles) // ncol) if handles else 0
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="lower center", fontsize=7,
+                   ncol=min(ncol, len(handles)), frameon=False)
+    fig.set_figheight(height + 0.2 * lines)
+    fig.tight_layout(rect=(0, (0.2 * lines + 0.1) / (height + 0.2 * lines), 1, 1))
+
+
+def _diagnostic_rows(spec: Reproduction, runs: dict) -> list[tuple[str, list[str]]]:
+    """(row title, conditions) of the diagnostics figure: one row per panel of the accuracy
+    figure (a setting), else one row; only conditions whose runs log a diagnostic."""
+    rows = list(spec.panels) or [("", tuple(spec.curves or runs))]
+    out = []
+    for title, names in rows:
+        shown = []
+        for name in names:
+            lasts = [evals[-1] for r in runs.get(name, {}).values()
+                     if (evals := evaluated(r.history, claim_metric(spec)))]
+            if any(k in last for last in lasts for k in spec.diagnostics):
+                shown.append(name)
+        out.append((title, shown))
+    return out
+
+
 def plot_diagnostics(spec: Reproduction, runs: dict, path: Path) -> Path | None:
+    """The claim's metric and each diagnostic against rounds, one row per setting; one
+    legend below the panels (a method keeps its colour in every panel)."""
     if not spec.diagnostics:
         return None
     import matplotlib
@@ -548,39 +535,35 @@ def plot_diagnostics(spec: Reproduction, runs: dict, path: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = list(spec.diagnostics)
-    ncols = min(3, len(keys) + 1)
-    nrows = -(-(len(keys) + 1) // ncols)
-    fig, grid = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.3 * nrows), squeeze=False)
-    axes = list(grid.flat)
-    for ax in axes[len(keys) + 1:]:
+    keys = list(dict.fromkeys([claim_metric(spec), *spec.diagnostics]))
+    rows = _diagnostic_rows(spec, runs)
+    ncols = len(keys) if spec.panels else min(3, len(keys))
+    nrows = len(rows) if spec.panels else -(-len(keys) // ncols)
+    fig, grid = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.7 * nrows + 0.3),
+                             squeeze=False)
+    cells = ([list(r) for r in grid] if spec.panels else [list(grid.flat)])
+    for ax in grid.flat[len(keys):] if not spec.panels else ():
         ax.set_visible(False)
-    axes = axes[:len(keys) + 1]
-    shown = [n for n in (spec.curves or runs) if runs.get(n)]
-    styles = line_styles(spec, shown)
-    for name in shown:
-        cond_runs = runs[name]
-        lasts = [evals[-1] for s in cond_runs if (evals := evaluated(cond_runs[s].history,
-                                                                      spec.metric))]
-        if not any(k in last for last in lasts for k in keys):
-            continue
-        title = spec.condition(name).title
-        look = styles[name]
-        xs, ys = _mean_curve(cond_runs, spec.metric)
-        axes[0].plot(xs, ys, **look, label=title)
-        for ax, key in zip(axes[1:], keys, strict=True):
-            xs, ys = _mean_curve(cond_runs, key)
-            if xs:
-                ax.plot(xs, ys, **look, label=title)
-    axes[0].set_title(spec.metric, fontsize=9)
-    for ax, key in zip(axes[1:], keys, strict=True):
-        ax.set_title(key, fontsize=9)
-    for ax in axes:
-        ax.set_xlabel("round")
-        ax.grid(alpha=0.3)
-    if axes[0].get_legend_handles_labels()[0]:  # no finished run reports the diagnostics yet
-        axes[0].legend(fontsize=6)
-    fig.tight_layout()
+    # the accuracy figure's looks: keyed by the same set of conditions, so they match
+    looks = method_looks(spec, sorted({n for _, ns in spec.panels for n in ns}
+                                      or {n for _, ns in rows for n in ns}))
+    styles = looks if spec.panels else line_styles(spec, rows[0][1])
+    legend: dict[str, object] = {}
+    for (title, names), axes in zip(rows, cells, strict=True):
+        for name in names:
+            label = spec.condition(name).title
+            label = label.split(": ", 1)[-1] if title else label
+            for ax, key in zip(axes, keys):
+                xs, ys = _mean_curve(runs[name], key)
+                if xs:
+                    (line,) = ax.plot(xs, ys, **styles[name], label=label)
+                    legend.setdefault(label, line)
+        for ax, key in zip(axes, keys):
+            ax.set_title(f"{title}: {key}" if title else key, fontsize=8)
+            ax.set_xlabel("round", fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.grid(alpha=0.3)
+    _legend_below(fig, legend, height=2.7 * nrows + 0.3)
     return _save(fig, path, dpi=100)
 
 
@@ -646,26 +629,81 @@ def plot_sweep(runs: dict, sweep: Sweep, path: Path) -> Path:
 
 
 def _verdict_line(spec: Reproduction, j: Judgement) -> str:
-    """``- a − b, metric: CI over n seeds (b ≥ 150 in 3 of 3 seeds, censored) → call (p)``."""
+    """``- a − b, metric [primary]: CI over n seeds → call (test, p, Holm p); power``."""
     comp, diff = j.comp, j.diff
     fmt = METRICS[comp.metric][1]
     cens = f" ({j.censored}, censored)" if j.censored else ""
     raw = _p(j.p) if j.p < 0.001 else f"= {_p(j.p)}"
-    p = (f"p {raw}, exploratory, uncorrected" if j.p_holm is None
-         else f"p {raw}, Holm-adjusted {_p(j.p_holm)}")
-    notes = []
-    if j.overturned:
-        notes.append("the censored runs could overturn it, so it is not called")
-    elif j.censored and j.call != INCONCLUSIVE:
-        notes.append("the censoring can only widen the gap")
-    if j.call == INCONCLUSIVE and j.uncorrected != INCONCLUSIVE and not j.overturned:
+    claim = claim_text(comp).replace(chr(92), "")
+    notes = [f"the paper claims {claim}" if comp.kind != "none" else
+             "the paper makes no claim" + (f" ({comp.note})" if comp.note else "")]
+    if j.signs is not None:
+        low = min(1.0, 2 / 2 ** diff.n)
+        notes.append(f"an exact test on {_n_seeds(diff.n)} cannot go below p = {low:.2g}")
+    if j.call == INCONCLUSIVE and j.uncorrected != INCONCLUSIVE:
         notes.append(f"{j.uncorrected} before the correction")
-    if j.call == INCONCLUSIVE and not math.isnan(j.mde):
-        notes.append(f"the design could detect a difference of about {fmt.format(j.mde)}")
+    power = [f"smallest effect that matters {_fmt(j, j.effect)}"]
+    if not math.isnan(j.mde):
+        power.append(f"detectable {_fmt(j, j.mde)}")
+    if j.underpowered:
+        power.append(f"underpowered: needs {j.needed} seeds, has {diff.n}")
+    elif j.needed is not None:
+        power.append(f"needs {j.needed} seeds, has {diff.n}")
     call = f"**{j.call}**" if j.call != INCONCLUSIVE else j.call
     return (f"- {spec.condition(comp.a).title} − {spec.condition(comp.b).title}, "
-            f"{METRICS[comp.metric][0]}: {diff.format(fmt)} over {_n_seeds(diff.n)}{cens} → "
-            f"{call} ({p}){''.join('; ' + n for n in notes)}.")
+            f"{METRICS[comp.metric][0]} [{j.family}]: {diff.format(fmt)} over "
+            f"{_n_seeds(diff.n)}{cens} → {call} ({j.test}, p {raw}, Holm-adjusted "
+            f"{_p(j.p_holm)} in a family of {j.family_size}); {'; '.join(notes)}; "
+            f"{', '.join(power)}.")
+
+
+def not_run(spec: Reproduction, runs: dict) -> list[str]:
+    """The conditions with no finished run yet."""
+    return [c.name for c in spec.conditions if not runs.get(c.name)]
+
+
+def pending_section(spec: Reproduction, runs: dict) -> list[str]:
+    """The conditions not run yet, with the (resumable) command that runs them."""
+    names = not_run(spec, runs)
+    if not names:
+        return []
+    titles = ", ".join(spec.condition(n).title for n in names)
+    return [f"**Not run yet:** {titles}. Their rows and comparisons are empty until "
+            f"`fedforge reproduce {spec.name} --conditions {','.join(names)}` has run "
+            "(resumable; the raw metrics land in docs/data).", ""]
+
+
+def effects_section(spec: Reproduction) -> list[str]:
+    """The smallest effect that matters per metric, with its reason."""
+    lines = [f"- {METRICS[m][0]}: {METRICS[m][1].format(v)} ({why})"
+             for m, (v, why) in spec.effects.items()]
+    if any(c.kind == "equivalence" for c in spec.comparisons):
+        lines.append("- an \"as good as\" claim: its own margin (two one-sided tests)")
+    return ["**Smallest effects that matter** (fixed in the spec; the power rule sizes the "
+            "seeds from them):", "", *lines, ""] if lines else []
+
+
+def _seed_range(n: int) -> str:
+    return "0" if n == 1 else f"0-{n - 1}"
+
+
+def power_section(spec: Reproduction, judged: list[Judgement]) -> list[str]:
+    """What the power rule asks for the primary claims, and the command that runs it."""
+    short = [j for j in judged if j.family != "exploratory" and j.underpowered]
+    if not short:
+        return []
+    need = max(j.needed for j in short)
+    conds = sorted({n for j in short for n in (j.comp.a, j.comp.b)},
+                   key=[c.name for c in spec.conditions].index)
+    has = min(j.diff.n for j in short)
+    return [f"**Underpowered: {len(short)} of {sum(j.family != 'exploratory' for j in judged)} "
+            f"primary comparisons need more seeds than the committed data hold** (the most: "
+            f"{need} seeds, the data hold {has}); their verdicts stand as computed, but an "
+            "inconclusive one says little. The seeds the power rule asks for, resumable and "
+            "not run in this session: "
+            f"`fedforge reproduce {spec.name} --seeds {_seed_range(need)} "
+            f"--conditions {','.join(conds)}`. The pilot's spread sets these counts; the page "
+            "recomputes them from whatever seeds are committed.", ""]
 
 
 def _n_seeds(n: int) -> str:
@@ -673,14 +711,17 @@ def _n_seeds(n: int) -> str:
 
 
 def headline(spec: Reproduction, runs: dict) -> list[str]:
-    return [_verdict_line(spec, j) for j in judge(spec, runs) if j.diff.n > 0]
+    return [_verdict_line(spec, j) if j.diff.n > 0 else
+            f"- {spec.condition(j.comp.a).title} − {spec.condition(j.comp.b).title}, "
+            f"{METRICS[j.comp.metric][0]} [{j.family}]: not run yet."
+            for j in judge(spec, runs)]
 
 
 def write_report(spec: Reproduction, data: Path, out: Path, *, command: str = "") -> Path:
     """Write ``<out>/reproductions/<name>.md`` and ``<out>/img/<name>_*.png`` (the layout of
     the repository's ``docs``, so the page's image links hold in both); -> the page."""
     runs = load_runs(spec, data)
-    done = sum(len(r) for r in runs.values())
+    done = sum(len(set(r) & set(spec.seeds)) for r in runs.values())
     total = len(spec.conditions) * len(spec.seeds)
     img = subfolder(out, "img")  # a link to a folder elsewhere is refused
     if spec.multitask:
@@ -713,10 +754,13 @@ def write_report(spec: Reproduction, data: Path, out: Path, *, command: str = ""
         png = plot_sweep(runs, sweep, img / f"{spec.name}_sweep{i}.png")
         text += [f"**{sweep.title}.**", "", sweep_table(runs, sweep), "",
                  f"![{sweep.title}](../img/{png.name})", ""]
-    text += ["**Paired comparisons** (same seed = same partition, cohorts and batches). "
-             + correction_note(spec), "", comparison_table(spec, runs), "",
+    judged = judge(spec, runs)
+    text += [*pending_section(spec, runs),
+             "**Paired comparisons** (same seed = same partition, cohorts and batches). "
+             + correction_note(spec), "", *effects_section(spec),
+             comparison_table(spec, runs), "",
              "**Verdict.**" if done == total else "**Verdict so far.**", "", *headline(spec, runs),
-             ""]
+             "", *power_section(spec, judged)]
     if spec.sensitivity:
         text += ["**Sensitivity to the target (post hoc; the verdict above uses the target "
                  "fixed in advance).** Paired differences in rounds, mean ± 95 % CI, each "

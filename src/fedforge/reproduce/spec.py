@@ -38,21 +38,39 @@ class Comparison:
     ``margin`` turns a sign claim into a closeness claim: ``Comparison(full, compressed,
     "final_acc", "<", margin=0.02)`` reads "compression costs less than two points".
 
-    ``primary``: named before the grid runs as the page's primary claim. When any comparison
-    of a spec is primary, the primary ones form the corrected family (Holm) and the others
-    are reported as exploratory; otherwise every comparison belongs to the family.
+    ``primary``: one of the paper's headline claims. The primary comparisons form one Holm
+    family, the others (controls, ablations, duplicate baselines) another, the exploratory
+    one; a spec with no primary comparison is one family.
+
+    ``kind``: what the paper claims. ``"direction"``: ``a − b expect margin``; the data can
+    reproduce it, contradict it, or show it ``equivalent`` (no effect as large as
+    ``effect``). ``"equivalence"``: ``|a − b| < margin`` ("as good as"), tested by two
+    one-sided tests (TOST). ``"none"``: a comparison the paper does not make (a control or
+    another regime): it is never "contradicted", only found to differ or not.
+
+    ``effect``: the smallest difference that matters, in the metric's units; the default is
+    the spec's ``effects[metric]`` (with its reason). The power rule sizes the seeds from it.
+    ``note``: what the paper claims, when the row alone does not say (shown on the page).
     """
 
     a: str
     b: str
-    metric: str  # "rounds" | "sim_time" | "final_acc"
+    metric: str  # "rounds" | "sim_time" | "final_acc" | "final_personal_acc"
     expect: str = "<"
     margin: float = 0.0
     primary: bool = False
+    kind: str = "direction"
+    effect: float | None = None
+    note: str = ""
 
     def __post_init__(self) -> None:
         if self.expect not in ("<", ">"):
             raise ValueError(f"Comparison.expect: '<' or '>', got {self.expect!r}")
+        if self.kind not in ("direction", "equivalence", "none"):
+            raise ValueError(f"Comparison.kind: 'direction', 'equivalence' or 'none', got "
+                             f"{self.kind!r}")
+        if self.kind == "equivalence" and not self.margin > 0:
+            raise ValueError("Comparison.margin: an equivalence claim needs a margin > 0")
 
 
 @dataclass(frozen=True)
@@ -106,6 +124,22 @@ class Reproduction:
     # runs once before the grid with the repository root, e.g. pre-training the checkpoint
     # the fine-tuning conditions start from; it must skip work that is already done
     prepare: Callable[[Path], None] | None = None
+    # the smallest effect that matters per comparison metric: (value, why), see Comparison
+    effects: dict[str, tuple[float, str]] = field(default_factory=dict)
+    title: str = ""  # the summary's section title (default: the name)
+    # the summary's scale table: (quantity, ours, the paper's), e.g. ("model parameters",
+    # "17.9 k", "11.2 M (ResNet-18)")
+    scale: tuple[tuple[str, str, str], ...] = ()
+    caveats: tuple[str, ...] = ()  # one sentence each, in the summary beside the verdicts
+    families_note: str = ""  # when and why the families were declared (shown on the page)
+
+    def effect(self, comp: Comparison) -> float:
+        """The smallest effect that matters for ``comp`` (NaN when the spec states none)."""
+        if comp.effect is not None:
+            return comp.effect
+        if comp.kind == "equivalence":
+            return comp.margin
+        return self.effects.get(comp.metric, (float("nan"), ""))[0]
 
     def condition(self, name: str) -> Condition:
         for c in self.conditions:

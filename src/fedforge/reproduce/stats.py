@@ -80,3 +80,77 @@ def called(diff: Interval, expect: str, p: float, margin: float = 0.0,
         return INCONCLUSIVE
     below = diff.mean < margin
     return REPRODUCED if below == (expect == "<") else CONTRADICTED
+
+
+# ------------------------------------------------------------------ issue 55: the protocol
+EQUIVALENT, DIFFERS = "equivalent", "differs"  # "no effect that matters"; a non-claim's call
+POWER = 0.8
+MIN_PRIMARY_SEEDS = 5
+
+
+def seeds_needed(sd: float, effect: float, tests: int, *, alpha: float = 0.05,
+                 power: float = POWER, equivalence: bool = False,
+                 minimum: int = 2) -> int | None:
+    """The power rule: the smallest n ≥ ``minimum`` whose paired t-test detects ``effect``
+    at Holm's strictest level α/``tests`` with the given power,
+    ``(t_{1−α'/2, n−1} + t_{power, n−1}) · sd / √n ≤ effect`` (two one-sided tests,
+    ``equivalence``: ``t_{1−α', n−1} + t_{(1+power)/2, n−1}``, at a true difference 0).
+    None when the spread is unknown (fewer than two pilot seeds)."""
+    if math.isnan(sd) or not effect > 0:
+        return None
+    level = alpha / max(1, tests)
+    for n in range(max(2, minimum), 10_000):
+        df = n - 1
+        if equivalence:
+            z = t_quantile(1 - level, df) + t_quantile((1 + power) / 2, df)
+        else:
+            z = t_quantile(1 - level / 2, df) + t_quantile(power, df)
+        if z * sd / math.sqrt(n) <= effect:
+            return n
+    return None
+
+
+def tost_p(diff: Interval, margin: float, centre: float = 0.0) -> float:
+    """Two one-sided paired t-tests of ``|a − b − centre| < margin``: the larger of the
+    p-values of ``d ≤ centre − margin`` and ``d ≥ centre + margin`` (1 when untestable)."""
+    if diff.n < 2 or math.isnan(diff.sd) or not margin > 0:
+        return 1.0
+    if diff.sd == 0.0:
+        return 0.0 if abs(diff.mean - centre) < margin else 1.0
+    se = diff.sd / math.sqrt(diff.n)
+    lower = float(_st.t.sf((diff.mean - (centre - margin)) / se, diff.n - 1))
+    upper = float(_st.t.cdf((diff.mean - (centre + margin)) / se, diff.n - 1))
+    return max(lower, upper)
+
+
+def censored_signs(a: Sequence[float], a_reached: Sequence[bool], b: Sequence[float],
+                   b_reached: Sequence[bool]) -> tuple[int, int, int]:
+    """-> (pairs with a < b for certain, pairs with a > b for certain, the rest) of paired
+    times to a target, where a run that never reached it is only known to exceed its budget.
+    A censored run is later than an observed time at or below its budget; two censored runs,
+    or a censored one against a later observed time, are undetermined (as are ties)."""
+    less = greater = 0
+    for x, xr, y, yr in zip(a, a_reached, b, b_reached, strict=True):
+        if xr and yr:
+            less, greater = less + (x < y), greater + (x > y)
+        elif xr and not yr:
+            less += x <= y
+        elif yr and not xr:
+            greater += y <= x
+    return less, greater, len(a) - less - greater
+
+
+def sign_test_p(less: int, greater: int, n: int) -> float:
+    """Exact two-sided sign test on n pairs, the undetermined ones counted against both
+    sides (conservative): ``2 · P(Binom(n, ½) ≥ max(less, greater))``, capped at 1. With n
+    pairs it cannot go below ``2 / 2ⁿ`` (0.25 for 3 seeds)."""
+    if n == 0:
+        return 1.0
+    k = max(less, greater)
+    return min(1.0, 2.0 * float(_st.binom.sf(k - 1, n, 0.5)))
+
+
+def sign_test_seeds(tests: int, alpha: float = 0.05, minimum: int = 2) -> int:
+    """The fewest pairs with which the exact sign test can reach α/``tests`` at all (every
+    pair on one side): the smallest n with ``2 / 2ⁿ ≤ α / tests``."""
+    return max(minimum, math.ceil(math.log2(2 * max(1, tests) / alpha)))

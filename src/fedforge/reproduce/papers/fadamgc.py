@@ -40,15 +40,24 @@ by round 150. By round 75, the middle of the run, the best it had reached was 83
 (round 70). Rounded down to half a point, that gives 83 %, which it first reached at round
 50. No other run had finished when the target was set.
 
-**Comparisons.** The first two rows are the primary test. The others check the rest of
-Table 2's order. In the first version of this spec, the SCAFFOLD-M vs LocalAdam row had the
-wrong sign: it claimed LocalAdam beats SCAFFOLD-M, but the paper has 544 < 590 rounds for
-SCAFFOLD-M. It was corrected to the paper's direction while the baseline seeds were still
-running, and the rows for FAdamGC vs each baseline were added then. The primary rows were
-never changed. They were named primary only after the core runs had finished, so the
-verdicts do not treat them as a pre-registered primary claim: all 16 rows form one family,
-Holm-corrected.
+**Comparisons.** The primary family is Table 2's headline: FAdamGC needs fewer rounds to the
+target than each of the six other methods (LocalAdam, FA-NT, SCAFFOLD-M, FedAvg-M, FedAMS,
+FedAdam). The rest of Table 2's order, simulated time, final accuracy and the
+initialisation row are exploratory. In the first version of this spec, the SCAFFOLD-M vs
+LocalAdam row had the wrong sign (the paper has 544 < 590 rounds for SCAFFOLD-M); it was
+corrected while the baseline seeds were still running. The paper makes no claim about the
+initial tracking variables, so that row can differ from zero but never contradict it.
 """
+
+
+EFFECTS = {
+    "rounds": (15.0, "10 % of the 150-round budget; Table 2's smallest gap, FAdamGC − FA-NT, "
+               "is 21 % of FA-NT's rounds"),
+    "sim_time": (0.25, "about 10 % of a method's simulated time to the target here"),
+    "final_acc": (0.01, "one accuracy point, the smallest gain the paper's tables discuss"),
+}
+FAMILIES = ("The families were declared after the 33 runs had finished (issue 55); the "
+            "seeds the power rule asks for will test them as declared.")
 
 
 @register("fadamgc")
@@ -81,23 +90,36 @@ def fadamgc_spec() -> Reproduction:
         stages=(adam, ("scaffold_m", "fedavg_m", "fedams", "fedadam"),
                 ("fadamgc_fullgrad", "fa_nt_fullgrad"), ("fadamgc_st10", "fadamgc_st0")),
         comparisons=(
-            Comparison("fadamgc", "localadam", "rounds", "<"),
-            Comparison("fadamgc", "fa_nt", "rounds", "<"),
+            *(Comparison("fadamgc", b, "rounds", "<", primary=True)
+              for b in ("localadam", "fa_nt", "scaffold_m", "fedavg_m", "fedams", "fedadam")),
             Comparison("fadamgc", "localadam", "sim_time", "<"),
             Comparison("fadamgc", "fa_nt", "sim_time", "<"),
             Comparison("fadamgc", "localadam", "final_acc", ">"),
             Comparison("fadamgc", "fa_nt", "final_acc", ">"),
             # the rest of Table 2's order (paper rounds in the spec's `paper` column)
-            Comparison("fadamgc", "scaffold_m", "rounds", "<"),
-            Comparison("fadamgc", "fedavg_m", "rounds", "<"),
-            Comparison("fadamgc", "fedams", "rounds", "<"),
-            Comparison("fadamgc", "fedadam", "rounds", "<"),
             Comparison("fa_nt", "scaffold_m", "rounds", "<"),
             Comparison("scaffold_m", "localadam", "rounds", "<"),
             Comparison("localadam", "fedavg_m", "rounds", "<"),
             Comparison("localadam", "fedams", "rounds", "<"),
             Comparison("localadam", "fedadam", "rounds", "<"),
-            Comparison("fadamgc_fullgrad", "fadamgc", "rounds", "<"),
+            Comparison("fadamgc_fullgrad", "fadamgc", "rounds", "<", kind="none",
+                       note="the paper does not compare initialisations"),
+        ),
+        effects=EFFECTS,
+        families_note=FAMILIES,
+        title="FAdamGC",
+        scale=(("clients (per round)", "100 (10)", "100 (10)"),
+               ("rounds", "150", "up to 3000 (310–2533 to the target)"),
+               ("model parameters", "25.4 k (784-32-10 MLP, Fashion-MNIST)",
+                "11.2 M (ResNet-18, CIFAR-10)"),
+               ("target", "83 %", "75 %")),
+        caveats=(
+            "FedAvg-M and FedAdam never reach the target in 150 rounds, so their comparisons "
+            "rest on an exact sign test, which cannot go below p = 0.25 with 3 seeds.",
+            "The curves flatten at 82–84 %, so rounds to target measure a plateau crossing: "
+            "the FA-NT gap is about 0 at the 80 % and 82 % targets (sensitivity table).",
+            "The primary family was declared after the runs; the seeds the power rule asks "
+            "for are still to be run.",
         ),
         diagnostics=("tracking_corr_norm", "tracking_dev_all", "tracking_tracked_share",
                      "tracking_corr_rel"),

@@ -87,13 +87,16 @@ def _dataset(p: str) -> tuple[Condition, ...]:
 
 
 def _comparisons(p: str) -> tuple[Comparison, ...]:
+    """Primary: FedPTR against each baseline and against FedAvg with FedPTR's own local
+    momentum (the comparison that credits the projection, not the momentum, with a gain);
+    FedPTR-S and the fixed λ are exploratory."""
     return (
-        *(Comparison(f"{p}_{m}", f"{p}_{b}", "final_acc", ">")
-          for m in ("fedptr", "fedptr_s") for b in BASELINES),
+        *(Comparison(f"{p}_fedptr", f"{p}_{b}", "final_acc", ">", primary=True)
+          for b in BASELINES),
+        Comparison(f"{p}_fedptr", f"{p}_fedavg_m05", "final_acc", ">", primary=True,
+                   note="the paper credits the projection; this control holds the momentum"),
+        *(Comparison(f"{p}_fedptr_s", f"{p}_{b}", "final_acc", ">") for b in BASELINES),
         Comparison(f"{p}_fedptr", f"{p}_fedptr_fixed", "final_acc", ">"),
-        # not a claim of the paper: whether the projection adds anything beyond the local
-        # momentum FedPTR's clients use and the other methods' do not
-        Comparison(f"{p}_fedptr", f"{p}_fedavg_m05", "final_acc", ">"),
     )
 
 
@@ -122,6 +125,23 @@ def fedptr_spec() -> Reproduction:
         paper=PAPER,
         paper_title="paper: final test accuracy % (Tables 1, 4)",
         notes=NOTES,
+        effects={"final_acc": (0.01, "one accuracy point; the paper's gains over the "
+                               "baselines are 7–13 points")},
+        families_note=("Primary: FedPTR against the five baselines and against FedAvg with "
+                       "FedPTR's local momentum 0.5, on each dataset. FedPTR-S and the fixed "
+                       "λ are exploratory. Declared after the runs had finished (issue 55)."),
+        title="FedPTR",
+        scale=(("clients", "10 (all every round)", "10 (all every round)"),
+               ("rounds", "100", "100"),
+               ("model parameters", "7.8 k (ConvNet depth 3, width 16)",
+                "320 k (ConvNet depth 3, width 128)"),
+               ("data", "10 000 training images per dataset", "the whole training sets")),
+        caveats=(
+            "FedPTR's clients use momentum 0.5 and the baselines plain SGD; the control with "
+            "the same momentum is the comparison that isolates the projection.",
+            "The final accuracy averages the last 5 evaluations (rounds 60–100), while some "
+            "curves still rise.",
+        ),
         ablations=tuple(
             (f"{TITLES[p]}: ablations and drift check",
              (f"{p}_fedptr", *extra(p), f"{p}_fedavg")) for p in ("c10", "fm")

@@ -53,10 +53,16 @@ round 1 (`sync_prob = 0`: any later synchronisation would cost a hundred compres
 and round 1 alone is 4d bytes, so MARINA sends more in total). The accuracy figure plots
 accuracy against cumulative `bytes_up` so unequal totals are visible.
 
-**Claim (a) is a closeness claim**, tested as non-inferiority with a margin fixed before
-the grid ran: the rows "uncompressed − SAFL" claim a gap below two accuracy points (`< 0.02`),
-so they are reproduced when the whole 95 % interval lies below 0.02 and contradicted when it
-lies above.
+**Claim (a) is an "as good as" claim**, tested by two one-sided tests (TOST) with a margin
+fixed before the grid ran: "uncompressed − SAFL" is *equivalent* when the whole 90 % interval
+(at the family's Holm level) lies within ±0.02, and contradicted when the difference lies
+beyond it.
+
+**Families.** Primary: the paper's three claims in its own regime, fine-tuning (SST-2): (a)
+for each sketch size, (b) SAFL 1/100 against each baseline at equal bytes, (c) monotone in
+b. Exploratory: the same rows from scratch (CIFAR-10 and SST-2). The paper makes no claim
+from scratch, so those rows can differ but never contradict it. The families were declared
+after the runs had finished (issue 55).
 
 **Mechanism.** `desketch_rel_err` (‖u − Δ‖/‖Δ‖, the decoded update against the true mean
 delta; about √(d/b) for one SRHT sketch) and `delta_energy_top1` / `_top5` (share of the
@@ -90,13 +96,19 @@ def _sst2_scratch() -> tuple[Condition, ...]:
 
 
 def _comparisons(p: str) -> tuple[Comparison, ...]:
+    """Fine-tuning (the paper's regime): primary claims; from scratch: no claim of the paper."""
+    ft = p == "ft"
+    kind = "direction" if ft else "none"
     return (
-        *(Comparison(f"{p}_fedams", f"{p}_safl{r}", "final_acc", "<", margin=CLOSE)
+        *(Comparison(f"{p}_fedams", f"{p}_safl{r}", "final_acc", margin=CLOSE, primary=ft,
+                     kind="equivalence" if ft else "none") if ft else
+          Comparison(f"{p}_fedams", f"{p}_safl{r}", "final_acc", kind="none",
+                     note="the paper claims closeness only when fine-tuning")
           for r in RATIOS),
-        *(Comparison(f"{p}_safl100", f"{p}_{b}", "final_acc", ">")
+        *(Comparison(f"{p}_safl100", f"{p}_{b}", "final_acc", ">", primary=ft, kind=kind)
           for b in ("fetchsgd", "marina", "topk_ef")),
-        Comparison(f"{p}_safl10", f"{p}_safl100", "final_acc", ">"),
-        Comparison(f"{p}_safl100", f"{p}_safl1000", "final_acc", ">"),
+        Comparison(f"{p}_safl10", f"{p}_safl100", "final_acc", ">", primary=ft, kind=kind),
+        Comparison(f"{p}_safl100", f"{p}_safl1000", "final_acc", ">", primary=ft, kind=kind),
     )
 
 
@@ -125,8 +137,23 @@ def safl_spec() -> Reproduction:
         seeds=(0, 1, 2),
         target=None,
         comparisons=(*_comparisons("ft"), *_comparisons("sc"),
-                     *(Comparison("ss_fedams", f"ss_safl{r}", "final_acc", "<", margin=CLOSE)
+                     *(Comparison("ss_fedams", f"ss_safl{r}", "final_acc", kind="none",
+                                  note="the paper claims closeness only when fine-tuning")
                        for r in (100, 1000))),
+        effects={"final_acc": (0.01, "one accuracy point: below it, a sketch size or a "
+                               "baseline is not worth choosing over another at this scale")},
+        title="SAFL",
+        scale=(("clients", "5 (all every round)", "5 (all every round)"),
+               ("rounds", "30 (SST-2 fine-tuning), 100 (CIFAR-10 from scratch)",
+                "not restated here"),
+               ("model parameters", "1.7 M (2-layer transformer), 70 k (CNN)",
+                "110 M (BERT-base), ViT"),
+               ("data", "SST-2 private half (fine-tuning), CIFAR-10", "SST-2, CIFAR-10")),
+        caveats=(
+            "The paper's regime is fine-tuning; the from-scratch rows are a control, not a "
+            "claim of the paper.",
+            "The model is 1/65 of BERT-base's size, so b/d = 1/1000 keeps 1.7 k numbers.",
+        ),
         diagnostics=("desketch_rel_err", "delta_energy_top1", "delta_energy_top5"),
         x_axis="bytes_up",
         panels=(("SST-2 fine-tuning", stage("ft_")), ("CIFAR-10 from scratch", stage("sc_")),
