@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -9,6 +11,7 @@ import torch
 from fedforge.data import FederatedDataset, build_index_table
 from fedforge.data.loaders import is_population, load_dataset, load_population
 from fedforge.data.population import (
+    SHARED_ID,
     ClientCache,
     SyntheticPopulation,
     counter_uniform,
@@ -190,3 +193,13 @@ def test_the_registry_routes_population_datasets():
     assert data.num_clients == 4 and data.name == "synthetic_population"
     with pytest.raises(ValueError, match=r"data.options: .* does not take \['bogus'\]"):
         load_population("synthetic_population", {"bogus": 1})
+
+
+def test_the_shared_iid_model_is_keyed_without_a_lossy_cast():
+    """iid=True keys the shared model by 2^64 - 1, which a plain list cast through float
+    (a RuntimeWarning, and a key that depends on the platform)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        g = SyntheticPopulation(iid=True, seed=3)._generator(SHARED_ID)
+    want = np.random.Philox(key=np.array([3, SHARED_ID], dtype=np.uint64)).random_raw(1)
+    assert g.bit_generator.random_raw(1) == want

@@ -86,7 +86,10 @@ class SyntheticPopulation:
         return lognormal_sizes(self.seed, ids, max_samples=self.max_samples_per_client)
 
     def _generator(self, k: int) -> np.random.Generator:
-        return np.random.Generator(np.random.Philox(key=[self.seed & MASK64, k & MASK64]))
+        """Philox keyed by ``(seed, k)`` as two uint64 words (a Python list would go through
+        int64, and ``SHARED_ID`` = 2^64 - 1 through a float cast, platform-dependent)."""
+        key = np.array([self.seed & MASK64, k & MASK64], dtype=np.uint64)
+        return np.random.Generator(np.random.Philox(key=key))
 
     def client(self, k: int, train_only: bool = False) -> tuple[np.ndarray, np.ndarray, int]:
         """Client ``k``'s samples ``(x float32 [n, dim], y int64 [n], n_train)``, training
