@@ -12,7 +12,13 @@ import pytest
 import torch
 
 from fedforge.core.disk_store import DiskClientStore
-from fedforge.core.store import ClientStore, StateStore, choose_store, template_nbytes
+from fedforge.core.store import (
+    ClientStore,
+    StateStore,
+    choose_store,
+    record_kind,
+    template_nbytes,
+)
 from fedforge.core.tree import flatten_dict
 
 N = 12
@@ -111,6 +117,30 @@ def test_open_files_stay_within_the_cache_budget(tmp_path):
     assert disk.state == {}  # 400 x 64 KiB is over the budget: no whole-population view
     assert len(list((tmp_path / "clients").glob("live_*.rows"))) == -(-disk.allocated() // 4)
     disk.close()
+
+
+def test_both_stores_checkpoint_and_restore_through_the_protocol(tmp_path):
+    """The checkpoint half: the memory store's rows are the checkpoint's tensors and it
+    records nothing; the disk store keeps no tensors and records its segments. Either
+    restores the checkpointed rows over later writes, and ``None`` is the initial state."""
+    stores = [ClientStore(N, _template()), DiskClientStore(N, _template(), tmp_path / "c")]
+    _play(stores, rounds=3)
+    at1 = {k: v.clone() for k, v in stores[0].state_dict().items()}
+    saved = []
+    for s in stores:
+        tensors, record = s.checkpoint(1)
+        saved.append(({k: v.clone() for k, v in tensors.items()}, record))
+        assert record_kind(record) == s.kind
+    assert saved[0][1] is None and saved[1][0] == {} and saved[1][1]["version"] == 1
+    _play(stores, rounds=2, seed=1)
+    fresh = ClientStore(N, _template()).state_dict()
+    for s, (tensors, record) in zip(stores, saved, strict=True):
+        s.restore_checkpoint(tensors, record, tmp_path / "round_00001.json", version=1)
+        assert _equal(s.state_dict(), at1)
+        s.restore_checkpoint(None)
+        assert _equal(s.state_dict(), fresh)
+        assert s.collect([record]) == []
+        s.close()
 
 
 def test_commit_writes_only_changed_rows_and_restore_drops_later_writes(tmp_path):
