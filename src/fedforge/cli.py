@@ -388,20 +388,34 @@ def reproduce(
         help="raw metrics, one folder per reproduction (a source checkout commits them in "
              "docs/data); the grid copies each run's metrics.jsonl here")
     ] = Path("docs/data"),
+    seeds: Annotated[str | None, typer.Option(
+        "--seeds", help="run these seeds (e.g. 0-9: the seeds a page's power rule asks "
+        "for); the report reads every committed seed")] = None,
+    conditions: Annotated[str | None, typer.Option(
+        "--conditions", help="run only these conditions (comma-separated names)")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
     plugin: Plugins = None,
     data_root: DataRootOption = None,
 ) -> None:
     """Run a paper's reproduction grid (resuming what exists) and write its table, figures
-    and Holm-corrected verdicts to reproductions/NAME/ in the current folder (--out)."""
+    and verdicts to reproductions/NAME/ in the current folder (--out). Reproductions:
+    fadamgc, fedast, fednar, fedptr, pfl, safl; 'all --report-only --out docs' rewrites
+    every page and docs/reproductions.md."""
     from fedforge.experiment.config import ConfigError
-    from fedforge.reproduce import get_reproduction
+    from fedforge.reproduce import get_reproduction, parse_seeds, report_all
     from fedforge.reproduce import reproduce as run_reproduction
     from fedforge.reproduce.report import paper_scale
 
     _setup(plugin, data_root)
     if scale not in ("cpu", "paper"):
         _fail(f"--scale: expected cpu or paper, got {scale!r}")
+    if name == "all":  # every page and the summary, from the raw metrics only
+        if not report_only:
+            _fail("reproduce all: only with --report-only (each grid runs on its own)")
+        with _failing(ValueError, OSError):
+            page = report_all(data, out or Path("reproductions"))
+        console.print(f"report: {page}")
+        return
     try:
         spec = get_reproduction(name)
     except KeyError as exc:
@@ -410,8 +424,15 @@ def reproduce(
         console.print(paper_scale(spec), highlight=False, soft_wrap=True)
         return
     with _failing(ConfigError, ValueError, OSError, FloatingPointError):
-        page = run_reproduction(spec, runs=runs, data=data, out=out, report_only=report_only,
-                                progress=not quiet, allow_processes=True)
+        try:
+            page = run_reproduction(
+                spec, runs=runs, data=data, out=out, report_only=report_only,
+                progress=not quiet, allow_processes=True,
+                seeds=parse_seeds(seeds) if seeds else None,
+                conditions=tuple(c.strip() for c in conditions.split(",")) if conditions
+                else None)
+        except KeyError as exc:  # an unknown --conditions name
+            _fail(str(exc.args[0]))
     console.print(f"report: {page}")
 
 
