@@ -67,6 +67,7 @@ def run(algorithm, schedule=SCHEDULE, seed: int = 0, engine=None,
     x_all = torch.tensor(np.c_[A, B], dtype=torch.float64)
     y_all = torch.zeros(N, dtype=torch.long)
     params = {"w": torch.tensor(W0, dtype=torch.float64)}
+    algorithm.bind_population(N)  # AFL's weight per client
     server_state = algorithm.server_init(params)
     store = ClientStore(N, algorithm.client_init(params))
     gen = torch.Generator().manual_seed(seed)

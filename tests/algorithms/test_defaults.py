@@ -159,6 +159,7 @@ def _stages(algo) -> list[str]:
     from fedforge.client.transforms import RoundContext
 
     params = {"w": torch.zeros(2, dtype=torch.float64)}
+    algo.bind_population(2)  # AFL's weight per client
     ctx = RoundContext(params, {**algo.broadcast(algo.server_init(params)),
                                 "round": torch.tensor(1.0)}, algo.client_init(params), {})
     return sorted(_paths(algo.local_optimizer.init(params, ctx)))

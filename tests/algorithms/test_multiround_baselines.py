@@ -138,3 +138,63 @@ def test_qffl_with_q_zero_is_uniform_fedavg():
     want = run(build_algorithm("fedavg", local_lr=LR))  # the harness weights uniformly
     for a, b in zip(got, want):
         np.testing.assert_allclose(a.params, b.params, rtol=1e-9)
+
+
+# ------------------------------------------------------------------------------------ AFL
+def simplex(v):
+    """Euclidean projection onto the simplex, written from Duchi et al. 2008, Fig. 1."""
+    u = np.sort(v)[::-1]
+    css = np.cumsum(u)
+    rho = max(j for j in range(len(v)) if u[j] - (css[j] - 1) / (j + 1) > 0)
+    return np.maximum(v - (css[rho] - 1) / (rho + 1), 0.0)
+
+
+def afl_ref(lam_lr, slr=1.0, learn_lambda=True, scale=True):
+    """Mohri et al. 2019, Alg. 1 with S of N clients: x <- x - slr (N/S) Σ_S λ_k Δ_k,
+    λ <- Proj(λ + γ (N/S) Σ_S F_k(x^t) e_k); evaluated at the mean of x^1..x^t.
+    ``learn_lambda=False``: λ stays uniform (FedAvg); ``scale=False``: no N/S."""
+    n = len(A)
+    w, lam, iterates, out = W0.copy(), np.full(n, 1.0 / n), [], []
+    for ids, steps in SCHEDULE:
+        f = n / len(ids) if scale else 1.0
+        step, grad_lam = np.zeros(2), np.zeros(n)
+        for i, k in zip(ids, steps):
+            x = w.copy()
+            for _ in range(k):
+                x = x - LR * grad(i, x)
+            step += f * lam[i] * (w - x)
+            grad_lam[i] += f * (loss(i, w) if k > 0 else 0.0)
+        w = w - slr * step
+        if learn_lambda:
+            lam = simplex(lam + lam_lr * grad_lam)
+        iterates.append(w.copy())
+        out.append({"w": w.copy(), "eval": np.mean(iterates, 0), "lam": lam.copy()})
+    return out
+
+
+@pytest.mark.parametrize("lam_lr", [0.5, 0.05])
+def test_afl_four_rounds(lam_lr):
+    algo = build_algorithm("afl", local_lr=LR, lambda_lr=lam_lr, server_lr=0.8)
+    rounds = run(algo)
+    ref = afl_ref(lam_lr, slr=0.8)
+    assert ref[-1]["lam"].min() == 0.0 or lam_lr < 0.5  # the projection clips at 0.5
+    compare(rounds, ref)
+    for t, (got, want) in enumerate(zip(rounds, ref), start=1):
+        np.testing.assert_allclose(got.eval_params, want["eval"], rtol=1e-6,
+                                   err_msg=f"round {t}: mean of the iterates")
+    for wrong in (afl_ref(lam_lr, 0.8, learn_lambda=False), afl_ref(lam_lr, 0.8, scale=False)):
+        with pytest.raises(AssertionError):
+            compare(rounds, wrong)
+
+
+def test_afl_last_iterate_and_project():
+    """average_iterates=False evaluates x^t; the projection lands on the simplex."""
+    from fedforge.algorithms.fairness import project_simplex
+
+    rounds = run(build_algorithm("afl", local_lr=LR, lambda_lr=0.5, average_iterates=False))
+    assert all(np.array_equal(r.eval_params, r.params) for r in rounds)
+    import torch
+
+    v = torch.tensor([0.9, -0.3, 0.6, 0.2], dtype=torch.float64)
+    np.testing.assert_allclose(project_simplex(v).numpy(), simplex(v.numpy()), rtol=1e-12)
+    assert abs(float(project_simplex(v).sum()) - 1) < 1e-12

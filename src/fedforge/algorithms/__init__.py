@@ -8,7 +8,7 @@ from collections.abc import Callable
 from fedforge.algorithms import fadamgc, momentum
 from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
 from fedforge.algorithms.compressed import fetchsgd, marina, onebit_adam, safl, topk_ef
-from fedforge.algorithms.fairness import qffl
+from fedforge.algorithms.fairness import afl, qffl
 from fedforge.algorithms.fedavg import fedavg, fedavgm, fedprox
 from fedforge.algorithms.feddc import feddc
 from fedforge.algorithms.feddyn import feddyn
@@ -45,6 +45,7 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
     "marina": marina,
     "fednova": fednova,
     "qffl": qffl,
+    "afl": afl,
     **PERSONAL_ALGORITHMS,  # personalised FL (docs/personalised.md)
 }
 

@@ -118,6 +118,13 @@ class Part:
 
     needs_grad_sum: bool = False
 
+    # True: the engine puts each sampled client's id in its round inputs (info[CLIENT_ID]),
+    # for a part that keeps one server value per client (AFL's mixture weights)
+    needs_client_ids: bool = False
+
+    def bind_population(self, num_clients: int) -> None:
+        """Told the number of clients N before any server state is built (the runner)."""
+
     # --- optional hooks for parts that do non-vmappable work around the local round ----
     prepares: bool = False  # True: prepare_cohort / server_prepare are called (FedPTR)
 
@@ -162,7 +169,12 @@ NEEDS = {
     "full_participation": "every client in every round",
     "weighted_uploads": "part uploads averaged with the clients' sample counts",
     "privacy": "clipped and noised updates with a privacy ledger (differential privacy)",
+    "client_ids": "each sampled client's id in its round inputs",
 }
+
+CLIENT_ID = "client_id"
+"""Round-input key of each sampled client's id (a long tensor ``[C]``), for an algorithm
+whose parts set ``needs_client_ids``. Set by ``engine/round.py``."""
 
 UPLOAD_SCALE = "upload_scale"
 """Round-input key of ``S n_i / sum_j n_j`` per client: a ``num_samples`` part's uploads are
@@ -309,6 +321,8 @@ class Algorithm:
             needs.add("round_info")
         if self.privacy is not None:
             needs.add("privacy")
+        if self.needs_client_ids:
+            needs.add("client_ids")
         return frozenset(needs)
 
     # --- client side -----------------------------------------------------------------
@@ -366,6 +380,15 @@ class Algorithm:
         """Tell every part the data's sample shape and class count (the runner calls this)."""
         for p in self.parts:
             p.bind_data(tuple(input_shape), num_classes)
+
+    @property
+    def needs_client_ids(self) -> bool:
+        return any(p.needs_client_ids for p in self.parts)
+
+    def bind_population(self, num_clients: int) -> None:
+        """Tell every part the number of clients (the runner calls this)."""
+        for p in self.parts:
+            p.bind_population(int(num_clients))
 
     def bind_eval(self, evaluate: Callable[[Params], dict]) -> None:
         """Give every part the run's test-set scorer (the runner calls this)."""

@@ -13,10 +13,15 @@ q-FFL (Li, Sanjabi, Beirami & Smith, "Fair Resource Allocation in Federated Lear
 
 over the cohort (F_k + 1e-10, as the code). q = 0 is FedAvg with uniform weights.
 
-AFL (Mohri, Sivek & Suresh, "Agnostic Federated Learning", ICML 2019), each client its own
-domain: min_x max_λ Σ_k λ_k F_k(x) over the simplex. Each round the model takes a step on the
-λ-weighted mean of the deltas and λ an ascent step on the clients' losses (docs/baselines.md
-says which ascent and why).
+AFL (Mohri, Sivek & Suresh, "Agnostic Federated Learning", ICML 2019, Alg. 1 Stochastic-AFL;
+litian96/fair_flearn ``flearn/trainers/afl.py``), each client its own domain:
+min_x max_λ Σ_k λ_k F_k(x) over the simplex Δ_N. With S of N clients sampled,
+
+    x <- x - η_g (N/S) Σ_S λ_k Δ_k,   λ <- Proj_Δ(λ + γ_λ (N/S) Σ_S F_k e_k),
+
+both from (x^t, λ^t); the model is evaluated at the mean of the iterates x^1..x^t, as the code's
+``resulting_model`` (the paper's w^A). With every client sampled (the code's setting) both
+steps are exact; λ = 1/N is FedAvg with uniform weights.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import time
 import torch
 
 from fedforge.algorithms.base import (
+    CLIENT_ID,
     PREP_SAMPLES,
     PREP_SECONDS,
     Algorithm,
@@ -37,7 +43,7 @@ from fedforge.algorithms.defaults import defaults_from
 from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import at_round
 from fedforge.core.schedules import ScheduleLike, as_schedule
-from fedforge.core.tree import tree_sq_norm
+from fedforge.core.tree import Params, tree_sq_norm
 from fedforge.server.chain import ServerTransform
 
 START_LOSS = "start_loss"
@@ -131,4 +137,98 @@ def qffl(local_lr: ScheduleLike, q: float) -> Algorithm:
         "qffl", local_optimizer("sgd", local_lr), qffl_step(),
         parts=(StartLoss(), QFairUpdate(q, local_lr)),
         description="q-FFL (Li et al. 2020): q-FedAvg, steps weighted by loss^q; alias qfedavg",
+        primary_metric="global_accuracy_p10",  # its claim: the worst clients' accuracy rises
+    )
+
+
+# ------------------------------------------------------------------------------------ AFL
+def project_simplex(v: torch.Tensor) -> torch.Tensor:
+    """The Euclidean projection of ``v`` onto the probability simplex (Wang &
+    Carreira-Perpiñán 2013, as fair_flearn's ``project``)."""
+    u = torch.sort(v, descending=True).values
+    css = torch.cumsum(u, 0)
+    j = torch.arange(1, v.numel() + 1, dtype=v.dtype, device=v.device)
+    rho = int(torch.nonzero(u - (css - 1) / j > 0).max())
+    theta = (css[rho] - 1) / (rho + 1)
+    return (v - theta).clamp_min(0.0)
+
+
+class MixtureWeights(Part):
+    """λ over the N clients (server state, broadcast). A client uploads N λ_k Δ_k and its loss
+    on the one-hot of its id, so the cohort means are the unbiased (N/S) Σ_S estimates."""
+
+    name = "afl"
+    needs_client_ids = True
+
+    def __init__(self, lambda_lr: float) -> None:
+        self.lambda_lr = lambda_lr
+        self.num_clients: int | None = None
+
+    def bind_population(self, num_clients: int) -> None:
+        self.num_clients = num_clients
+
+    def server_init(self, params: Params) -> dict:
+        if self.num_clients is None:
+            raise ValueError("algorithm 'afl': the number of clients is unknown; call "
+                             "Algorithm.bind_population(N) before server_init (runs do)")
+        ref = next(iter(params.values()))
+        n = self.num_clients
+        return {"lam": torch.full((n,), 1.0 / n, dtype=ref.dtype, device=ref.device)}
+
+    def broadcast(self, server_state: dict) -> dict:
+        return {"lam": server_state["lam"]}
+
+    def finalize(self, fin: FinalizeInputs) -> tuple[dict, dict]:
+        lam = fin.ctx.broadcast[self.name]["lam"]
+        n = lam.shape[0]
+        mine = (torch.arange(n, device=lam.device) == fin.ctx.info[CLIENT_ID]).to(lam.dtype)
+        weight = n * (lam * mine).sum()  # N λ_k
+        loss = fin.ctx.info[START_LOSS].to(lam.dtype)
+        return {}, {"delta": {k: weight.to(v.dtype) * v for k, v in fin.delta.items()},
+                    "loss": mine * loss}
+
+    def server_update(self, server_state: dict, mean_uploads: dict, agg) -> dict:
+        grad = mean_uploads["loss"] * agg.num_clients  # (N/S) Σ_S F_k e_k
+        return {"lam": project_simplex(server_state["lam"] + self.lambda_lr * grad)}
+
+    def server_metrics(self, server_state: dict, client_states: dict) -> dict:
+        lam = server_state["lam"]
+        return {"afl_lambda_max": lam.max(), "afl_lambda_entropy":
+                -(lam * lam.clamp_min(1e-30).log()).sum()}
+
+
+def afl_step(server_lr: float, average: bool) -> ServerTransform:
+    """x <- x - η_g mean(N λ_k Δ_k); keeps the mean of the iterates for evaluation."""
+
+    def init(params):
+        if not average:
+            return {}
+        ref = next(iter(params.values()))
+        return {"avg": {k: v.detach().clone() for k, v in params.items()},
+                "count": torch.zeros((), dtype=ref.dtype, device=ref.device)}
+
+    def update(params, agg, state):
+        up = agg.uploads["afl"]["delta"]
+        new = {k: p - server_lr * up[k] for k, p in params.items()}
+        if average:
+            count = state["count"] + 1
+            state = {"avg": {k: a + (new[k] - a) / count.to(a.dtype)
+                             for k, a in state["avg"].items()}, "count": count}
+        return new, agg, state
+
+    def eval_params(params, state):
+        return state["avg"] if average else params
+
+    return ServerTransform("opt", init, update, eval_params)
+
+
+@defaults_from("afl")
+def afl(local_lr: ScheduleLike, lambda_lr: float, server_lr: float,
+        average_iterates: bool) -> Algorithm:
+    """AFL: minimax over the clients' mixture weights λ, projected gradient ascent on λ."""
+    return Algorithm(
+        "afl", local_optimizer("sgd", local_lr), afl_step(server_lr, average_iterates),
+        parts=(StartLoss(), MixtureWeights(lambda_lr)),
+        description="AFL (Mohri et al. 2019): minimax over client mixture weights λ",
+        primary_metric="global_accuracy_worst",  # its claim: the worst domain's accuracy
     )

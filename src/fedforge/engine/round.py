@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from fedforge.algorithms.base import UPLOAD_SCALE, Algorithm, PrepareInputs
+from fedforge.algorithms.base import CLIENT_ID, UPLOAD_SCALE, Algorithm, PrepareInputs
 from fedforge.core.store import ClientStore
 from fedforge.core.tree import Params
 from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput
@@ -84,6 +84,8 @@ def federated_round(
     client_states, info = store.gather(client_ids), info or {}
     if is_keyed(loss_fn) and CLIENT_KEY not in info:  # dropout: masks of (seed, round, client)
         info = {**info, CLIENT_KEY: client_keys(seed, round_, client_ids).to(x_all.device)}
+    if algorithm.needs_client_ids:  # a part keeping one server value per client (AFL)
+        info = {**info, CLIENT_ID: client_ids.to(x_all.device)}
     if algorithm.weights_uploads:  # the scale a num_samples part multiplies its uploads by
         info = {**info, UPLOAD_SCALE: upload_scale(algorithm, sample_counts, params)}
     if algorithm.prepares:  # eager per-client work before local training (FedPTR's MTT)

@@ -122,11 +122,12 @@ def _non_finite(view: ServerView) -> list[str]:
             and not bool(torch.isfinite(v).all())]
 
 
-FLOWER_SERVES: frozenset[str] = frozenset(NEEDS) - {"prepare", "weighted_uploads", "privacy"}
+FLOWER_SERVES: frozenset[str] = frozenset(NEEDS) - {"prepare", "weighted_uploads", "privacy",
+                                                    "client_ids"}
 """The bridge carries client state (in each node's context), uploads, codec messages and
 round inputs; per-cohort preparation (FedPTR's trajectory matching) has no message,
-uploads are averaged uniformly (no sample-count weighting of part uploads), and updates go
-out plain (differential privacy runs in simulation only)."""
+uploads are averaged uniformly (no sample-count weighting of part uploads), updates go
+out plain (differential privacy runs in simulation only), and no node is told its client id."""
 
 
 def _check_supported(exp: Experiment, options: ServerOptions) -> None:

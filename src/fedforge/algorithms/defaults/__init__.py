@@ -302,6 +302,16 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Default]] = {
         "q": code(5.0, f"{FAIR_CODE} README.md: q = 5 for q-FedAvg on Vehicle (q = 0 is "
                        "FedAvg)"),
     },
+    "afl": {
+        "local_lr": code(0.1, f"{FAIR_CODE} README.md (AFL on Adult): --learning_rate=0.1"),
+        "lambda_lr": code(0.1, f"{FAIR_CODE} README.md (AFL on Adult): "
+                               "--learning_rate_lambda=0.1"),
+        "server_lr": code(1.0, f"{FAIR_CODE} flearn/trainers/afl.py: x <- x - η Σ λ_k g_k, "
+                               "the local step's η only"),
+        "average_iterates": code(True, f"{FAIR_CODE} flearn/trainers/afl.py: the evaluated "
+                                       "resulting_model is the mean of the iterates (the "
+                                       "paper's w^A)"),
+    },
     **{  # personalised FL (algorithms/personal, docs/personalised.md)
         "local_only": _sgd_client(),
         "fedavg_ft": {**_sgd_client(), "finetune_steps": _FT_STEPS},
