@@ -278,13 +278,14 @@ def test_spec_errors_are_one_line_naming_the_field(kwargs, message):
 
 
 STATELESS = {"fedavg_ft", "fedbabu", "per_fedavg_fo", "per_fedavg_hf"}  # nothing per client
+TWO_PARTS = {"fedproto"}  # its personal model and the server's prototypes
 
 
 @pytest.mark.parametrize("name", sorted(PERSONAL_ALGORITHMS))
 def test_every_method_weights_by_samples_and_keeps_state_only_when_it_has_some(name):
     algorithm = build_algorithm(name)
     assert algorithm.aggregation == "num_samples"
-    assert len(algorithm.parts) == (0 if name in STATELESS else 1)
+    assert len(algorithm.parts) == (0 if name in STATELESS else 2 if name in TWO_PARTS else 1)
 
 
 def test_personalised_copies_its_hparams():
@@ -308,6 +309,8 @@ def _point():
 def _build(name, **hparams):
     split = {"head": HEAD} if name in ("fedper", "fedrep", "fedbabu", "lg_fedavg",
                                        "fedrod") else {}
+    if name == "fedproto":  # its default momentum is the code's 0.5; the chain below takes 0.9
+        hparams = {"local_momentum": 0.9, **hparams}
     return build_algorithm(name, local_lr=LR, **split, **hparams)
 
 

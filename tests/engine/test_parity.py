@@ -47,6 +47,7 @@ def _run(algorithm, engine, model, x, y, sample_idx, weights, rounds=2):
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     loss_fn = classification_loss(model)
     algorithm.bind_population(CLIENTS + 2)  # AFL's weight per client
+    algorithm.bind_model(model)  # FedProto's features
     state = algorithm.server_init(params)
     store = ClientStore(CLIENTS + 2, algorithm.client_init(params))
     ids = torch.arange(CLIENTS)

@@ -135,6 +135,15 @@ class Part:
         """Given ``evaluate(params) -> {"test_accuracy": ...}`` on the run's test set, for
         diagnostics of models other than the global one (FedPTR's projected model)."""
 
+    def bind_model(self, model: torch.nn.Module) -> None:
+        """Given the run's model (its modules, not its values), for a local step that needs
+        more of a forward pass than the loss (FedProto's features at the head's input)."""
+
+    def upload_nbytes(self, params: Params, server_state: dict) -> int:
+        """Bytes of this part's uploads per client, for an algorithm whose model never travels
+        (:attr:`Algorithm.sends_model` False)."""
+        return 0
+
     def prepare_cohort(self, prep: PrepareInputs) -> tuple[dict, dict, dict]:
         """Before local training, per cohort, eagerly (not vmapped, same for every engine).
 
@@ -169,6 +178,7 @@ NEEDS = {
     "full_participation": "every client in every round",
     "weighted_uploads": "part uploads averaged with the clients' sample counts",
     "privacy": "clipped and noised updates with a privacy ledger (differential privacy)",
+    "model": "the run's model bound to the algorithm (bind_model)",
     "client_ids": "each sampled client's id in its round inputs",
 }
 
@@ -288,6 +298,9 @@ class Algorithm:
     # personalised FL (fedforge.algorithms.personal sets it on a personalised method): where
     # a client's round starts, what it sends, its personal model at evaluation
     personal: PersonalSpec | None = None
+    # False: no model travels, down or up (FedProto sends class prototypes): the bytes are
+    # the broadcast down and the parts' uploads up
+    sends_model: bool = True
     # the metric the method is judged by (compare, report, plot and sweep default to it):
     # None is its kind's, :data:`PERSONAL_METRIC` for a personalised method, else
     # :data:`GLOBAL_METRIC`; a fairness method names the worst-client or 10th-percentile one
@@ -321,6 +334,8 @@ class Algorithm:
             needs.add("round_info")
         if self.privacy is not None:
             needs.add("privacy")
+        if any(type(p).bind_model is not Part.bind_model for p in self.parts):
+            needs.add("model")
         if self.needs_client_ids:
             needs.add("client_ids")
         return frozenset(needs)
@@ -395,6 +410,11 @@ class Algorithm:
         for p in self.parts:
             p.bind_eval(evaluate)
 
+    def bind_model(self, model: torch.nn.Module) -> None:
+        """Give every part the run's model (the runner calls this)."""
+        for p in self.parts:
+            p.bind_model(model)
+
     def prepare_cohort(self, prep: PrepareInputs) -> tuple[dict, dict, dict]:
         """-> (client states, info, metrics) after every preparing part's client hook."""
         states, info, metrics = dict(prep.client_states), dict(prep.info), {}
@@ -452,6 +472,10 @@ class Algorithm:
         self, params: Params, server_state: ServerState, round_: int | None = None
     ) -> tuple[int, int]:
         """Bytes (down, up) per sampled client: model + broadcast down, delta + uploads up."""
+        if not self.sends_model:
+            return (int(tree_nbytes(self.broadcast(server_state))),
+                    int(sum(p.upload_nbytes(params, server_state["parts"][p.name])
+                            for p in self.parts)))
         down = tree_nbytes(params) + tree_nbytes(self.broadcast(server_state))
         extra = sum(getattr(p, "uplink_models", 0.0) for p in self.parts)
         if self.codec is not None:  # the delta's exact encoded size (values + indices + seeds)

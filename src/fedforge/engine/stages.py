@@ -241,7 +241,8 @@ def step_batch() -> Stage:
                     return s.loss_grad(at, b.x, b.y, b.w if weights is None else weights)[0]
 
             return with_step_batch(s.context(ctx, b),
-                                   StepBatch(grad, b.y, b.w, data.ys, data.ws))
+                                   StepBatch(grad, b.y, b.w, data.ys, data.ws, b.x,
+                                             lambda: s.around(b)))
 
         return s._replace(context=context)
 

@@ -120,6 +120,7 @@ class Setup:
             validation=cfg.eval.client_validation)
         algorithm.bind_data(data.input_shape, data.num_classes)  # e.g. FedPTR's synthetic set
         algorithm.bind_eval(test_scorer(network, data, cfg))  # e.g. FedPTR's projected model
+        algorithm.bind_model(network)  # e.g. FedProto's features
         algorithm.bind_population(data.num_clients)  # e.g. AFL's weight per client
         if cfg.privacy.on:  # clipping, noise, Poisson cohorts, accountant (docs/privacy.md)
             from fedforge.privacy.algorithm import for_run  # noqa: PLC0415 (optional extra)
@@ -140,6 +141,7 @@ class Setup:
             self.algorithm = build_algorithm(self.cfg.algorithm.name, **hp)
             self.algorithm.bind_data(self.data.input_shape, self.data.num_classes)
             self.algorithm.bind_eval(test_scorer(self.network, self.data, self.cfg))
+            self.algorithm.bind_model(self.network)
             self.algorithm.bind_population(self.data.num_clients)
 
     @property

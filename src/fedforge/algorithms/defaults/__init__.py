@@ -151,6 +151,7 @@ _SEED = ours(0, "any fixed seed; shared randomness is rebuilt from (seed, round)
 
 PFLLIB = "TsingZ0/PFLlib system/"
 FLBENCH = "KarhouTam/FL-bench"
+FEDPROTO_CODE = "yuetan031/FedProto"
 _HEAD = ours(None, "the model's body/head split: [model] head, else the model's last layer "
                    "(every zoo model declares it)")
 _FT_STEPS = ours(10, "PFLlib's FedBABU fine-tunes 10 epochs (main.py: fine_tuning_epochs); "
@@ -385,6 +386,21 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Default]] = {
             "norm": ours(None, "the zoo model's normalisation layers "
                                "(algorithms/personal/fedbn.py NORM_LAYERS); a model without "
                                "them trains as FedAvg"),
+        },
+        "fedproto": {
+            "local_lr": code(0.01, f"{FEDPROTO_CODE} README.md: --lr 0.01"),
+            "lam": code(1.0, f"{FEDPROTO_CODE} README.md: --ld 1 (MNIST, FEMNIST; 0.1 for "
+                             "CIFAR-10)"),
+            "weights": paper("samples", "Tan et al. 2022, Eq. 6: each client's prototype "
+                                        "weighted by its class count (the code's "
+                                        "proto_aggregation averages clients: 'clients')"),
+            "client_optimizer": code("momentum", f"{FEDPROTO_CODE} lib/update.py: "
+                                                 "torch.optim.SGD(momentum=0.5)"),
+            "local_momentum": code(0.5, f"{FEDPROTO_CODE} README.md: --momentum 0.5"),
+            "weight_decay": ours(0.0, "the code's SGD has none"),
+            "max_grad_norm": _sgd_client()["max_grad_norm"],
+            "nar": _sgd_client()["nar"],
+            "head": _HEAD,
         },
     },
 }

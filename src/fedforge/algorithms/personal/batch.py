@@ -11,6 +11,7 @@ it with :func:`step_batch`. The engine builds it and never names a method.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import NamedTuple
 
 import torch
@@ -24,13 +25,18 @@ STEP_BATCH = "step_batch"
 class StepBatch(NamedTuple):
     """One local step's data: ``grad(params, weights=None)`` is the gradient of the masked
     mean loss at ``params`` on this step's batch (``weights`` [B] reweights its samples; a
-    part of the batch is a 0/1 mask); the labels and weights of this step and of the round."""
+    part of the batch is a 0/1 mask); the labels and weights of this step and of the round;
+    its inputs."""
 
     grad: Callable[..., Params]
     labels: torch.Tensor  # [B]
     weights: torch.Tensor  # [B], 0 = padding
     round_labels: torch.Tensor  # [steps, B]
     round_weights: torch.Tensor  # [steps, B]
+    # the step's inputs [B, ...] and the context every model evaluation on them runs in (the
+    # step's dropout masks), for a step that evaluates the model itself (FedProto's features)
+    x: torch.Tensor | None = None
+    around: Callable[[], AbstractContextManager] = nullcontext
 
 
 def with_step_batch(ctx: RoundContext, batch: StepBatch) -> RoundContext:

@@ -29,6 +29,7 @@ from fedforge.algorithms.personal.apfl import apfl
 from fedforge.algorithms.personal.base import Personal, PersonalAlgorithm, Phase, personalised
 from fedforge.algorithms.personal.fedala import fedala
 from fedforge.algorithms.personal.fedbn import fedbn
+from fedforge.algorithms.personal.fedproto import fedproto
 from fedforge.algorithms.personal.fedrod import fedrod
 from fedforge.algorithms.personal.perfedavg import per_fedavg_fo, per_fedavg_hf
 from fedforge.algorithms.personal.pfedme import pfedme
@@ -166,5 +167,6 @@ PERSONAL_ALGORITHMS = {
     "fedrod": fedrod,
     "fedala": fedala,
     "fedbn": fedbn,
+    "fedproto": fedproto,
 }
 """The personalised methods, by registry name (``fedforge.algorithms`` registers them)."""
