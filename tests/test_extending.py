@@ -19,11 +19,13 @@ import fedforge
 from fedforge.algorithms import ALGORITHMS, Algorithm, FinalizeInputs, Part, build_algorithm
 from fedforge.algorithms.base import check_support
 from fedforge.client.optimizers import local_optimizer
+from fedforge.client.transforms import add_prox, chain, sgd
 from fedforge.core.store import ClientStore
 from fedforge.data import PARTITIONERS, DatasetError, load_dataset
 from fedforge.data import loaders as dataset_registry
 from fedforge.engine import LoopEngine, VmapEngine
 from fedforge.engine.round import federated_round
+from fedforge.experiment.compare import comparison_configs
 from fedforge.experiment.config import ConfigError, load_config
 from fedforge.models import MODELS
 from fedforge.server.optimizers import server_sgd
@@ -33,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = ROOT / "examples" / "plugins"
 NOVA = str(PLUGINS / "fednova_plugin.py")
 CSV = str(PLUGINS / "csv_dataset_plugin.py")
+PROX = str(PLUGINS / "prox_plugin.py")
 
 
 @pytest.fixture(autouse=True)
@@ -44,7 +47,8 @@ def registries():
     for registry, content in saved:
         registry.clear()
         registry.update(content)
-    for name in ("fednova_plugin", "csv_dataset_plugin", "tiny_plugin", "broken_plugin"):
+    for name in ("fednova_plugin", "csv_dataset_plugin", "tiny_plugin", "broken_plugin",
+                 "prox_plugin"):
         sys.modules.pop(name, None)
 
 
@@ -88,6 +92,42 @@ def test_fednova_round_by_hand(engine):
     fedavg = build_algorithm("fedavg", local_lr=0.5)
     w_avg, _ = one_round(fedavg, engine(), sample_counts=torch.tensor([1, 3]))
     assert torch.allclose(w_avg, torch.tensor([0.125, 1.125], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("engine", [LoopEngine, VmapEngine], ids=["loop", "vmap"])
+def test_prox_plugin_round_by_hand(engine):
+    """lr 0.5, mu 1, the two clients of :func:`one_round`, p = (1/4, 3/4).
+    Client 0, one step (x = x^t, no prox yet): w = (0.5, 0).
+    Client 1: w = (0, 1); then g = (w − b) + mu (w − 0) = (0, −1) + (0, 1) = 0, w stays (0, 1).
+    Mean: (0.125, 0.75). The wrong order, chain(sgd, add_prox), adds mu (w − x^t) to the step
+    -lr·g: client 1 goes (0, 1) + (0, 0.5) + (0, 1) = (0, 2.5), mean (0.125, 1.875)."""
+    fedforge.load_plugins([PROX])
+    prox = build_algorithm("my_prox", local_lr=0.5, mu=1.0)
+    w, _ = one_round(prox, engine(), sample_counts=torch.tensor([1, 3]))
+    assert torch.allclose(w, torch.tensor([0.125, 0.75], dtype=torch.float64))
+    wrong = Algorithm("wrong_order", chain(sgd(0.5), add_prox(1.0)), server_sgd(1.0),
+                      aggregation="num_samples")
+    w_wrong, _ = one_round(wrong, engine(), sample_counts=torch.tensor([1, 3]))
+    assert torch.allclose(w_wrong, torch.tensor([0.125, 1.875], dtype=torch.float64))
+
+
+def test_compare_tables_set_a_plugin_hyper_parameter(tmp_path):
+    """compare.NAME.algorithm.KEY reaches NAME alone, from the file or the command line;
+    algorithm.KEY reaches every method (and FedAvg refuses mu); an unknown NAME is refused."""
+    fedforge.load_plugins([PROX])
+    cmd = ["compare.my_prox.algorithm.mu=0.1"]
+    cfgs = comparison_configs(ROOT / "examples" / "quickstart.toml", ["fedavg", "my_prox"], cmd)
+    assert cfgs["my_prox"][0].algorithm.model_extra["mu"] == 0.1
+    assert "mu" not in cfgs["fedavg"][0].algorithm.model_extra
+    config = tmp_path / "prox.toml"
+    config.write_text((ROOT / "examples" / "quickstart.toml").read_text()
+                      + "\n[compare.my_prox.algorithm]\nmu = 0.2\n")
+    from_file = comparison_configs(config, ["fedavg", "my_prox"])
+    assert from_file["my_prox"][0].algorithm.model_extra["mu"] == 0.2
+    with pytest.raises(ConfigError, match="algorithm.mu: not a hyper-parameter of 'fedavg'"):
+        comparison_configs(config, ["fedavg", "my_prox"], ["algorithm.mu=0.1"])
+    with pytest.raises(ConfigError, match="'my_prx' is not among the compared methods"):
+        comparison_configs(config, ["fedavg", "my_prox"], ["compare.my_prx.algorithm.mu=1"])
 
 
 class StepsUpload(Part):

@@ -62,8 +62,17 @@ def comparison_configs(
 
     A name is an algorithm, or a named variant: a table that sets ``algorithm.name`` itself
     (``[compare.fedavg_lo.algorithm]`` with ``name = "fedavg"``, ``local_lr = 0.01``), so
-    one algorithm can be compared at two settings."""
-    raw = load_raw(path)
+    one algorithm can be compared at two settings. An override ``compare.NAME.KEY=VALUE``
+    sets a key of ``NAME``'s table alone (a plugin's hyper-parameter that the other methods
+    would refuse: ``compare.my_fednova.algorithm.server_lr=0.5``)."""
+    per_table = [o for o in overrides or [] if o.strip().startswith("compare.")]
+    overrides = [o for o in overrides or [] if o not in per_table]
+    for item in per_table:
+        name = item.strip().split("=", 1)[0].split(".")[1:2]
+        if name and name[0] not in names:
+            raise ConfigError(f"override {item!r}: {name[0]!r} is not among the compared "
+                              f"methods ({', '.join(names)})")
+    raw = apply_overrides(load_raw(path), per_table)
     tables = raw.pop("compare", {}) or {}
     if not isinstance(tables, dict):
         raise ConfigError("compare: expected a table of per-algorithm tables")
