@@ -33,8 +33,10 @@ from fedforge.server.chain import Aggregate  # noqa: E402
 
 # FedBN keeps normalisation layers, which an MLP has none of: it keeps the first layer here
 OPTIONS = {"fedbn": {"norm": ["net.0.*"]}}
-PERSONAL = sorted(n for n in ALGORITHMS
-                  if build_algorithm(n, **OPTIONS.get(n, {})).personal is not None)
+# FedProto sends class prototypes, uploads no DP mode noises: refused in every mode (below)
+NO_DP = {"fedproto"}
+PERSONAL = sorted(n for n in ALGORITHMS if n not in NO_DP
+                  and build_algorithm(n, **OPTIONS.get(n, {})).personal is not None)
 # refused with DP-SGD: gradients outside the step loop (pFedMe, Per-FedAvg, FedRoD, FedALA's
 # weights) or a pass before the shared round (FedRep's head, FedALA's aggregation)
 NOT_SAMPLE = {"fedala", "fedrep", "fedrod", "per_fedavg_fo", "per_fedavg_hf", "pfedme"}
@@ -153,6 +155,16 @@ def test_dp_sgd_is_refused_where_it_does_not_cover_the_shared_round(name):
     assert str(err.value).startswith(f"privacy.mode: 'sample' is ill-defined for algorithm "
                                      f"{name!r}: ")
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("mode", ["central", "local", "sample"])
+@pytest.mark.parametrize("name", sorted(NO_DP))
+def test_methods_sending_more_than_a_delta_are_refused_in_every_mode(name, mode):
+    _, params, _, _, _ = _problem()
+    with pytest.raises(ValueError, match=rf"^privacy\.mode: '{mode}' is ill-defined for "
+                                         rf"algorithm {name!r}: [^\n]*$"):
+        check_algorithm(build_algorithm(name), params, PrivacyConfig(mode=mode,
+                                                                     noise_multiplier=1.0))
 
 
 def _starts_after_a_pass(algorithm, params) -> bool:
