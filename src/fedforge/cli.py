@@ -32,7 +32,7 @@ MlflowUri = Annotated[str | None, typer.Option(
     "--mlflow-uri", envvar="FEDFORGE_MLFLOW_URI", metavar="URI",
     help="MLflow tracking URI for logging.mlflow (a server, or a file inside the run "
          "folder; default SQLite in RUN/mlruns/)")]
-console = Console()
+console = Console(soft_wrap=True)  # a path printed whole, also when piped (grep finds it)
 err_console = Console(stderr=True)
 
 
@@ -121,14 +121,14 @@ def run(
     allow_config_plugins: AllowConfigPlugins = False,
     data_root: DataRootOption = None,
     variant: Annotated[str | None, typer.Option(
-        "--variant", help="apply the config's [compare.VARIANT] table and algorithm, as "
+        "--variant", help="apply the config's \\[compare.VARIANT] table and algorithm, as "
                           "fedforge compare -a VARIANT does")] = None,
     profile: Annotated[bool, typer.Option(
         "--profile", help="torch profiler trace of the run in OUT/profile/ and its top "
                           "kernels (use a few rounds: the trace grows with the run)")] = False,
     mlflow_uri: MlflowUri = None,
 ) -> None:
-    """Run one experiment (one task, or a [[tasks]] list: FedAST and the multi-task
+    r"""Run one experiment (one task, or a \[\[tasks]] list: FedAST and the multi-task
     baselines); writes config.resolved.toml, metrics.jsonl and checkpoints/.
 
     An --out that holds an earlier run needs --resume (continue it; only rounds, eval,
@@ -291,7 +291,7 @@ def sweep(
     out: Annotated[Path, typer.Option("--out", "-o", help="sweep folder", parser=_out_path,
                                       metavar="PATH")] = Path("runs/sweep"),
     space: Annotated[Path | None, typer.Option(
-        "--space", help="TOML file of the search space (default: the config's [sweep])")
+        "--space", help="TOML file of the search space (default: the config's \\[sweep])")
     ] = None,
     sampler: Annotated[str, typer.Option("--sampler", help="grid | random | tpe")] = "tpe",
     trials: Annotated[int | None, typer.Option(
