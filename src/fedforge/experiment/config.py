@@ -46,7 +46,7 @@ from fedforge.experiment.config_io import (
     parse_toml,
     parse_yaml,
 )
-from fedforge.experiment.options import check_builders
+from fedforge.experiment.options import check_builders, partition_option_names
 from fedforge.experiment.population_checks import check_population_run, check_population_task
 from fedforge.models import head_patterns
 from fedforge.privacy.checks import check_privacy
@@ -74,7 +74,9 @@ class DataConfig(_Section):
     partition: str = "natural"
     num_clients: int | None = Field(default=None, ge=1)
     options: dict[str, Any] = Field(default_factory=dict)  # loader options
-    partition_options: dict[str, Any] = Field(default_factory=dict)  # alpha, min_size, ...
+    # alpha, min_size, ...; an override that switches partition drops the options the new
+    # partition does not take (data.partition=shards forgets dirichlet's alpha)
+    partition_options: dict[str, Any] = Field(default_factory=dict)
     # personalised evaluation: the share of each client's samples held out as its own test
     # set (partitioned datasets; natural writers keep their own test split)
     client_test_fraction: float = Field(default=0.25, ge=0.0, lt=1.0,
@@ -590,7 +592,27 @@ def apply_overrides(raw: dict, overrides: list[str], schema: type[BaseModel] | N
                 raise ConfigError(f"{where}{'.'.join(parts[: i + 1])}: is a value, not a section")
             node = child
         node[parts[-1]] = value
-    return out
+    return _drop_stale_partition_options(raw, out)
+
+
+def _drop_stale_partition_options(before: dict, after: dict) -> dict:
+    """An override that switches ``data.partition`` drops the options of the old partition
+    that the new one does not take (Dirichlet's ``alpha`` is no option of ``shards``), as a
+    researcher switching partition expects; options both take carry over, and options the
+    overrides set are kept (and checked)."""
+    old, new = before.get("data"), after.get("data")
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return after
+    options = new.get("partition_options")
+    if old.get("partition") == new.get("partition") or not isinstance(options, dict):
+        return after
+    accepted = partition_option_names(str(new.get("partition", "natural")))
+    if accepted is None:
+        return after
+    was = old.get("partition_options") if isinstance(old.get("partition_options"), dict) else {}
+    new["partition_options"] = {k: v for k, v in options.items()
+                                if k in accepted or k not in was or was[k] != v}
+    return after
 
 
 def load_raw(path: str | Path) -> dict:

@@ -84,6 +84,21 @@ def _usable(ann: Any) -> Any:
     return ann
 
 
+def partition_option_names(partition: str) -> set[str] | None:
+    """The ``data.partition_options`` keys ``partition`` takes (None: not a registered
+    partitioner, whose options the config check names)."""
+    from fedforge.data.partition import _ALIASES, PARTITIONERS, dirichlet_fixed_size  # noqa: PLC0415
+
+    name = _ALIASES.get(partition, partition)
+    if name == "natural":
+        return set()
+    fn = dirichlet_fixed_size if name == "dirichlet_fixed" else PARTITIONERS.get(name)
+    if fn is None:
+        return None
+    given = {"num_clients", "rng", "labels", "num_samples", "groups"}
+    return set(inspect.signature(fn).parameters) - given
+
+
 def check_builders(where: str, dataset: str, model: str, partition: str,
                    data_options: Mapping, model_options: Mapping,
                    partition_options: Mapping) -> None:
