@@ -487,9 +487,13 @@ def _draw_panels(drawn: list[Curve], styles: list[MethodStyle], x: str, y: str, 
                               fontsize="small")
         ax.set_title(label, fontsize="small", color=styles[i].color)
     fig.supxlabel(plain_text(axis_label(x)), fontsize="medium")
-    fig.supylabel(plain_text(y_label(y)), fontsize="medium")
-    set_title(fig, title, note="shaded: 95 % t-interval over seeds; grey: the other methods"
-              if any(max(c.n) > 1 for c in drawn) else "grey: the other methods")
+    # the y label wrapped to the figure's height; which model and data: in the note
+    fig.supylabel(wrap_to_width(fig, plain_text(axis_label(y)), 0.8 * fig.bbox.height,
+                                fontsize="medium"), fontsize="medium")
+    source = metric(y).source
+    note = "shaded: 95 % t-interval over seeds; grey: the other methods" \
+        if any(max(c.n) > 1 for c in drawn) else "grey: the other methods"
+    set_title(fig, title, note=note if source is None else f"{source} · {note}")
     return fig
 
 

@@ -46,7 +46,7 @@ BUILTIN_SLOTS: dict[str, int] = {
     "onebit_adam": 21, "marina": 22, "local_only": 23, "fedavg_ft": 24, "ditto": 25,
     "fedper": 26, "fedrep": 27, "fedbabu": 28, "lg_fedavg": 29, "apfl": 30, "pfedme": 31,
     "per_fedavg_fo": 32, "per_fedavg_hf": 33, "fedrod": 34, "fedala": 35, "fedbn": 36,
-    "fednova": 37, "qffl": 38,
+    "fednova": 37, "qffl": 38, "fedproto": 39, "afl": 40,
 }
 """fedforge's own algorithms and their fixed slots: written out, not counted from the
 registry, so that no figure changes when an algorithm is added. The first seven take the
