@@ -199,3 +199,22 @@ def test_a_method_keeps_its_colour_in_every_figure(tmp_path):
     assert len(ditto) == 1 and seen[1]["fedrep"] == seen[3]["fedrep"]
     assert seen[0]["fedavg"] != seen[0]["ditto"]
     assert comparison_metric(one) == "personal_accuracy_mean"
+
+
+def test_paired_differences_by_seed_and_the_choice_of_pairing():
+    from fedforge.experiment.paired import as_pairs, choose_pairing, difference, seed_scores
+
+    hists = {"a": [[{"round": 1, "test_accuracy": 0.5, "m": 0.50}],
+                   [{"round": 1, "test_accuracy": 0.5, "m": 0.70}]],
+             "b": [[{"round": 1, "test_accuracy": 0.5, "m": 0.60}],
+                   [{"round": 1, "test_accuracy": 0.5, "m": 0.90}]]}
+    got = difference(as_pairs(seed_scores(hists["b"], "m")), as_pairs(seed_scores(hists["a"], "m")))
+    # seed by seed: 0.1 and 0.2, mean 0.15, sd 0.0707, t(0.975, 1) = 12.706
+    assert got.n == 2 and got.mean == pytest.approx(0.15)
+    assert got.half == pytest.approx(12.7062 * 0.0707107 / np.sqrt(2), rel=1e-4)
+    assert choose_pairing("auto", 2, True) == "seed" and choose_pairing("auto", 1, True) == "client"
+    assert choose_pairing("auto", 1, False) is None
+    with pytest.raises(ValueError, match="--paired client: needs per-client results"):
+        choose_pairing("client", 1, False)
+    with pytest.raises(ValueError, match="--paired: expected one of"):
+        choose_pairing("clients", 1, True)
