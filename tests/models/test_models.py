@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import tempfile
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +17,26 @@ from torch.nn import functional as F
 
 from fedforge.engine.randomness import KeyedRandomness
 from fedforge.models import LSTM, MODELS, build_model, num_parameters
+
+
+def _tiny_pretrained() -> str:
+    """A tiny random BERT classifier saved once per test session ('' without the extra)."""
+    try:
+        import transformers  # noqa: PLC0415 (optional extra)
+    except ImportError:
+        return ""
+    folder = Path(tempfile.mkdtemp(prefix="fedforge-tiny-bert-"))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
+                                      num_attention_heads=2, intermediate_size=32,
+                                      max_position_embeddings=32, num_labels=2)
+        transformers.BertForSequenceClassification(cfg).save_pretrained(folder)
+    return str(folder)
+
+
+TINY_PRETRAINED = {"path": _tiny_pretrained(),
+                   "adapters": {"r": 2, "lora_alpha": 4, "target_modules": ["query", "value"]}}
 
 # name -> (input_shape, num_classes, small kwargs for fast vmap checks, is_token_input, vocab)
 CASES: dict[str, tuple[tuple[int, ...], int, dict[str, Any], bool, int]] = {
@@ -30,6 +52,7 @@ CASES: dict[str, tuple[tuple[int, ...], int, dict[str, Any], bool, int]] = {
     "text_classifier": ((10,), 2, {"vocab_size": 50, "embed_dim": 8, "hidden": 8}, True, 50),
     "transformer_tiny": ((10,), 2, {"vocab_size": 50, "d_model": 16, "heads": 4}, True, 50),
     "transformer_lm": ((10,), 30, {"vocab_size": 30, "d_model": 16, "layers": 2}, True, 30),
+    "pretrained": ((10,), 2, TINY_PRETRAINED, True, 50),
 }
 # Defaults of models whose default config is cheap enough to run in the shape test.
 DEFAULT_INPUTS: dict[str, tuple[tuple[int, ...], int]] = {
@@ -45,6 +68,7 @@ DEFAULT_INPUTS: dict[str, tuple[tuple[int, ...], int]] = {
     "text_classifier": ((32,), 2),
     "transformer_tiny": ((32,), 2),
     "transformer_lm": ((80,), 80),
+    "pretrained": ((10,), 2),  # with TINY_PRETRAINED: a model needs its folder
 }
 N_COPIES = 3
 BATCH = 2
@@ -88,6 +112,11 @@ def make_input(
     return torch.randn(batch, *shape, generator=g)
 
 
+def needs_extra(name: str) -> None:
+    if name == "pretrained" and not TINY_PRETRAINED["path"]:
+        pytest.skip("model 'pretrained' needs the extra fedforge[pretrained] (transformers)")
+
+
 def copies(model: nn.Module, n: int = N_COPIES) -> list[nn.Module]:
     """Independent perturbed copies so the vmapped clients really differ."""
     out = []
@@ -115,11 +144,12 @@ def test_unknown_model_raises() -> None:
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_default_output_shape_and_no_buffers(name: str) -> None:
     shape, nc = DEFAULT_INPUTS[name]
+    needs_extra(name)
     torch.manual_seed(0)
-    model = build_model(name, shape, nc)
+    model = build_model(name, shape, nc, **(TINY_PRETRAINED if name == "pretrained" else {}))
     assert list(model.buffers()) == []
     token = CASES[name][3]
-    vocab = 80 if name in ("char_lstm", "transformer_lm") else 10000
+    vocab = {"char_lstm": 80, "transformer_lm": 80, "pretrained": 50}.get(name, 10000)
     with torch.no_grad():
         out = model(make_input(shape, token, vocab))
     assert out.shape == (BATCH, nc)
@@ -129,6 +159,7 @@ def test_default_output_shape_and_no_buffers(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_deterministic_init(name: str) -> None:
     shape, nc, kw, _, _ = CASES[name]
+    needs_extra(name)
     torch.manual_seed(7)
     a = build_model(name, shape, nc, **kw)
     torch.manual_seed(7)
@@ -142,6 +173,7 @@ def test_deterministic_init(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_vmap_matches_loop(name: str, device: str) -> None:
     shape, nc, kw, token, vocab = CASES[name]
+    needs_extra(name)
     torch.manual_seed(0)
     model = build_model(name, shape, nc, **kw).to(device)
     assert list(model.buffers()) == []

@@ -14,6 +14,7 @@ from torch import nn
 from fedforge.core.memory import check_allocation, module_nbytes
 
 from .convnet import ConvNet
+from .finetune import FineTuned
 from .recurrent import LSTM, CharLSTM
 from .resnet import ResNet18GN
 from .simple import CNN, MLP, LeNet5, LogReg, PflSimpleCNN, SimpleCNN
@@ -34,6 +35,8 @@ MODELS: dict[str, tuple[type[nn.Module], str]] = {
     "text_classifier": (TextClassifier, "embedding + masked mean pooling + MLP (SST-2)"),
     "transformer_tiny": (TransformerTiny, "2-layer d64 4-head transformer encoder classifier"),
     "transformer_lm": (TransformerLM, "causal transformer LM, next-token logits (Shakespeare)"),
+    "pretrained": (FineTuned, "a local Hugging Face model (options.path), LoRA adapters or "
+                              "full fine-tuning (docs/finetuning.md)"),
 }
 
 

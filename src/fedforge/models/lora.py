@@ -83,8 +83,8 @@ class CohortLinear(nn.Module):
         self.weight = base.weight
         self.bias = base.bias
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return per_client_linear(x, self.weight, self.bias)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # a float32 head over a bf16 base
+        return per_client_linear(x.to(self.weight.dtype), self.weight, self.bias)
 
 
 class LoraLinear(CohortLinear):
