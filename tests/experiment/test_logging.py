@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import re
 from pathlib import Path
 
 import numpy as np
@@ -82,9 +83,10 @@ def test_a_run_names_its_algorithm_and_seed(tmp_path, capsys):
     run_experiment(load_config(QUICK, SHORT), tmp_path / "run", progress=True)
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("fedavg")]
     sizes = load_partition_stats(tmp_path / "run")["sizes"]
-    assert len(sizes) == 30 and lines[0] == (
+    assert len(sizes) == 30 and lines[0].startswith(
         f"fedavg seed 3: rounds 1-4; synthetic: 30 clients, {sum(sizes)} training samples; "
-        f"per client: min {min(sizes)}, median {np.median(sizes):g}, max {max(sizes)}")
+        f"per client: min {min(sizes)}, median {np.median(sizes):g}, max {max(sizes)}; ")
+    assert re.search(r"; threads \d+ \(.+\)$", lines[0])  # the engine's threads, and why
     assert [ln.split(" accuracy")[0] for ln in lines[1:]] == [
         "fedavg seed 3: round 2/4", "fedavg seed 3: round 4/4"]
 
