@@ -59,7 +59,7 @@ def _other_value(field, value):
         return value is not True
     if int in kinds:
         return (value or 0) + 1
-    return value / 2
+    return value / 2 if value else 0.5  # a share in [0, 1) (0.0 / 2 would not differ)
 
 
 def _set(tree: dict, key: str, value) -> None:
