@@ -133,7 +133,8 @@ class ServerConfig(_Section):
     # None: the algorithm's own (FedAvg: num_samples, n_i / n; SCAFFOLD, FedOpt: uniform 1/S)
     aggregation: Literal["uniform", "num_samples"] | None = None
     # robust aggregation of the client deltas (fedforge.robust): mean | median | trimmed_mean |
-    # norm_clip | krum | multi_krum, with its options (beta, max_norm, f, m)
+    # norm_clip | krum | multi_krum | bulyan | meamed, with its options (beta, max_norm, f, m,
+    # selection)
     aggregator: str = "mean"
     aggregator_options: dict[str, Any] = Field(default_factory=dict)
 
