@@ -117,7 +117,8 @@ the body only (`algorithm.finetune_part = "body"`) give 0.77–0.81 on CIFAR-10 
 FEMNIST, higher in each of the twelve FedBABU runs and about FedAvg-FT's level; at learning
 rate 0.01, ten steps on the whole model give 0.780 on that FEMNIST seed. The setting the grid
 fixed before any run (the whole model, at the training rate) stays as a sensitivity row; the
-ranking uses FedBABU fine-tuned as its authors' code does (below). To re-score a finished run under other settings: `python
+ranking uses FedBABU fine-tuned as its authors' code does (below).
+To re-score a finished run under other settings: `python
 examples/pfl_finetune_probe.py RUN --parts all,head,body --lrs 0.05,0.01`.
 
 **Comparisons.** The primary family: Ditto and FedRep each against FedAvg, against
