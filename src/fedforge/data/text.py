@@ -179,16 +179,28 @@ def read_sst2_tsv(path: Path) -> tuple[list[str], np.ndarray]:
     return texts, np.asarray(labels, dtype=np.int64)
 
 
-def load_sst2(root: str | Path, vocab_size: int = 10000, max_len: int = 64) -> DatasetSplits:
+def load_sst2(root: str | Path, vocab_size: int = 10000, max_len: int = 64,
+              tokenizer: str | None = None) -> DatasetSplits:
     """GLUE SST-2: train.tsv for training, the labelled dev.tsv as the test split.
 
-    The vocabulary (``vocab_size`` ids including pad=0 and unk=1) is built from train only.
+    The vocabulary (``vocab_size`` ids including pad=0 and unk=1) is built from train only;
+    ``tokenizer`` (a local model folder or .gguf file): that model's own tokenizer instead,
+    its ids cached in the data root (:mod:`fedforge.data.tokenized`).
     """
     if max_len < 1:
         raise ValueError(f"max_len must be >= 1, got {max_len}")
     folder = find_dataset_dir(root, "sst2", "train.tsv.gz")
     tr_text, tr_y = read_sst2_tsv(folder / "train.tsv.gz")
     te_text, te_y = read_sst2_tsv(folder / "dev.tsv.gz")
+    if tokenizer is not None:
+        from fedforge.data.tokenized import tokenized  # noqa: PLC0415 (optional extra)
+
+        ids, vocab = tokenized(folder, "sst2", [folder / "train.tsv.gz", folder / "dev.tsv.gz"],
+                               tokenizer, max_len, {"train": tr_text, "test": te_text})
+        return DatasetSplits(
+            name="sst2", train_x=torch.from_numpy(ids["train"]), train_y=labels_to_tensor(tr_y),
+            test_x=torch.from_numpy(ids["test"]), test_y=labels_to_tensor(te_y), num_classes=2,
+            input_shape=(max_len,), train_groups=None, test_groups=None, vocab_size=vocab)
     tr_tok = [tokenize(t) for t in tr_text]
     te_tok = [tokenize(t) for t in te_text]
     vocab = build_vocab(tr_tok, vocab_size)

@@ -49,6 +49,7 @@ from fedforge.engine.jobs import TaskExecutor
 from fedforge.engine.local import set_matmul_precision
 from fedforge.engine.round import federated_round
 from fedforge.engine.scatter import ScatteredExecutor, link_executors, serve_jobs, stop_workers
+from fedforge.experiment.adapters import export_adapters, exports_adapters
 from fedforge.experiment.build import (
     Setup,
     build_scheduler,
@@ -385,7 +386,12 @@ class RoundsDriver:
             yield lambda records: bar.advance(self.state.round, records[0] if records else None)
 
     def summarise(self) -> None:
-        """A run of rounds writes nothing more: its last round is checkpointed."""
+        """Its last round is checkpointed; a LoRA run also exports its adapters in PEFT's
+        format (fedforge.experiment.adapters)."""
+        exp = self.exp
+        if self.folder.writes and exports_adapters(exp.network):
+            export_adapters(exp.network, exp.algorithm, self.params, self.store,
+                            exp.data.num_clients, self.folder.out)
 
     def __enter__(self) -> RoundsDriver:
         self.exp.engine.__enter__()

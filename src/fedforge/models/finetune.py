@@ -24,7 +24,7 @@ import copy
 import functools
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -156,6 +156,10 @@ class FineTuned(nn.Module):
         base = self._held.module
         self.pad_id, self.checkpointing = base.pad_id, bool(gradient_checkpointing)
         self.leaf_names = list(self._held.leaves)
+        # the base's dropout layers (shared, no tensors), so the engines see them and key
+        # their masks per client as every zoo model's
+        self.dropouts = nn.ModuleList(m for m in base.modules()
+                                      if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0)
         for name in self.leaf_names:
             _set_leaf(self, name, _initial(base, name))
 
@@ -168,6 +172,13 @@ class FineTuned(nn.Module):
         super()._apply(fn, recurse)
         self._held.module._apply(fn, recurse)  # the one base follows the model's device
         return self
+
+    def modules(self) -> Iterator[nn.Module]:
+        """This module's, then the base's: what inspects the layers (the cost model's FLOP
+        count, the input's dtype) sees the network that runs. ``named_modules``, and so
+        ``named_parameters``, stays this module's own."""
+        yield from super().modules()
+        yield from self._held.module.modules()
 
     def train(self, mode: bool = True) -> FineTuned:
         super().train(mode)
