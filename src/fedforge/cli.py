@@ -590,13 +590,20 @@ def list_datasets(plugin: Plugins = None) -> None:
 
 @app.command("models")
 def list_models(plugin: Plugins = None) -> None:
-    """Registered models."""
+    """Registered models, and the pretrained models installed packages ship (model.name =
+    "pretrained" with model.options.path set to the folder shown)."""
     _setup(plugin)
     from fedforge.models import MODELS
+    from fedforge.models.pretrained import installed_models
 
-    _print_table("models", ("name", "description"),
-                 [(k, v[1]) for k, v in sorted(MODELS.items())], highlight=True,
-                 bold_first=True)
+    rows = [(k, v[1]) for k, v in sorted(MODELS.items())]
+    installed = installed_models()
+    rows += [(f"pretrained: {m.name}", f"{m.task}, installed by {m.package} {m.version}")
+             for m in installed]
+    _print_table("models", ("name", "description"), rows, highlight=True, bold_first=True)
+    for m in installed:  # whole, for model.options.path (a table cell would cut it)
+        where = m.source.folder / m.source.gguf_file if m.source.gguf_file else m.source.folder
+        print(f"{m.name}: path = {where}")
 
 
 if __name__ == "__main__":

@@ -316,3 +316,13 @@ def test_personal_adapters_are_exported_per_client(bert, sst2_root, tmp_path):
     assert folders == ["client_0", "client_1", "client_2", "client_3", "global"]
     config = json.loads((tmp_path / "run/adapters/client_0/adapter_config.json").read_text())
     assert config["r"] == 2 and sorted(config["target_modules"]) == ["query", "value"]
+
+
+def test_an_installed_model_is_named_by_its_package_and_a_missing_one_refused():
+    from fedforge.models.pretrained import installed_models, resolve_source  # noqa: PLC0415
+
+    with pytest.raises(ConfigError, match="no model in an installed package 'nope-pkg'") as e:
+        resolve_source("installed:nope-pkg")
+    assert "\n" not in str(e.value)
+    for m in installed_models():
+        assert resolve_source(f"installed:{m.package}") == m.source

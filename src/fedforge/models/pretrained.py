@@ -32,6 +32,7 @@ from fedforge.errors import ConfigError
 
 TASKS = ("classification", "causal_lm")
 WEIGHT_SUFFIXES = (".safetensors", ".gguf")
+INSTALLED = "installed:"  # a path naming the package that ships the model
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,16 @@ KNOWN_PACKAGES: dict[str, tuple[str, str, str]] = {
 
 
 def resolve_source(path: str | os.PathLike[str]) -> ModelSource:
-    """A local model folder (with ``config.json``) or ``.gguf`` file; anything else, a hub
-    name included, is refused in one line naming it."""
+    """A local model folder (with ``config.json``) or ``.gguf`` file, or
+    ``installed:<package>`` (the model a package ships); anything else, a hub name
+    included, is refused in one line naming it."""
+    if str(path).startswith(INSTALLED):  # "installed:<package>", as `fedforge models` lists
+        package = str(path)[len(INSTALLED):]
+        found = installed_models((package,))
+        if not found:
+            raise ConfigError(f"model.path: {str(path)!r}: no model in an installed package "
+                              f"{package!r} (pip install {package})")
+        return found[0].source
     p = Path(path).expanduser()
     if p.is_file() and p.suffix == ".gguf":
         return ModelSource(p.parent.resolve(), p.name)
