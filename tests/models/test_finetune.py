@@ -326,3 +326,16 @@ def test_an_installed_model_is_named_by_its_package_and_a_missing_one_refused():
     assert "\n" not in str(e.value)
     for m in installed_models():
         assert resolve_source(f"installed:{m.package}") == m.source
+
+
+def test_worker_processes_train_lora_as_the_vmap_engine(bert, sst2_root, tmp_path):
+    """procs: each worker loads the frozen base once from the folder (the model pickles the
+    base as its key) and gives the rounds the vmapped engine gives."""
+    runs = [run_experiment(_run_config(bert, sst2_root, 2, f"engine.name={name}"),
+                           tmp_path / name, progress=False, allow_processes=True)
+            for name in ("vmap", "procs")]
+    vmap, procs = ([(r["train_loss"], r["test_accuracy"]) for r in rec if "test_accuracy" in r]
+                   for rec in runs)
+    assert len(vmap) == 2
+    for (la, aa), (lb, ab) in zip(vmap, procs, strict=True):
+        assert aa == ab and la == pytest.approx(lb, rel=1e-5)
