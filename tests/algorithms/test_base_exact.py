@@ -145,7 +145,8 @@ def test_needs_of_each_kind():
     assert _alg(requires=frozenset({"full_participation"})).needs(PARAMS) == {
         "full_participation"}
     assert set(NEEDS) == {"client_state", "uploads", "codec", "prepare", "round_info",
-                          "full_participation", "weighted_uploads", "privacy"}
+                          "full_participation", "weighted_uploads", "privacy", "client_ids",
+                          "model"}
 
 
 def test_privacy_is_a_declared_need():

@@ -24,6 +24,7 @@ from fedforge import cli
 from tests.reliability.conftest import QUICK, SHORT
 
 OUTSIDE = b"outside the folder: must keep these bytes\n"
+REPO = Path(__file__).resolve().parents[2]  # its committed raw metrics are read, never written
 
 
 @dataclass
@@ -62,7 +63,8 @@ def _commands(base: Path) -> list[Command]:
         Command("report", report),
         Command("plot", plot),
         Command("reproduce --report-only",
-                lambda w: (["reproduce", "fedptr", "--report-only", "-q"],
+                lambda w: (["reproduce", "fedptr", "--report-only", "-q",
+                            "--data", str(REPO / "docs" / "data")],
                            w / "reproductions" / "fedptr"),
                 chdir=True),
     ]

@@ -27,7 +27,6 @@ from fedforge.experiment.paired import (
     interval_cell,
     seed_scores,
 )
-from fedforge.experiment.plots import load_run_list, plot_runs
 from fedforge.experiment.progress import run_position
 from fedforge.experiment.rundir import subfolder, writable_path, write_text
 from fedforge.experiment.runner import run_experiment
@@ -176,6 +175,7 @@ def run_comparison(
                                             resume=not overwrite, overwrite=overwrite,
                                             allow_processes=allow_processes))
             dirs.append(run_dir)
+    from fedforge.experiment.plots import load_run_list, plot_runs  # noqa: PLC0415 (matplotlib)
     runs = load_run_list([d for _, dirs in ran.values() for d in dirs])
     main = ranked_metric(runs, metric)
     rows = [_row(name, hists, target, main) for name, (hists, _) in ran.items()]
@@ -363,6 +363,7 @@ def run_multitask_comparison(
         rows.append(row)
     if rows and out.is_dir():
         write_table(rows, out / "table.json")
+    from fedforge.experiment.plots import load_run_list, plot_runs  # noqa: PLC0415 (matplotlib)
     plot = plot_runs(load_run_list([out / name for name in configs]), out / "accuracy.png",
                      x="sim_time_s")
     return rows, plot
