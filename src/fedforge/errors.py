@@ -41,9 +41,12 @@ def format_error(err: ValidationError, raw: Any, prefix: str = "") -> str:
     first = err.errors()[0]
     path = prefix + _path(_loc_in(raw, first["loc"], first["type"]))
     msg = first["msg"].removeprefix("Value error, ")
-    value = first.get("input")
-    shown = "" if isinstance(value, (dict, list)) else f" (got {shorten(repr(value))})"
-    return f"{path.lstrip('.') or 'config'}: {msg}{shown}"
+    return f"{path.lstrip('.') or 'config'}: {msg}{got(first.get('input'))}"
+
+
+def got(value: Any) -> str:
+    """`` (got <value>)`` for a message about a value; nothing for a section or a list."""
+    return "" if isinstance(value, (dict, list)) else f" (got {shorten(repr(value))})"
 
 
 def _path(loc: list) -> str:

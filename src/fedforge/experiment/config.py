@@ -35,7 +35,7 @@ from pydantic import (
 from fedforge.algorithms import algorithm_hparams, build_algorithm
 from fedforge.algorithms.defaults import METHOD_DEFAULTS
 from fedforge.algorithms.personal.fedbn import norm_patterns
-from fedforge.errors import ConfigError, field_part, format_error, shorten
+from fedforge.errors import ConfigError, field_part, format_error, got, shorten
 from fedforge.experiment.config_io import (
     MAX_CONFIG_BYTES,
     MAX_DEPTH,
@@ -532,17 +532,22 @@ def _parse_value(text: str) -> Any:
 
 def _text_field(schema: type[BaseModel] | None, parts: list[str]) -> bool:
     """Whether ``parts`` names a string field of ``schema`` (the override is then its text)."""
-    model = schema
-    for i, part in enumerate(parts):
-        fields = model.model_fields if model is not None else {}
-        field = next((f for n, f in fields.items() if part in (n, f.alias)), None)
+    field = _field_at(schema, parts)
+    return field is not None and field.annotation in (str, str | None)
+
+
+def _field_at(schema: Any, parts: list[str]) -> Any:
+    """The pydantic field that the dotted ``parts`` name within ``schema`` (section by
+    section, by name or alias), or None where a part names nothing."""
+    field = None
+    for part in parts:
+        model = schema if field is None else field.annotation
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        field = next((f for n, f in model.model_fields.items() if part in (n, f.alias)), None)
         if field is None:
-            return False
-        ann = field.annotation
-        if i == len(parts) - 1:
-            return ann in (str, str | None)
-        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
-    return False
+            return None
+    return field
 
 
 _NULLS = ("~", "null", "Null", "NULL")
@@ -765,10 +770,8 @@ def _did_you_mean(kind: type[BaseModel], exc: ValidationError) -> str | None:
     if first["type"] != "extra_forbidden" or not all(isinstance(p, str) for p in first["loc"]):
         return None
     *sections, key = first["loc"]
-    model: Any = kind
-    for name in sections:
-        field = _field(model, name)
-        model = field and field.annotation
+    section = _field_at(kind, sections) if sections else None
+    model = kind if not sections else section and section.annotation
     if not (isinstance(model, type) and issubclass(model, BaseModel)):
         return None
     names = [n for name, f in model.model_fields.items() for n in (name, f.alias) if n]
@@ -776,16 +779,7 @@ def _did_you_mean(kind: type[BaseModel], exc: ValidationError) -> str | None:
     if not close:
         return None
     path = ".".join(field_part(p) for p in first["loc"])
-    value = first.get("input")
-    shown = "" if isinstance(value, (dict, list)) else f" (got {shorten(repr(value))})"
-    return f"{path}: unknown key; did you mean {close[0]!r}?{shown}"
-
-
-def _field(model: Any, name: str) -> Any:
-    """The pydantic field of ``model`` called ``name`` (or aliased so), or None."""
-    if not (isinstance(model, type) and issubclass(model, BaseModel)):
-        return None
-    return next((f for n, f in model.model_fields.items() if name in (n, f.alias)), None)
+    return f"{path}: unknown key; did you mean {close[0]!r}?{got(first.get('input'))}"
 
 
 def _other_kind(kind: type[BaseRunConfig], exc: ValidationError) -> str | None:
