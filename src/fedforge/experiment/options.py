@@ -48,10 +48,10 @@ def check_options(where: str, fn: Callable, options: Mapping[str, Any],
 
 def _message(exc: ValidationError, options: Mapping[str, Any], where: str, what: str,
              schema: type[BaseModel]) -> str:
-    first = exc.errors()[0]
-    if first["type"] == "extra_forbidden":
+    unknown = [e for e in exc.errors() if e["type"] == "extra_forbidden"]
+    if unknown:  # a misspelt name first, whatever order pydantic lists its errors in
         accepted = sorted(schema.model_fields) or "none"
-        return (f"{where}.{first['loc'][0]}: unknown option of {what}; accepted: {accepted}")
+        return f"{where}.{unknown[0]['loc'][0]}: unknown option of {what}; accepted: {accepted}"
     return format_error(exc, dict(options), where)
 
 
