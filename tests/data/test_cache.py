@@ -39,7 +39,15 @@ def decodes(monkeypatch):
     monkeypatch.setattr(images, "_decode_cifar_split",
                         lambda folder, split: calls.append(split) or real(folder, split))
     monkeypatch.delenv(cache_mod.ENV_VAR, raising=False)
+    monkeypatch.setattr(cache_mod, "_DECODED", {})
+    monkeypatch.setattr(cache_mod, "_KEPT", 0)  # the folder's cache alone (the memory's: below)
     return calls
+
+
+@pytest.fixture
+def kept(monkeypatch):
+    """The process keeps the decoded datasets it loaded (as in a compare)."""
+    monkeypatch.setattr(cache_mod, "_KEPT", 4)
 
 
 def test_second_load_reads_the_cache_and_gives_the_same_tensors(tmp_path, decodes):
@@ -135,3 +143,40 @@ def test_the_cache_can_be_turned_off(tmp_path, decodes, monkeypatch):
     monkeypatch.setenv(cache_mod.ENV_VAR, "0")
     load_dataset("cifar10", tmp_path)
     assert not (folder / CACHE_DIR).exists()
+
+
+def test_a_read_only_data_root_is_decoded_once_per_process(tmp_path, decodes, kept,
+                                                            monkeypatch):
+    folder, decoded = _cifar(tmp_path)
+    folder.chmod(0o555)  # a compare's runs over a read-only data root
+    try:
+        first = load_dataset("cifar10", tmp_path, normalize=False)
+        first.train_x.mul_(0)  # what a caller does with its tensors is its own
+        second = load_dataset("cifar10", tmp_path, normalize=False)
+    finally:
+        folder.chmod(0o755)
+    assert decodes == ["train", "test"]
+    assert torch.equal(second.train_x, torch.from_numpy(decoded).float() / 255)
+    assert not (folder / CACHE_DIR).exists()
+
+
+def test_the_process_keeps_few_datasets_and_rereads_changed_files(tmp_path, decodes, kept):
+    folder, _ = _cifar(tmp_path, seed=0)
+    load_dataset("cifar10", tmp_path)
+    _, new = _cifar(tmp_path, seed=1)  # other bytes: another key, decoded afresh
+    got = load_dataset("cifar10", tmp_path, normalize=False)
+    assert decodes == ["train", "test"] * 2
+    assert torch.equal(got.train_x, torch.from_numpy(new).float() / 255)
+    assert len(cache_mod._DECODED) == 4
+    _cifar(tmp_path, seed=2)
+    load_dataset("cifar10", tmp_path)
+    assert len(cache_mod._DECODED) == 4  # the oldest forgotten
+
+
+def test_turning_the_cache_off_also_keeps_nothing_in_memory(tmp_path, decodes, kept,
+                                                            monkeypatch):
+    _cifar(tmp_path)
+    monkeypatch.setenv(cache_mod.ENV_VAR, "0")
+    load_dataset("cifar10", tmp_path)
+    load_dataset("cifar10", tmp_path)
+    assert decodes == ["train", "test"] * 2

@@ -13,7 +13,9 @@ second. The cache is only a shortcut, never a source:
 * a cache file or folder that is a symbolic link is neither read nor written;
 * anything that fails (a read-only data root, a full disk, a damaged cache) falls back to
   decoding, as without a cache; a folder whose mode has no write bit counts as read-only,
-  even for root.
+  even for root;
+* the process also keeps the last few decoded datasets by the same key, so the runs of a
+  ``compare`` decode a read-only data root's files once, not once a run.
 
 ``FEDFORGE_DATA_CACHE=0`` turns the cache off.
 """
@@ -38,6 +40,8 @@ ENV_VAR = "FEDFORGE_DATA_CACHE"
 _FORMAT = b"fedforge decoded-dataset cache 1"
 _KEY = "__source_sha256__"
 _CHUNK = 1 << 20
+_KEPT = 4  # decoded splits the process keeps (a dataset's train and test, and one more)
+_DECODED: dict[tuple[str, str], dict[str, np.ndarray]] = {}  # (name, key) -> arrays, oldest first
 
 
 def source_key(sources: Sequence[Path]) -> str:
@@ -64,12 +68,22 @@ def cached_arrays(folder: Path, name: str, sources: Sequence[Path],
     if os.environ.get(ENV_VAR, "1").strip() == "0" or not all(p.is_file() for p in sources):
         return decode()
     key = source_key(sources)
+    if (name, key) in _DECODED:  # a copy: callers own what they get
+        return {k: v.copy() for k, v in _DECODED[name, key].items()}
     path = cache_path(folder, name)
     arrays = _read(path, key)
     if arrays is None:
         arrays = decode()
         _write(path, key, arrays)
+    _keep((name, key), arrays)
     return arrays
+
+
+def _keep(entry: tuple[str, str], arrays: dict[str, np.ndarray]) -> None:
+    """Remember ``arrays`` (a copy) as ``entry``, forgetting the oldest beyond ``_KEPT``."""
+    _DECODED[entry] = {k: v.copy() for k, v in arrays.items()}
+    while len(_DECODED) > _KEPT:
+        del _DECODED[next(iter(_DECODED))]
 
 
 def _linked(path: Path) -> bool:
