@@ -488,7 +488,7 @@ def report(
 
 BENCHES = {"w1": "throughput:w1", "w2": "throughput:w2", "w3": "time_to_accuracy:w3",
            "population": "population:population", "pfl-cifar10": "pfl_cifar10:pfl_cifar10",
-           "pfl-ditto": "pfl_speed:pfl_ditto"}
+           "pfl-ditto": "pfl_speed:pfl_ditto", "results": "results:results"}
 """``fedforge bench NAME`` -> ``module:function`` in ``fedforge.bench``: the function's
 parameters are the command's options."""
 
@@ -496,7 +496,7 @@ parameters are the command's options."""
 class _Benches(TyperGroup):
     """``fedforge bench``: a workload's module is imported only when its command runs (or
     ``fedforge bench --help`` lists them), so the other commands start without it. Each
-    returns the table it appended; a ValueError or OSError is a one-line error."""
+    returns the table it recorded; a ValueError or OSError is a one-line error."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(BENCHES)
@@ -517,8 +517,10 @@ class _Benches(TyperGroup):
 
 
 app.add_typer(typer.Typer(cls=_Benches, no_args_is_help=True,
-                          help="Run a benchmark workload, print a table and append it to "
-                               "--results (fedforge bench WORKLOAD --help)."), name="bench")
+                          help="Run a benchmark workload, print its table and write its record "
+                               "to --results, regenerating RESULTS.md (fedforge bench WORKLOAD "
+                               "--help); fedforge bench results regenerates the page alone."),
+            name="bench")
 
 
 @app.command("algorithms")

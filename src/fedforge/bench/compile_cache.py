@@ -84,15 +84,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="lenet5", help="registered model on W1's inputs")
     ap.add_argument("--cohort", type=int, default=10, help="clients in the round")
     ap.add_argument("--results", type=Path, default=None,
-                    help="markdown file to append to (default: benchmarks/RESULTS.md from the "
-                         "fedforge checkout, else runs/bench_compile_cache/RESULTS.md)")
+                    help="folder of result records (default: benchmarks/results from the "
+                         "fedforge checkout, else runs/bench_compile_cache/results)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         print(json.dumps(one_process(args.model, args.cohort)))
         return
-    from fedforge.bench.report import append_results, default_results
+    from fedforge.bench.report import default_results
+    from fedforge.bench.results import record_results, run_info
 
+    load_before = os.getloadavg()
     first, second = measure(args.model, args.cohort)
     ratio = second["compile_s"] / first["compile_s"] if first["compile_s"] > 0 else None
     note = (f"Second process: {second['fx_graph_hits']} FX-graph and "
@@ -102,9 +104,11 @@ def main(argv: list[str] | None = None) -> None:
     command = ("python -m fedforge.bench.compile_cache "
                f"--model {args.model} --cohort {args.cohort}")
     results = args.results or default_results(Path("runs/bench_compile_cache"))
-    text = append_results(results, f"Compile cache across processes (W1, {args.model}, "
-                          f"vmap:compile, cohort {args.cohort})", torch.device("cpu"), HEADER,
-                          [[first["compile_s"], second["compile_s"], ratio]], note, command)
+    text = record_results(results, "compile-cache", f"{args.model}-{args.cohort}",
+                          f"Compile cache across processes (W1, {args.model}, vmap:compile, "
+                          f"cohort {args.cohort})", HEADER,
+                          [[first["compile_s"], second["compile_s"], ratio]],
+                          run_info("cpu", load_before, command), [note])
     print(text)
 
 

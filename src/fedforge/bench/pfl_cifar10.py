@@ -297,8 +297,10 @@ def launcher(framework: str) -> tuple[str, ...]:
 def run_pfl_cifar10(frameworks: list[str], out: Path, *, data_root: str | Path | None = None,
                     groups: int = 3, warmup: int = 1, iterations: int = 5, quick: bool = False,
                     precision: str = "fp32", peer_python: str | None = None,
-                    timeout_s: float = 3600.0) -> tuple[list[list[object]], str]:
-    """Rows of :data:`HEADER` and a note (workload, data, load, versions) for the table."""
+                    timeout_s: float = 3600.0
+                    ) -> tuple[list[list[object]], str, dict[str, str]]:
+    """Rows of :data:`HEADER`, a note (workload, data) for the table and the versions the
+    runs reported (the peers')."""
     if groups < 1 or warmup < 0 or iterations < 1:
         raise ValueError("--groups and --iterations must be at least 1, --warmup at least 0")
     if precision not in ("fp32", "bf16"):
@@ -306,7 +308,6 @@ def run_pfl_cifar10(frameworks: list[str], out: Path, *, data_root: str | Path |
     work = QUICK if quick else PFL_CIFAR10
     peer_python = peer_python or sys.executable
     out.mkdir(parents=True, exist_ok=True)
-    load_before = os.getloadavg()
     data = prepare_data(work, data_root, out / "data", synthetic_ok=quick)
     spec = {"work": asdict(work), "data": str((out / "data").resolve()), "mean": data["mean"],
             "std": data["std"], "warmup": warmup, "iterations": iterations,
@@ -332,14 +333,8 @@ def run_pfl_cifar10(frameworks: list[str], out: Path, *, data_root: str | Path |
             f"{work.local_lr}, FedAvg (central lr {work.central_lr}), {work.model}, "
             f"{precision}{mixed}; data: {data['source']}, test set {work.test_size}. Groups: "
             f"{groups}, each with {warmup} warm-up + {iterations} timed iterations per "
-            f"framework in a fresh process, round-robin. Cores: {os.cpu_count()}; load average "
-            f"(1, 5, 15 min) before {_load(load_before)}, after {_load(os.getloadavg())}. "
-            f"Versions: {', '.join(f'{k} {v}' for k, v in sorted(versions.items()))}.")
-    return rows, note
-
-
-def _load(avg: tuple[float, float, float]) -> str:
-    return "/".join(f"{v:.2f}" for v in avg)
+            f"framework in a fresh process, round-robin.")
+    return rows, note, dict(sorted(versions.items()))
 
 
 def summarize(frameworks: list[str], runs: dict[str, list[Run]], why: dict,
@@ -402,16 +397,27 @@ def pfl_cifar10(engines: Engines = "fedforge,pfl,pfl:procs,flower,plain", groups
                 results: Results = None) -> str:
     """pfl-research's CIFAR-10 workload: fedforge, pfl-research, Flower and a plain loop,
     interleaved."""
-    import torch
 
-    from fedforge.bench.report import append_results
+    from fedforge.bench.results import record_results, run_info
     from fedforge.data.root import use_data_root_option
 
     folder, results = folders(out, results)
+    load_before = os.getloadavg()
     if data_root is not None:
         use_data_root_option(data_root)
-    rows, note = run_pfl_cifar10(parse_frameworks(engines), folder, groups=groups,
-                                 warmup=warmup, iterations=iterations, quick=quick,
-                                 precision=precision, peer_python=peer_python)
+    frameworks = parse_frameworks(engines)
+    rows, note, versions = run_pfl_cifar10(frameworks, folder, groups=groups, warmup=warmup,
+                                           iterations=iterations, quick=quick,
+                                           precision=precision, peer_python=peer_python)
     title = "pfl-research CIFAR-10 (simple_cnn, FedAvg)" + (", --quick" if quick else "")
-    return append_results(results, title, torch.device("cpu"), HEADER, rows, note)
+    return record_results(results, "pfl-cifar10", variant(frameworks, precision, quick),
+                          title, HEADER, rows, run_info("cpu", load_before,
+                                                        versions=versions), [note])
+
+
+def variant(frameworks: list[str], precision: str, quick: bool) -> str:
+    """Which table a run is: ``bf16`` when every fedforge row runs in bf16, else ``fp32``;
+    ``-quick`` for the tiny workload."""
+    ours = [n for n in frameworks if n.startswith("fedforge")]
+    bf16 = precision == "bf16" or bool(ours) and all(row_precision(n)[1] for n in ours)
+    return ("bf16" if bf16 else "fp32") + ("-quick" if quick else "")

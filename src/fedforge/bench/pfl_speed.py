@@ -36,13 +36,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Annotated
 
-import torch
 import typer
 from safetensors.torch import load_file
 
 from fedforge.bench.options import Groups, Iterations, Out, Results, Warmup, folders
 from fedforge.bench.pfl_cifar10 import launch
-from fedforge.bench.report import append_results
+from fedforge.bench.results import record_results, run_info
 from fedforge.bench.workload import LR, W1
 
 FRAMEWORKS = ("fedforge", "plain")
@@ -154,7 +153,6 @@ def run_pfl_ditto(out: Path, cohorts: list[int] | None = None, *, groups: int = 
                              f"{sorted(MODELS)}")
         work = for_model(work, model)
     out.mkdir(parents=True, exist_ok=True)
-    load_before = os.getloadavg()
     base = {"work": asdict(work), "warmup": warmup, "iterations": iterations, "lr": LR,
             "lam": LAM}
     runs: list[Run] = []
@@ -172,14 +170,8 @@ def run_pfl_ditto(out: Path, cohorts: list[int] | None = None, *, groups: int = 
             f"samples. Same work: global and {SAMPLE} clients' personal models after the last "
             f"round, largest difference relative to the largest parameter, within "
             f"{SAME_TOLERANCE:g}. Groups: {groups}, each with {warmup} warm-up + {iterations} "
-            f"timed rounds per row in a fresh process, round-robin. Cores: {os.cpu_count()}; "
-            f"load average (1, 5, 15 min) before {_load(load_before)}, after "
-            f"{_load(os.getloadavg())}.")
+            f"timed rounds per row in a fresh process, round-robin.")
     return rows, note
-
-
-def _load(avg: tuple[float, float, float]) -> str:
-    return "/".join(f"{v:.2f}" for v in avg)
 
 
 def summarize(cohorts: list[int], runs: list[Run]) -> list[list[object]]:
@@ -248,9 +240,11 @@ def pfl_ditto(cohorts: Cohorts = None, groups: Groups = 3, warmup: Warmup = 1,
     """Personalised FL: Ditto with fedforge's auto engine and a plain per-client loop,
     interleaved."""
     folder, results = folders(out, results)
+    load_before = os.getloadavg()
     rows, note = run_pfl_ditto(folder, parse_cohorts(cohorts) if cohorts else None,
                                groups=groups, warmup=warmup, iterations=iterations,
                                quick=quick, model=model)
     title = "pfl-ditto (Ditto, fedforge auto vs a plain per-client loop)"
-    return append_results(results, title + (", --quick" if quick else ""),
-                          torch.device("cpu"), HEADER, rows, note)
+    return record_results(results, "pfl-ditto", (model or DITTO_W1.model)
+                          + ("-quick" if quick else ""), title + (", --quick" if quick else ""),
+                          HEADER, rows, run_info("cpu", load_before), [note])

@@ -27,8 +27,8 @@ import torch
 import typer
 
 from fedforge.bench.options import Out, Results, folders
-from fedforge.bench.report import command_line, machine_line
-from fedforge.experiment.rundir import append_text, save_figure, subfolder, write_text
+from fedforge.bench.results import record_results, run_info
+from fedforge.experiment.rundir import save_figure, subfolder, write_text
 from fedforge.experiment.styles import style_for
 
 HEADER = ["clients", "algorithm", "store", "peak RSS MB", "run folder MB", "s / round",
@@ -195,17 +195,10 @@ def plot_population(rows: list[list[object]], out: Path) -> Path:
         plt.close(fig)
 
 
-def table(bench: PopulationBench, rows: list[list[object]], command: str) -> str:
-    """The markdown block for ``benchmarks/RESULTS.md``: the machine, its load, torch, the
-    command and the rows."""
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    head = (f"### Population: cohort {bench.cohort}, {bench.rounds} rounds, mlp "
-            f"{'x'.join(map(str, HIDDEN))} · {time.strftime('%Y-%m-%d')} · "
-            f"{machine_line(torch.device('cpu'))} · load average {load} · torch "
-            f"{torch.__version__}\n\nCommand: `{command}`\n\n")
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join("" if v is None else str(v) for v in r) + " |" for r in rows]
-    return head + "\n".join(lines) + "\n"
+def title(bench: PopulationBench) -> str:
+    """The table's title: the cohort, the rounds and the model."""
+    return (f"Population: cohort {bench.cohort}, {bench.rounds} rounds, mlp "
+            f"{'x'.join(map(str, HIDDEN))}")
 
 
 def _child(config: str, out: str) -> None:
@@ -267,12 +260,13 @@ def population(populations: Populations = None, cohort: Cohort = None, rounds: R
                results: Results = None) -> str:
     """Memory, disk and time per round from 10^3 to 10^6 clients."""
     folder, results = folders(out, results)
+    load_before = os.getloadavg()
     bench = quick_or_full(quick, populations, cohort, rounds)
     rows = run_population(bench, folder)
     plot_population(rows, folder)
-    text = table(bench, rows, command_line())
+    text = record_results(results, "population", "quick" if quick else None, title(bench),
+                          HEADER, rows, run_info("cpu", load_before))
     write_text(folder, "population.md", text)
-    append_text(results.parent, results.name, "\n" + text)
     return text
 
 

@@ -1,40 +1,42 @@
-"""Appending a benchmark table to ``benchmarks/RESULTS.md`` with what it ran on."""
+"""What a benchmark table shows: its cells, the machine line, the command, where its record
+goes, and the W1 scaling figure."""
 
 from __future__ import annotations
 
-import datetime as dt
 import platform
 import sys
 from pathlib import Path
 
 import torch
 
-from fedforge.experiment.rundir import append_text, save_figure
+from fedforge.bench.machine import read_cpu
+from fedforge.experiment.rundir import save_figure
 
 
 def machine_line(device: torch.device) -> str:
-    """e.g. ``x86_64, 2 threads, AMX`` or the CUDA device name."""
+    """e.g. ``x86_64 CPU, 2 threads, AMX`` or the CUDA device name."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    flags = ""
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-        flags = ", AMX" if "amx_bf16" in cpuinfo else ""
-    except OSError:
-        pass
-    return f"{platform.machine()} CPU, {torch.get_num_threads()} threads{flags}"
+    amx = ", AMX" if read_cpu().features["amx_bf16"] else ""
+    return f"{platform.machine()} CPU, {torch.get_num_threads()} threads{amx}"
+
+
+def checkout_results() -> Path | None:
+    """``benchmarks/results`` of the fedforge checkout this package is installed from, as a
+    path relative to the current folder, when the command runs from the checkout's root;
+    else ``None``."""
+    repo = Path(__file__).resolve().parents[3]  # src/fedforge/bench/report.py
+    if (repo / "benchmarks" / "results").is_dir() and Path.cwd().resolve() == repo:
+        return Path("benchmarks") / "results"
+    return None
 
 
 def default_results(folder: Path) -> Path:
-    """Where a bench appends its table when ``--results`` is not given: the checkout's
-    ``benchmarks/RESULTS.md`` when the command runs from the root of the fedforge checkout it
-    is installed from, else ``RESULTS.md`` in the bench's own folder ``folder`` (``--out``).
-    Run anywhere else, a bench never appends to a file of the current folder it does not
-    own."""
-    repo = Path(__file__).resolve().parents[3]  # src/fedforge/bench/report.py
-    if (repo / "benchmarks" / "RESULTS.md").is_file() and Path.cwd().resolve() == repo:
-        return Path("benchmarks") / "RESULTS.md"
-    return folder / "RESULTS.md"
+    """The folder a bench writes its result record to when ``--results`` is not given: the
+    checkout's ``benchmarks/results`` when the command runs from the root of the fedforge
+    checkout it is installed from, else ``results`` in the bench's own folder ``folder``
+    (``--out``). Run anywhere else, a bench never writes to a folder it does not own."""
+    return checkout_results() or folder / "results"
 
 
 def command_line() -> str:
@@ -46,25 +48,8 @@ def command_line() -> str:
     return " ".join(words + sys.argv[1:]).replace("  ", " ").strip()
 
 
-def append_results(path: str | Path, title: str, device: torch.device, header: list[str],
-                   rows: list[list[object]], note: str = "", command: str | None = None) -> str:
-    """Append ``### title · date · machine · torch · command`` and a markdown table.
-    ``command``: the line that reproduces the table, when ``sys.argv`` does not show it
-    (``python -m`` modules)."""
-    cmd = command or command_line()
-    lines = [f"\n### {title} · {dt.date.today().isoformat()} · {machine_line(device)} · "
-             f"torch {torch.__version__}\n", f"\nCommand: `{cmd.strip()}`\n",
-             "\n| " + " | ".join(header) + " |\n", "|" + "---|" * len(header) + "\n"]
-    lines += ["| " + " | ".join(_fmt(v) for v in row) + " |\n" for row in rows]
-    if note:
-        lines.append(f"\n{note}\n")
-    text = "".join(lines)
-    path = Path(path)
-    append_text(path.parent, path.name, text)
-    return text
-
-
-def _fmt(v: object) -> str:
+def cell(v: object) -> str:
+    """A table cell: floats to three significant places (one decimal from 10 up)."""
     if isinstance(v, float):
         return f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
     return "" if v is None else str(v)

@@ -35,6 +35,7 @@ share of the GEMM peak measured at the start (``torch.mm`` of 2048x2048 in fp32 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -46,7 +47,8 @@ import typer
 
 from fedforge.algorithms import build_algorithm
 from fedforge.bench.options import Device, Out, Profile, Results, folders
-from fedforge.bench.report import append_results, plot_scaling
+from fedforge.bench.report import plot_scaling
+from fedforge.bench.results import record_results, run_info
 from fedforge.bench.workload import (
     LR,
     W1,
@@ -314,9 +316,10 @@ def w2(cohorts: Cohorts = "10,100", engines: Engines = DEFAULT_ENGINES, device: 
 def throughput(work: Workload, cohorts: str, engines: str, device: str, chunk: str,
                repeats: int, model: str | None, plot: Path | None, profile: bool, out: str,
                results: Path | None) -> str:
-    """Measure ``work`` (with ``model`` instead of its own), append the table to
+    """Measure ``work`` (with ``model`` instead of its own), record the table in
     ``results`` and return it; ``plot``: also a scaling figure."""
     folder, results = folders(out, results)
+    load_before = os.getloadavg()
     dev = torch.device(device)
     if model is not None:
         if model not in MODELS:
@@ -329,4 +332,6 @@ def throughput(work: Workload, cohorts: str, engines: str, device: str, chunk: s
     title = f"{work.name} ({work.model}, {work.steps} steps x batch {work.batch}, FedAvg)"
     if plot is not None:
         plot_scaling(rows, plot, f"{title}, {dev.type}")
-    return append_results(results, title, dev, W1_HEADER, rows)
+    workload = work.name.lower().replace(" ", "-")
+    return record_results(results, workload, work.model, title, W1_HEADER, rows,
+                          run_info(device, load_before))

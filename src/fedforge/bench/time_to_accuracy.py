@@ -22,17 +22,17 @@ engine's wall s to target by fedforge's.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Annotated
 
-import torch
 import typer
 
 from fedforge.bench.options import Device, Out, Profile, Results, folders
 from fedforge.bench.plain_fl import W3Result, baseline_lr, run_plain
 from fedforge.bench.profiling import profiled
-from fedforge.bench.report import append_results
+from fedforge.bench.results import record_results, run_info
 from fedforge.experiment.build import resolve_device
 from fedforge.experiment.config import RunConfig, load_config
 from fedforge.experiment.metrics import evaluated
@@ -136,8 +136,9 @@ def w3(config: Config = Path("examples/femnist_fedavg.toml"), target: Target = 0
        profile: Profile = False, out: Out = "runs/bench_w3", results: Results = None) -> str:
     """W3 time to accuracy: wall time of one config to a test-accuracy target, per engine."""
     folder, results = folders(out, results)
+    load_before = os.getloadavg()
     with profiled(folder / "profile", "w3", enabled=profile):
         rows = run_w3_engines(config, engines.split(","), folder, target,
                               [f"engine.device={device}"])
-    return append_results(results, "W3 time to accuracy", torch.device(device), W3_HEADER,
-                          rows)
+    return record_results(results, "w3", config.stem, "W3 time to accuracy", W3_HEADER, rows,
+                          run_info(device, load_before))
