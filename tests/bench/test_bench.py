@@ -4,7 +4,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from fedforge.bench import append_results
+from fedforge.bench import record_results, run_info
 from fedforge.bench.throughput import (
     W1_HEADER,
     check_engine_name,
@@ -46,10 +46,10 @@ def test_run_w1_rows_and_results_file(tmp_path):
     assert rows[1][3] == pytest.approx(rows[1][2] * gflop)  # GFLOP/s = updates/s x GFLOP
     assert (tmp_path / "prof" / "T_vmap-bf16_2.trace.json").is_file()
     assert "aten::" in (tmp_path / "prof" / "T_auto_2.top.txt").read_text()
-    path = tmp_path / "RESULTS.md"
-    append_results(path, "T", torch.device("cpu"), W1_HEADER, rows)
-    text = path.read_text()
+    record_results(tmp_path / "results", "w1", "logreg", "T", W1_HEADER, rows, run_info())
+    text = (tmp_path / "results" / "RESULTS.md").read_text()
     assert "| vmap:bf16 | 2 |" in text and "torch " + torch.__version__ in text
+    assert (tmp_path / "results" / "w1-logreg.json").is_file()
 
 
 def test_only_the_one_process_plain_row_warms_up_on_a_prefix(monkeypatch):

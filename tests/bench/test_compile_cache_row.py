@@ -10,9 +10,10 @@ def test_row_appended_with_ratio(monkeypatch, tmp_path):
             {"compile_s": 4.0, "round_s": 0.5, "fx_graph_hits": 2, "autograd_hits": 1,
              "autograd_bypasses": 0}]
     monkeypatch.setattr(compile_cache, "measure", lambda model, cohort: runs)
-    results = tmp_path / "RESULTS.md"
+    results = tmp_path / "results"
     compile_cache.main(["--model", "logreg", "--cohort", "2", "--results", str(results)])
-    text = results.read_text()
+    text = (results / "RESULTS.md").read_text()
+    assert (results / "compile-cache-logreg-2.json").is_file()
     assert "| " + " | ".join(compile_cache.HEADER) + " |" in text
     assert "| 40.0 | 4.00 | 0.10 |" in text
     assert "`python -m fedforge.bench.compile_cache --model logreg --cohort 2`" in text

@@ -28,7 +28,7 @@ def no_timing(monkeypatch):
 def test_missing_flower_refuses_in_one_line_before_timing(monkeypatch, no_timing, tmp_path,
                                                            missing):
     monkeypatch.setattr(flower_w1, "flower_missing", lambda: missing)
-    results = tmp_path / "RESULTS.md"
+    results = tmp_path / "results"
     res = CliRunner().invoke(app, ["bench", "w1", "--cohorts", "2", "--engines",
                                    "plain,flower", "--results", str(results)])
     assert res.exit_code == 2, res.output

@@ -16,7 +16,7 @@ from fedforge.bench.pfl_cifar10 import (
     run_pfl_cifar10,
 )
 from fedforge.bench.pfl_cifar10_run import RUN_ITERATIONS, batches
-from fedforge.bench.report import append_results
+from fedforge.bench.results import record_results, run_info
 from fedforge.models import build_model, num_parameters
 
 
@@ -64,9 +64,9 @@ def test_pfl_procs_is_pfl_researchs_distributed_simulation_one_process_per_core(
 
 def test_quick_runs_every_row_and_the_table_has_every_column(tmp_path):
     names = ["fedforge", "plain", "pfl", "pfl:procs", "flower"]
-    rows, note = run_pfl_cifar10(names, tmp_path / "out", data_root=tmp_path / "no-data",
-                                 groups=1, warmup=1, iterations=1, quick=True,
-                                 peer_python=sys.executable)
+    rows, note, versions = run_pfl_cifar10(
+        names, tmp_path / "out", data_root=tmp_path / "no-data", groups=1, warmup=1,
+        iterations=1, quick=True, peer_python=sys.executable)
     assert [r[0] for r in rows] == names and all(len(r) == len(HEADER) for r in rows)
     ran = {r[0]: r for r in rows if r[2] is not None}
     assert {"fedforge", "plain"} <= set(ran)
@@ -80,16 +80,12 @@ def test_quick_runs_every_row_and_the_table_has_every_column(tmp_path):
         assert (it - 5e-4) / (ref + 5e-4) - 5e-3 <= ratio <= (it + 5e-4) / (ref - 5e-4) + 5e-3
     for name in set(names) - set(ran):  # peers absent here: the reason, never a crash
         assert next(r for r in rows if r[0] == name)[1].startswith("not installed")
-    assert "synthetic random images" in note and "load average" in note
-    text = append_results(tmp_path / "RESULTS.md", "pfl-research CIFAR-10", _cpu(), HEADER,
-                          rows, note, command="fedforge bench pfl-cifar10 --quick")
+    assert "synthetic random images" in note and "torch" in versions
+    text = record_results(tmp_path / "results", "pfl-cifar10", "fp32-quick",
+                          "pfl-research CIFAR-10", HEADER, rows,
+                          run_info(command="fedforge bench pfl-cifar10 --quick",
+                                   versions=versions), [note])
     assert "| " + " | ".join(HEADER) + " |" in text and "torch " in text
-
-
-def _cpu():
-    import torch
-
-    return torch.device("cpu")
 
 
 def test_a_bf16_row_runs_in_bf16_beside_fp32_rows(tmp_path, monkeypatch):

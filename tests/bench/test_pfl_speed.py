@@ -119,9 +119,9 @@ def test_cohorts_and_sampled_clients():
 def test_bad_options_are_one_line_errors(tmp_path, args, field):
     res = CliRunner().invoke(app, ["bench", "pfl-ditto", "--quick", "--out",
                                    str(tmp_path / "out"), "--results",
-                                   str(tmp_path / "RESULTS.md"), *args])
+                                   str(tmp_path / "results"), *args])
     assert res.exit_code != 0 and field in res.output
-    assert not (tmp_path / "RESULTS.md").exists()
+    assert not (tmp_path / "results").exists()
 
 
 def _half_unit(cell: str) -> float:
@@ -130,14 +130,14 @@ def _half_unit(cell: str) -> float:
 
 
 def test_quick_run_through_the_command_fills_every_column(tmp_path):
-    results = tmp_path / "RESULTS.md"
+    results = tmp_path / "results"
     res = CliRunner().invoke(app, ["bench", "pfl-ditto", "--quick", "--cohorts", "2",
                                    "--groups", "1", "--warmup", "1", "--iterations", "1",
                                    "--out", str(tmp_path / "out"), "--results", str(results)])
     assert res.exit_code == 0, res.output
-    text = results.read_text()
+    text = (results / "RESULTS.md").read_text()
     assert "| " + " | ".join(HEADER) + " |" in text
-    assert "torch " in text and "load average" in text and "Command: `" in text
+    assert "torch " in text and "load average" in text and "command: `" in text
     rows = [[c.strip() for c in line.strip().strip("|").split("|")]
             for line in text.splitlines() if line.startswith("| 2 |")]
     assert [r[1] for r in rows] == ["fedforge", "plain"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fedforge.bench import population as pop
+from fedforge.bench.results import record_results, run_info
 from fedforge.experiment.config import load_config
 
 
@@ -42,9 +43,10 @@ def test_the_table_and_the_figure(tmp_path):
     rows = [[100, "scaffold", "disk", 400.0, 20.5, 1.2, 0.1, ""],
             [1000, "scaffold", "disk", 420.0, 21.0, 1.1, 0.1, ""],
             [1000, "scaffold", "memory", None, None, None, None, "state 9 GiB: does not fit"]]
-    text = pop.table(pop.QUICK, rows, "fedforge bench population --quick")
+    text = record_results(tmp_path / "results", "population", "quick", pop.title(pop.QUICK),
+                          pop.HEADER, rows, run_info(command="fedforge bench population --quick"))
     assert "load average" in text and "torch" in text
-    assert "Command: `fedforge bench population --quick`" in text
+    assert "command: `fedforge bench population --quick`" in text
     assert "| 1000 | scaffold | memory |  |  |  |  | state 9 GiB: does not fit |" in text
     assert text.count("\n|") == 5  # header, rule, three rows
     assert pop.plot_population(rows, tmp_path).stat().st_size > 1000

@@ -82,12 +82,13 @@ def test_cohorts_are_fedforge_draws():
 
 
 def test_w3_cli_writes_one_row_per_engine(tmp_path):
-    results = tmp_path / "RESULTS.md"
+    results = tmp_path / "results"
     res = CliRunner().invoke(app, [
         "bench", "w3", "--config", str(small_config(tmp_path)), "--engines", "fedforge,plain",
         "--target", "0.2", "--out", str(tmp_path / "run"), "--results", str(results)])
     assert res.exit_code == 0, res.output
-    rows = [line for line in results.read_text().splitlines() if line.startswith("| ")]
+    rows = [line for line in (results / "RESULTS.md").read_text().splitlines()
+            if line.startswith("| ")]
     assert rows[0] == ("| engine | config | target | round reached | wall s to target | "
                        "final acc | total wall s | vs fedforge |")
     cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows[1:]]
@@ -107,7 +108,7 @@ def test_plain_runs_to_the_last_round_when_the_target_is_not_reached(tmp_path):
 
 
 def one_line_error(args: list[str], tmp_path: Path) -> str:
-    results = tmp_path / "RESULTS.md"
+    results = tmp_path / "results"
     res = CliRunner().invoke(app, ["bench", "w3", *args, "--out", str(tmp_path / "run"),
                                    "--results", str(results)])
     assert res.exit_code == 2, res.output

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import click
 import pytest
-import torch
 import typer
 from typer.testing import CliRunner
 
@@ -241,16 +240,21 @@ def _umask() -> int:
 
 
 def test_bench_results_and_scaling_plot_refuse_links(tmp_path):
-    """``fedforge bench`` appends to --results and writes --plot: through the writer."""
-    from fedforge.bench import append_results
+    """``fedforge bench`` writes its record and page to --results and --plot: through the
+    writer."""
+    from fedforge.bench import record_results, run_info
     from fedforge.bench.report import plot_scaling
 
     target = tmp_path / "outside.md"
     target.write_text("keep")
-    os.symlink(target, tmp_path / "RESULTS.md")
+    os.symlink(target, tmp_path / "w1.json")
     os.symlink(target, tmp_path / "scaling.png")
     with pytest.raises(RunDirError, match="symbolic link"):
-        append_results(tmp_path / "RESULTS.md", "T", torch.device("cpu"), ["a"], [[1]])
+        record_results(tmp_path, "w1", None, "T", ["a"], [[1]], run_info())
+    (tmp_path / "w1.json").unlink()
+    os.symlink(target, tmp_path / "RESULTS.md")
+    with pytest.raises(RunDirError, match="symbolic link"):
+        record_results(tmp_path, "w1", None, "T", ["a"], [[1]], run_info())
     with pytest.raises(RunDirError, match="symbolic link"):
         plot_scaling([["loop", 2, 3.0]], tmp_path / "scaling.png", "t")
     assert target.read_text() == "keep"
