@@ -39,7 +39,7 @@ def test_a_new_measurement_replaces_its_table_and_says_where_it_ran(tmp_path, he
                        [["loop", 5.691], ["plain", 12.34]], here, ["a note"])
     res.record_results(tmp_path, "w1", "cnn", "W1 (cnn)", ["engine", "updates/s"],
                        [["loop", 7.5]], here)
-    res.record_results(tmp_path, "population", None, "Population", ["n"], [[10]], here)
+    res.record_results(tmp_path, "async-cost", None, "Async", ["n"], [[10]], here)
     res.record_results(tmp_path, "zeta", None, "Zeta", ["n"], [[1]], here)
     record = json.loads((tmp_path / "w1-cnn.json").read_text())
     assert record["rows"] == [["loop", 7.5]] and record["notes"] == []
@@ -48,8 +48,8 @@ def test_a_new_measurement_replaces_its_table_and_says_where_it_ran(tmp_path, he
     assert run["versions"]["pfl"] == "0.6.0" and "torch" in run["versions"]
     page = (tmp_path / "RESULTS.md").read_text()
     assert page.count("### W1 (cnn)") == 1 and "| loop | 7.50 |" in page and "5.69" not in page
-    # the sections in their order, a workload without one last under its own name
-    assert page.index("## Population scale") < page.index("## W1 throughput") < \
+    # the sections in their order (not the alphabet's), a workload without one last
+    assert page.index("## W1 throughput") < page.index("## Asynchronous engine cost") < \
         page.index("## zeta")
     assert "- CPU features: AMX-BF16 no, AMX-TILE unknown, AVX-512-BF16 yes, AVX2 yes" in page
     assert "- load average (1, 5, 15 min): before 1.00/2.00/3.00, after 0.50/0.25/0.75" in page
