@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Re-measure every CPU speed target of benchmarks/RESULTS.md ("Targets and what is known
-# about each") in one go:
+# Re-measure every CPU speed target of benchmarks/RESULTS.md (their history: the entry
+# "CPU targets on a quiet machine" of benchmarks/history/2026-11.md) in one go:
 #   1-4. W1 throughput (client updates/s, GFLOP/s, % of GEMM peak, ratio to the plain PyTorch
 #        loop) of the CNN, LeNet-5, MLP and logistic regression at cohorts 10/100/1000, with
 #        the plain loop, VmapEngine, AutoEngine, Flower's simulation engine, bf16 and
@@ -11,8 +11,9 @@
 #   7.   async engine cost per 1000 updates, FedAST against the sync round
 #        (python -m fedforge.bench.async_cost, one JSON line, kept in the log);
 #   8.   W3: wall time to 80 % test accuracy on FEMNIST.
-# Tables are appended to benchmarks/RESULTS.md; the output is also logged to
-# runs/cpu_targets/log.txt.
+# Each table's record goes to benchmarks/results/ and replaces the one it re-measures; the
+# page benchmarks/RESULTS.md is regenerated from them (async_cost prints a JSON line only,
+# kept in the log); the output is also logged to runs/cpu_targets/log.txt.
 #
 # Run it on a quiet machine with nothing else running: every number is a wall-clock time,
 # and another process on the cores changes them (small models by far more than the load
@@ -59,7 +60,7 @@ fi
 
 if [ "$quick" -eq 1 ]; then
     out=runs/cpu_targets_quick
-    results=(--results "$out/RESULTS.md")
+    results=(--results "$out/results")
     cohorts=10 repeats=1 profile_cohort=10 reps=1
     compile_args=(--model logreg --cohort 2 "${results[@]}")
     w3_args=(--config examples/quickstart.toml --target 0.5 --out "$out/w3" "${results[@]}")
@@ -123,4 +124,4 @@ step fedforge bench w3 --engines "$(engines fedforge,plain,flower)" "${w3_args[@
 
 total=$((SECONDS - start))
 echo "total elapsed: $((total / 60)) min $((total % 60)) s" \
-     "(tables: ${results[1]:-benchmarks/RESULTS.md}; log: $out/log.txt)"
+     "(tables: ${results[1]:-benchmarks/results}; log: $out/log.txt)"

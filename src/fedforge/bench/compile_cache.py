@@ -6,8 +6,8 @@ Two fresh interpreters run the same compiled VmapEngine W1 round (``vmap:compile
 ``TORCHINDUCTOR_CACHE_DIR``. Each reports its compile time: the first call (compiling, or
 loading the cached graphs, and one round) minus the second call (one round). The first
 process fills the cache; the second should only trace with dynamo and load. The row
-"first-process compile s | second-process compile s | ratio" is appended to
-``benchmarks/RESULTS.md``; the target is a ratio of at most 0.10.
+"first-process compile s | second-process compile s | ratio" is recorded in
+``benchmarks/results/`` (``benchmarks/RESULTS.md``); the target is a ratio of at most 0.10.
 
     python -m fedforge.bench.compile_cache [--model lenet5] [--cohort 10]
 """

@@ -59,7 +59,7 @@ def local_step(t: Transform, grads: Params, state: State, params: Params,
                ctx: RoundContext) -> tuple[Params, State]:
     """One local step, ``(params + updates, new state)``. A transform with a ``step`` fuses
     the last scaling into the addition: for a large layer the separate ``-lr * g`` pass was
-    8 % of a CPU step (``benchmarks/RESULTS.md``)."""
+    8 % of a CPU step (``benchmarks/history/``)."""
     if t.step is not None:
         return t.step(grads, state, params, ctx)
     updates, new_state = t.update(grads, state, params, ctx)

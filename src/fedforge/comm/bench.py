@@ -1,7 +1,7 @@
 """Sketch speed: sketch + desketch of one d-parameter delta (``python -m fedforge.comm.bench``).
 
 Prints one line per operator: median seconds over ``--reps`` of sk then desk (after one
-warm-up), and the sketch size. Used for benchmarks/RESULTS.md.
+warm-up), and the sketch size. Used for the sketch tables in benchmarks/history/2026-11.md.
 """
 
 from __future__ import annotations

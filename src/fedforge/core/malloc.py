@@ -4,7 +4,7 @@ The engines update parameters out of place, so every local step allocates fresh
 model-sized tensors. glibc hands large freed blocks back to the kernel and page-faults them
 in again on the next step (≈ 2 ms of a 12 ms W1 step on the CPU). Raising the trim and
 mmap thresholds keeps those pages: W1 on 2 cores gains 8-12 % for every engine and for a
-plain PyTorch loop alike (benchmarks/RESULTS.md). Memory is then not returned to the OS
+plain PyTorch loop alike (benchmarks/history/2026-11.md). Memory is then not returned to the OS
 until the process exits, which suits an experiment process. The ``fedforge`` command calls
 :func:`keep_freed_memory` at start-up; ``FEDFORGE_MALLOC_TUNING=0`` turns it off.
 """

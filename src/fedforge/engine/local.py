@@ -115,7 +115,7 @@ def set_matmul_precision(precision: str) -> None:
 def autograd_grad_and_value(loss_fn: LossFn) -> Callable:
     """``torch.func.grad_and_value`` for one client outside any transform, through ordinary
     autograd: the same kernels and gradients, without functorch's per-call wrapping, which
-    costs about a quarter of a small conv net's step on a CPU (benchmarks/RESULTS.md)."""
+    costs about a quarter of a small conv net's step on a CPU (benchmarks/history/)."""
 
     def grad_and_value(params: Params, x, y, w):
         leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}

@@ -3,7 +3,7 @@
 When the windows tile the input (kernel == stride, no padding or dilation), each output is
 the maximum of ``kh * kw`` strided views of the input, one per position in the window. On
 the 2-core CPU we measured, torch's ``max_pool2d`` forward took 5-15 times as long as those
-maxima, and was a quarter of a LeNet-5 or CNN training step (``benchmarks/RESULTS.md``).
+maxima, and was a quarter of a LeNet-5 or CNN training step (``benchmarks/history/``).
 The backward stays torch's own kernel: it needs the index of each window's maximum, which
 is computed from the views only when a gradient is asked for.
 

@@ -52,7 +52,7 @@ class VmapEngine(ChunkedEngine):
     gain from wide vmaps (W1 shapes on 2 cores, cohort 100: logreg 713 updates/s at chunk 8,
     2096 at 100; MLP 240 at 8, 291 at 32, 208 at 100), while a conv net already saturates
     the cores with one client's batch and wide vmaps only add memory traffic (CNN, 6.6 MB:
-    flat from chunk 1 to 8, half at 64; benchmarks/RESULTS.md).
+    flat from chunk 1 to 8, half at 64; benchmarks/history/2026-11.md).
 
     ``compile=True`` (opt-in, meant for GPUs; or a ``torch.compile`` mode name:
     ``"reduce-overhead"`` also captures the fixed-shape chunk in CUDA graphs on a GPU, which is
@@ -66,7 +66,7 @@ class VmapEngine(ChunkedEngine):
     warning. Compiled graphs are stored in torch's on-disk caches (FX graph, AOTAutograd) in
     ``$TORCHINDUCTOR_CACHE_DIR``, by default ``~/.cache/fedforge/inductor``
     (:mod:`fedforge.engine.compile_cache`), so a later process skips most of the compiling.
-    W1 on a 2-core CPU (benchmarks/RESULTS.md): 1.2x eager vmap but still below the
+    W1 on a 2-core CPU (benchmarks/history/2026-11.md): 1.2x eager vmap but still below the
     plain loop in fp32; with bf16 1.2x the plain bf16 loop, after 75-160 s of compiling.
 
     ``conv`` chooses how convolutions and max-pooling of the vmapped clients run:
