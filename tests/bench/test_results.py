@@ -65,7 +65,7 @@ def test_rows_from_several_runs_name_their_run(tmp_path, here):
               "runs": [old, here]}
     text = res.render_record(record)
     assert "- CPU features" not in text  # no single run to put beside the table
-    first, second = text.split("Measured in:")[1].strip().splitlines()
+    first, second = text.split("names each row's run):")[1].strip().splitlines()
     assert first.startswith("1. 2026-11-23 · ") and "load average (1, 5, 15 min): quiet (≈ 1)" \
         in first
     assert second.startswith(f"2. {here['date']} · ") and "before 1.00/2.00/3.00" in second
@@ -84,3 +84,31 @@ def test_the_page_command_regenerates_and_refuses_a_foreign_file(tmp_path, here)
     assert "notes.json: not a result record (no 'title')" in out.output
     with pytest.raises(ValueError, match="'W1 text-cnn'"):
         res.record_name("W1 text", "cnn")
+
+
+def test_a_keyed_table_keeps_the_rows_a_new_run_did_not_measure(tmp_path, here):
+    cols = ["engine", "cohort", "updates/s"]
+    first, second = ({**here, "date": d} for d in ("2026-11-01", "2026-11-02"))
+    (tmp_path / "w1-cnn.json").write_text(json.dumps({
+        "workload": "w1", "variant": "cnn", "title": "W1 (cnn)", "notes": ["old note"],
+        "columns": cols + ["measured"], "runs": [first, second],
+        "rows": [["loop", 10, 1.0, "[1]"], ["plain", 10, 2.0, "[2]"],
+                 ["vmap", 100, 3.0, "[2]"]]}))
+    res.record_results(tmp_path, "w1", "cnn", "W1 (cnn)", cols,
+                       [["plain", 10, 4.0], ["auto", 1000, 5.0]], here, key=(1, 0))
+    record = json.loads((tmp_path / "w1-cnn.json").read_text())
+    # plain at 10 re-measured (run 3); loop from run 1 and vmap from run 2 stay; by cohort
+    assert record["rows"] == [["loop", 10, 1.0, "[1]"], ["plain", 10, 4.0, "[3]"],
+                              ["vmap", 100, 3.0, "[2]"], ["auto", 1000, 5.0, "[3]"]]
+    assert [r["date"] for r in record["runs"]] == ["2026-11-01", "2026-11-02", here["date"]]
+    assert record["notes"] == ["old note"]
+    # a run that re-measures every row of run 1 drops it and numbers the rest again
+    res.record_results(tmp_path, "w1", "cnn", "W1 (cnn)", cols, [["loop", 10, 6.0]], here,
+                       key=(1, 0))
+    record = json.loads((tmp_path / "w1-cnn.json").read_text())
+    assert [r["date"] for r in record["runs"]] == ["2026-11-02", here["date"], here["date"]]
+    assert record["rows"][0] == ["loop", 10, 6.0, "[3]"] and record["rows"][2][-1] == "[1]"
+    # other columns: the old table is replaced whole
+    res.record_results(tmp_path, "w1", "cnn", "W1 (cnn)", ["engine", "cohort"],
+                       [["loop", 10]], here, key=(1, 0))
+    assert json.loads((tmp_path / "w1-cnn.json").read_text())["rows"] == [["loop", 10]]

@@ -48,6 +48,7 @@ command replaces its table. Dated entries (how each number was reached, what it 
 profiles) are in [history/](history/).
 """
 REQUIRED = ("workload", "title", "columns", "rows", "runs")
+MEASURED = "measured"
 _NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")
 
 
@@ -76,16 +77,46 @@ def record_name(workload: str, variant: str | None = None) -> str:
 
 def record_results(folder: str | Path, workload: str, variant: str | None, title: str,
                    columns: list[str], rows: list[list[object]], run: dict,
-                   notes: list[str] | tuple[str, ...] = ()) -> str:
+                   notes: list[str] | tuple[str, ...] = (), key: tuple[int, ...] = ()) -> str:
     """Write the table's record to ``folder`` (replacing the previous one of the same
-    workload and variant), regenerate the page beside it -> the table as markdown."""
+    workload and variant), regenerate the page beside it -> the table as markdown.
+    ``key``: the cells that name a row, in the order rows sort by (W1: cohort, engine);
+    with it the previous record's rows this run did not re-measure stay (:func:`merge`)."""
     record = {"workload": workload, "variant": variant, "title": title,
               "columns": list(columns), "rows": [list(r) for r in rows], "runs": [run],
               "notes": [n for n in notes if n]}
-    text = json.dumps(record, indent=1, ensure_ascii=False) + "\n"
-    write_text(folder, f"{record_name(workload, variant)}.json", text)
+    name = f"{record_name(workload, variant)}.json"
+    if key and (Path(folder) / name).is_file():
+        record = merge(json.loads((Path(folder) / name).read_text(encoding="utf-8")), record,
+                       key)
+    write_text(folder, name, json.dumps(record, indent=1, ensure_ascii=False) + "\n")
     write_page(folder)
     return render_record(record)
+
+
+def merge(old: dict, new: dict, key: tuple[int, ...]) -> dict:
+    """``new`` (one run) with the rows of ``old`` whose ``key`` cells it has not measured,
+    each row naming its run in a last ``measured`` column (``[n]``: the n-th of ``runs``),
+    so a table filled by several commands stays whole. ``old`` with other columns is
+    replaced."""
+    cols = new["columns"]
+    if old["columns"] == cols:
+        old_rows = [(r, 0) for r in old["rows"]]
+    elif old["columns"] == cols + [MEASURED]:
+        old_rows = [(r[:-1], int(str(r[-1]).strip("[]")) - 1) for r in old["rows"]]
+    else:
+        return new
+    fresh = {tuple(r[i] for i in key) for r in new["rows"]}
+    kept = [(r, old["runs"][n]) for r, n in old_rows if tuple(r[i] for i in key) not in fresh]
+    if not kept:
+        return new
+    runs = [run for run in old["runs"] if any(run is k for _, k in kept)]
+    runs.append(new["runs"][0])
+    rows = [r + [f"[{runs.index(run) + 1}]"] for r, run in kept]
+    rows += [r + [f"[{len(runs)}]"] for r in new["rows"]]
+    rows.sort(key=lambda r: tuple(r[i] for i in key))
+    return {**new, "columns": cols + [MEASURED], "rows": rows, "runs": runs,
+            "notes": new["notes"] or old.get("notes", [])}
 
 
 def load_records(folder: str | Path) -> list[dict]:
@@ -129,7 +160,7 @@ def render_record(record: dict) -> str:
               "|" + "---|" * len(record["columns"])]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in record["rows"]]
     if len(runs) > 1:
-        lines += ["", "Measured in:", ""]
+        lines += ["", f"Measured in (the `{MEASURED}` column names each row's run):", ""]
         lines += [f"{i}. " + " · ".join(describe(run)) for i, run in enumerate(runs, 1)]
     for note in record.get("notes", []):
         lines += ["", note]

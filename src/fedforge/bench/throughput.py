@@ -334,4 +334,4 @@ def throughput(work: Workload, cohorts: str, engines: str, device: str, chunk: s
         plot_scaling(rows, plot, f"{title}, {dev.type}")
     workload = work.name.lower().replace(" ", "-")
     return record_results(results, workload, work.model, title, W1_HEADER, rows,
-                          run_info(device, load_before))
+                          run_info(device, load_before), key=(1, 0))
