@@ -190,13 +190,16 @@ def test_scorer(network: torch.nn.Module, data: FederatedDataset, cfg: RunConfig
     return lambda p: evaluate(network, p, data.test_x, data.test_y, cfg.eval.batch_size)
 
 
-def sample_round(exp: Setup, round_: int):
-    """Draw the round's cohort and its mini-batch schedule (deterministic in seed, round)."""
+def sample_round(exp: Setup, round_: int, chosen: torch.Tensor | None = None):
+    """Draw the round's cohort and its mini-batch schedule (deterministic in seed, round);
+    ``chosen``: the cohort a sampler picked (``server.sampler``), drawn uniformly if none."""
     cfg, data = exp.cfg, exp.data
     gen = round_generator(cfg.seed, round_)
     trainable = trainable_clients(cfg, data)  # the held-out highest ids are never drawn
     num = min(cfg.server.clients_per_round, trainable)
-    if data.population:  # O(cohort): Floyd's draw over the clients that train
+    if chosen is not None:
+        client_ids, num = chosen, len(chosen)
+    elif data.population:  # O(cohort): Floyd's draw over the clients that train
         client_ids = sample_clients(trainable, num, gen)
     else:
         client_ids = torch.randperm(trainable, generator=gen)[:num].sort().values

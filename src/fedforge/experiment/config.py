@@ -137,6 +137,10 @@ class ServerConfig(_Section):
     # selection)
     aggregator: str = "mean"
     aggregator_options: dict[str, Any] = Field(default_factory=dict)
+    # which clients train each round (fedforge.sim.selection): uniform | power_of_choice |
+    # oort, with its options (fedforge algorithms --params oort)
+    sampler: str = "uniform"
+    sampler_options: dict[str, Any] = Field(default_factory=dict)
 
 
 class EvalConfig(_Section):

@@ -63,6 +63,7 @@ from fedforge.experiment.evaluate import evaluate, population_metrics
 from fedforge.experiment.metrics import MetricsWriter
 from fedforge.experiment.partition_stats import save_partition_stats
 from fedforge.experiment.personal_eval import evaluate_personal
+from fedforge.experiment.selection import Selection
 from fedforge.experiment.progress import RoundProgress, setup_step
 from fedforge.experiment.state import UPDATES, RunState
 from fedforge.robust.divergence import DivergenceError, log_event
@@ -172,6 +173,8 @@ class RoundsDriver:
         self.device = setup.device
         self.state = RunState(seed=self.cfg.seed)
         self.privacy = None
+        self.selection: Selection | None = None  # server.sampler; None: uniform draws
+        self._sampler_state: dict | None = None  # a checkpoint's, until start builds it
         self._loaded: dict | None = None
         self._stop = False
 
@@ -213,6 +216,14 @@ class RoundsDriver:
                                      cfg.client.batch_size)
         self.stragglers = straggler_clock(cfg.sim, exp.data.num_clients, cfg.seed,
                                           self.state.sim_clock)
+        self._build_selection()
+
+    def _build_selection(self) -> None:
+        """The run's sampler, fresh or with the state of the checkpoint just restored."""
+        self.selection = Selection.build(self.exp, self.cost, self.stragglers)
+        if self.selection is not None and self._sampler_state is not None:
+            self.selection.sampler.load_state_dict(self._sampler_state)
+        self._sampler_state = None
 
     def _make_store(self, template: dict) -> StateStore:
         """The clients' store (under torchrun each rank keeps its share, by client id): the
@@ -243,6 +254,7 @@ class RoundsDriver:
         ``store``: the checkpoint's client-store record."""
         exp, template = self.exp, self.exp.initial_params()
         where = self.folder.checkpoints / f"round_{self.state.round:05d}.json"
+        self._sampler_state = None if tensors is None else tensors.get("sampler", {})
         if tensors is None:
             self.store.restore_checkpoint(None)
             self.params, self.server_state = template, exp.algorithm.server_init(template)
@@ -255,18 +267,26 @@ class RoundsDriver:
     def step(self) -> list[dict]:
         exp, cfg, s = self.exp, self.cfg, self.state
         t = s.round + 1
-        client_ids, sample_idx, weights, agg, info = sample_round(exp, t)
+        start, down, up = self.params, self.down, self.up
+        chosen = None if self.selection is None else self.selection.choose(t, start, down, up)
+        client_ids, sample_idx, weights, agg, info = sample_round(exp, t, chosen)
         if self.stragglers is not None:  # sim.stragglers: only the first k arrivals train
             keep, round_s = straggler_round(self.stragglers, t, client_ids, weights, self.cost,
                                             self.down, self.up)
+            seconds = self.stragglers.last_durations[keep]
             client_ids, sample_idx, weights, agg, info = keep_clients(
                 keep, client_ids, sample_idx, weights, agg, info)
+        elif self.selection is not None:
+            seconds = self.selection.client_seconds(client_ids, weights, down, up)
         self.params, self.server_state, cohort = federated_round(
             exp.algorithm, exp.engine, self.loss_fn, self.params, self.server_state, self.store,
             client_ids, exp.data.train_x, exp.data.train_y, sample_idx, weights, agg_weights=agg,
             info=info, round_=t, divergence=cfg.divergence, robust=exp.robust,
             sample_counts=exp.client_sizes[client_ids.cpu()], seed=cfg.seed,
         )
+        if self.selection is not None and len(cohort.metrics["loss"]) == len(client_ids):
+            self.selection.observe(t, start, client_ids, sample_idx, weights,
+                                   cohort.metrics["loss"], seconds)
         if "skipped_clients" in cohort.metrics:
             log_event(self.folder.out, {"round": t, "policy": "skip_client",
                                         "skipped": cohort.metrics["skipped_clients"].tolist()})
@@ -326,6 +346,8 @@ class RoundsDriver:
             record.update(exp.algorithm.server_metrics(self.server_state, self.store.state))
             record.update(exp.engine.report())  # auto: its choice and timings, once
             record.update(self._store_report)  # client_store = auto: its choice, once
+            if self.selection is not None:  # e.g. Oort's exploration and preferred duration
+                record.update(self.selection.sampler.metrics())
             self._store_report = {}
         return record
 
@@ -348,8 +370,10 @@ class RoundsDriver:
             # σ, q and steps of every round so far (fedforge.privacy.ledger)
             privacy=None if self.privacy is None else self.privacy.ledger_meta(self.state.round),
             store=record, algorithm=self.cfg.algorithm.name)  # check_algorithm on resume
-        return {"params": self.params, "server": self.server_state.tree(), "clients": clients
-                }, state
+        tensors = {"params": self.params, "server": self.server_state.tree(), "clients": clients}
+        if self.selection is not None:  # what the sampler learnt: losses, Oort's arms, pacer
+            tensors["sampler"] = self.selection.sampler.state_dict()
+        return tensors, state
 
     def checkpointed(self) -> None:
         """The store deletes what no checkpoint left in the folder names (a disk store's
@@ -375,6 +399,7 @@ class RoundsDriver:
         self.state = replace(saved[1], lr_scale=lr_scale, rollbacks=s.rollbacks + 1)
         self.stragglers = straggler_clock(cfg.sim, self.exp.data.num_clients, cfg.seed,
                                           self.state.sim_clock)
+        self._build_selection()
         log_event(self.folder.out, {**event, "action": f"rollback to round {self.state.round}",
                                     "lr_scale": lr_scale})
         return True

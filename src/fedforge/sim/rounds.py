@@ -49,6 +49,7 @@ class SyncRoundClock:
         base = np.broadcast_to(np.asarray(base_seconds, dtype=np.float64), ids.shape)
         durs = np.array([self.delay.sample(rng, int(c), float(self.pop.speed[c]), 1, float(b))
                          for c, b in zip(ids, base)])
+        self.last_durations = durs  # each client's seconds, for a sampler (fedforge.sim.oort)
         start = self.clock.now
         keep, end = kth_arrival_round(self.clock, ids, durs, self.k, 0, round_)
         self.clock.advance_to(end)

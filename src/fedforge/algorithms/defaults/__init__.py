@@ -475,6 +475,44 @@ METHOD_KINDS: dict[str, str] = {**dict.fromkeys(ASYNC_DEFAULTS, ASYNC),
                                 **dict.fromkeys(BASELINE_DEFAULTS, SYNC_BASELINE)}
 """Every multi-task method -> its kind, in the order ``fedforge algorithms`` lists them."""
 
+OORT_CODE = "SymbioticLab/Oort"
+POC = "Cho, Wang & Joshi 2022 (Power-of-Choice)"
+
+SAMPLER_DEFAULTS: dict[str, dict[str, Default]] = {
+    "power_of_choice": {
+        "d": ours(None, "none = 2m, twice server.clients_per_round; the paper sweeps d from m "
+                        "(random selection by size) up to K, and d = m is plain sampling"),
+        "variant": paper("pow-d", f"{POC}, Sec. 4: pow-d ranks the d candidates by the "
+                                  "global model's loss on their whole local data"),
+        "batch": ours(None, "cpow-d's mini-batch per candidate; none = client.batch_size"),
+    },
+    "oort": {
+        "exploration_factor": code(0.9, f"{OORT_CODE} training/argParser.py: "
+                                        "--exploration_factor 0.9 (ε at the start)"),
+        "exploration_decay": code(0.95, f"{OORT_CODE} training/argParser.py: "
+                                        "--exploration_decay 0.95 per round"),
+        "exploration_min": code(0.2, f"{OORT_CODE} training/argParser.py: --exploration_min 0.2"),
+        "round_threshold": code(10.0, f"{OORT_CODE} training/argParser.py: --round_threshold "
+                                      "10 (T = the 10th percentile of the clients' durations)"),
+        "round_penalty": code(2.0, f"{OORT_CODE} training/argParser.py: --round_penalty 2.0 "
+                                   "(the paper's α)"),
+        "pacer_step": code(20, f"{OORT_CODE} training/argParser.py: --pacer_step 20 rounds"),
+        "pacer_delta": code(5.0, f"{OORT_CODE} training/argParser.py: --pacer_delta 5 "
+                                 "percentile points"),
+        "cut_off_util": code(0.7, f"{OORT_CODE} training/argParser.py: --cut_off_util 0.7"),
+        "sample_window": code(5.0, f"{OORT_CODE} training/argParser.py: --sample_window 5.0"),
+        "clip_bound": code(0.98, f"{OORT_CODE} training/argParser.py: --clip_bound 0.98"),
+    },
+}
+"""The client samplers' ``server.sampler_options`` (``sim/selection.py``, ``sim/oort.py``)."""
+SAMPLER_DESCRIPTIONS = {
+    "power_of_choice": "Power-of-Choice (Cho et al. 2022): d candidates by data size, the m "
+                       "of highest local loss train",
+    "oort": "Oort (Lai et al. 2021): statistical utility × (T/t_i)^α speed penalty, "
+            "ε-greedy exploration, pacer relaxing T",
+}
+SAMPLER = "sampler"
+
 METHOD_DESCRIPTIONS = {
     "fedast": "FedAST (Askin et al. 2024): buffered async, dynamic request allocation",
     "fedast_static": "FedAST(S): static allocation with the configured requests per task",
@@ -493,7 +531,8 @@ METHOD_DESCRIPTIONS = {
 F = TypeVar("F", bound=Callable[..., object])
 
 
-def defaults_from(name: str) -> Callable[[F], F]:
+def defaults_from(name: str, tables: dict[str, dict[str, Default]] | None = None
+                  ) -> Callable[[F], F]:
     """Give algorithm ``name``'s factory, written without defaults, the table's values.
 
     The values land in the function's own ``__defaults__``/``__kwdefaults__``, so
@@ -503,7 +542,7 @@ def defaults_from(name: str) -> Callable[[F], F]:
     """
     def apply(factory: F) -> F:
         params = inspect.signature(factory).parameters.values()
-        table = _table_for(name, factory, params)
+        table = _table_for(name, factory, params, tables)
         factory.__defaults__ = tuple(table[p.name] for p in params
                                      if p.kind is p.POSITIONAL_OR_KEYWORD) or None
         factory.__kwdefaults__ = {p.name: table[p.name] for p in params
@@ -513,12 +552,14 @@ def defaults_from(name: str) -> Callable[[F], F]:
     return apply
 
 
-def _table_for(name: str, factory: Callable, params) -> dict[str, object]:
+def _table_for(name: str, factory: Callable, params,
+               tables: dict[str, dict[str, Default]] | None = None) -> dict[str, object]:
     """``name``'s defaults (key -> value), once checked against ``factory``'s parameters."""
     where = f"defaults_from({name!r}) on {factory.__qualname__}"
-    if name not in ALGORITHM_DEFAULTS:
+    tables = ALGORITHM_DEFAULTS if tables is None else tables
+    if name not in tables:
         raise TypeError(f"{where}: no table entry named {name!r}")
-    table = {key: d.value for key, d in ALGORITHM_DEFAULTS[name].items()}
+    table = {key: d.value for key, d in tables[name].items()}
     names = [p.name for p in params]
     extra, missing = sorted(set(table) - set(names)), sorted(set(names) - set(table))
     twice = [p.name for p in params if p.default is not p.empty]
