@@ -48,6 +48,7 @@ from fedforge.experiment.config_io import (
 )
 from fedforge.experiment.options import check_builders, partition_option_names
 from fedforge.experiment.population_checks import check_population_run, check_population_task
+from fedforge.experiment.selection import check_sampler
 from fedforge.models import head_patterns
 from fedforge.privacy.checks import check_privacy
 from fedforge.privacy.config import PrivacyConfig
@@ -902,6 +903,7 @@ def _check_registries(cfg: SingleTaskConfig) -> None:
     _check_robust(cfg)
     check_privacy(cfg, algorithm)
     check_population_run(cfg, algorithm)
+    check_sampler(cfg)
 
 
 def check_participation(cfg: SingleTaskConfig, algorithm: Any, population: int | None) -> None:

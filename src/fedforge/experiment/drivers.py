@@ -63,8 +63,8 @@ from fedforge.experiment.evaluate import evaluate, population_metrics
 from fedforge.experiment.metrics import MetricsWriter
 from fedforge.experiment.partition_stats import save_partition_stats
 from fedforge.experiment.personal_eval import evaluate_personal
-from fedforge.experiment.selection import Selection
 from fedforge.experiment.progress import RoundProgress, setup_step
+from fedforge.experiment.selection import Selection
 from fedforge.experiment.state import UPDATES, RunState
 from fedforge.robust.divergence import DivergenceError, log_event
 from fedforge.sim.cost import build_cost_model

@@ -14,23 +14,34 @@ import torch
 import torch.nn.functional as F
 
 from fedforge.core.tree import Params, upcast
+from fedforge.data.loaders import is_population
+from fedforge.errors import ConfigError
 from fedforge.experiment.evaluate import predict
 from fedforge.sim.cost import CostModel
 from fedforge.sim.rounds import SyncRoundClock
 from fedforge.sim.selection import Feedback, Pool, Sampler, build_sampler, selection_rng
 
 
-def refuse(cfg, data) -> None:
-    """What a sampler cannot be combined with, in one line each."""
-    if cfg.server.sampler == "uniform":
+def check_sampler(cfg) -> None:
+    """``server.sampler`` and its options, and what a sampler cannot be combined with, when
+    the config loads, in one line each (ConfigError)."""
+    name = cfg.server.sampler
+    try:  # the options checked as the run will build them
+        build_sampler(name, dict(cfg.server.sampler_options), num_clients=1,
+                      clients_per_round=cfg.server.clients_per_round,
+                      batch_size=cfg.client.batch_size)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if name == "uniform":
         return
-    where = f"server.sampler: {cfg.server.sampler!r}"
     if cfg.privacy.on:
-        raise ValueError(f"{where} picks clients by their losses, which differential privacy's "
-                         "Poisson sampling and accounting do not allow; use uniform")
-    if getattr(data, "population", False):
-        raise ValueError(f"{where} keeps a record per client; a population dataset "
-                         "(clients generated when drawn) takes the uniform sampler")
+        raise ConfigError(f"server.sampler: {name!r} picks clients by what they report, which "
+                          "differential privacy's Poisson sampling and its accounting do not "
+                          "allow; use 'uniform'")
+    if is_population(cfg.data.dataset):
+        raise ConfigError(f"server.sampler: {name!r} keeps a record per client, and "
+                          f"{cfg.data.dataset!r} generates each client's data when the client "
+                          "is drawn; use 'uniform'")
 
 
 class Selection:
@@ -55,7 +66,6 @@ class Selection:
     @classmethod
     def build(cls, exp, cost: CostModel, clock: SyncRoundClock | None) -> Selection | None:
         cfg = exp.cfg
-        refuse(cfg, exp.data)
         sampler = build_sampler(cfg.server.sampler, dict(cfg.server.sampler_options),
                                 num_clients=trainable(exp),
                                 clients_per_round=cfg.server.clients_per_round,

@@ -1,0 +1,226 @@
+"""Client samplers on tiny pools with known losses, sizes and durations, picks computed by hand.
+
+Each case is built so that a wrong rule picks differently: the lowest loss instead of the
+highest, no speed penalty, no pacer, no exploration decay.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fedforge.sim.oort import Oort, normalise, speed_penalty
+from fedforge.sim.selection import (
+    Feedback,
+    Pool,
+    PowerOfChoice,
+    build_sampler,
+    draw_by_size,
+    sampler_names,
+    selection_rng,
+)
+
+OORT_CODE_DEFAULTS = dict(exploration_factor=0.9, exploration_decay=0.95, exploration_min=0.2,
+                          round_threshold=10.0, round_penalty=2.0, pacer_step=20,
+                          pacer_delta=5.0, cut_off_util=0.7, sample_window=5.0, clip_bound=0.98)
+
+
+def _pool(sizes, losses=None, durations=None, samples=None, asked=None) -> Pool:
+    sizes = np.asarray(sizes, dtype=np.int64)
+
+    def loss_of(ids, batch, rng):
+        if asked is not None:
+            asked.append((sorted(ids.tolist()), batch))
+        return np.asarray(losses, dtype=np.float64)[ids]
+
+    return Pool(sizes, np.asarray(sizes if samples is None else samples, dtype=np.float64),
+                np.ones(len(sizes)) if durations is None else np.asarray(durations, float),
+                loss_of)
+
+
+def _feedback(ids, train_loss=None, rms=None, samples=None, durations=None) -> Feedback:
+    k = len(ids)
+    return Feedback(np.asarray(ids), np.asarray(train_loss if train_loss is not None else [0] * k,
+                                                dtype=float),
+                    np.asarray(rms if rms is not None else [0] * k, dtype=float),
+                    np.asarray(samples if samples is not None else [1] * k, dtype=float),
+                    np.asarray(durations if durations is not None else [1] * k, dtype=float))
+
+
+# --- Power-of-Choice ---------------------------------------------------------------------
+def test_pow_d_trains_the_m_highest_loss_candidates():
+    """d = every client with data: the candidates are clients 0, 1, 2, 4, 5 (client 3 has no
+    samples); by loss 0.9 (c4) > 0.7 (c1) > 0.5 (c5) > 0.3 (c0) > 0.1 (c2), m = 2 -> {1, 4}.
+    The lowest-loss rule would pick {0, 2}."""
+    asked: list = []
+    pool = _pool([10, 20, 30, 0, 40, 50], losses=[0.3, 0.7, 0.1, 5.0, 0.9, 0.5], asked=asked)
+    poc = PowerOfChoice(6, 2, d=6, variant="pow-d", batch=None, batch_size=4)
+    assert poc.select(1, 2, pool, selection_rng(0, 1)).tolist() == [1, 4]
+    assert asked == [([0, 1, 2, 4, 5], None)]  # the whole data of each candidate
+
+
+def test_candidates_are_drawn_in_proportion_to_data_size():
+    """d = 1 of sizes (1, 0, 99): client 2 is the candidate with probability 0.99, client 1
+    never; over 400 seeded draws client 0 comes up a handful of times."""
+    sizes = np.array([1, 0, 99])
+    picks = [int(draw_by_size(sizes, 1, selection_rng(s, 1))[0]) for s in range(400)]
+    assert 1 not in picks
+    assert 0 < picks.count(0) <= 12 and picks.count(2) >= 388
+
+
+def test_cpow_d_ranks_by_a_mini_batch_of_batch_samples():
+    asked: list = []
+    pool = _pool([10, 20, 30], losses=[0.2, 0.1, 0.3], asked=asked)
+    poc = PowerOfChoice(3, 1, d=3, variant="cpow-d", batch=None, batch_size=7)
+    assert poc.select(1, 1, pool, selection_rng(0, 1)).tolist() == [2]
+    assert asked == [([0, 1, 2], 7)]  # client.batch_size when batch is not given
+
+
+def test_rpow_d_ranks_by_the_last_reported_training_loss_unseen_first():
+    """Round 1: nothing reported, all +inf, ties to the lower ids -> {0, 1}. They report 0.4
+    and 0.2; round 2 tries the unseen 2 and 3; round 3, with 2 and 3 at 0.1 and 0.3, ranks
+    0.4 (c0) > 0.3 (c3)."""
+    pool = _pool([5, 5, 5, 5], losses=[9, 9, 9, 9])
+    poc = PowerOfChoice(4, 2, d=4, variant="rpow-d", batch=None, batch_size=1)
+    assert poc.select(1, 2, pool, selection_rng(0, 1)).tolist() == [0, 1]
+    poc.observe(1, _feedback([0, 1], train_loss=[0.4, 0.2]))
+    assert poc.select(2, 2, pool, selection_rng(0, 2)).tolist() == [2, 3]
+    poc.observe(2, _feedback([2, 3], train_loss=[0.1, 0.3]))
+    assert poc.select(3, 2, pool, selection_rng(0, 3)).tolist() == [0, 3]
+
+
+@pytest.mark.parametrize(("name", "options", "message"), [
+    ("nope", {}, r"^server\.sampler: unknown sampler 'nope'; expected one of \['uniform', "),
+    ("oort", {"alpha": 2}, r"^server\.sampler_options: unknown option 'alpha' for oort"),
+    ("uniform", {"d": 4}, r"^server\.sampler_options: the uniform sampler takes no options"),
+    ("power_of_choice", {"d": 2}, r"^server\.sampler_options\.d: expected an integer >= "
+                                  r"server\.clients_per_round \(3\), got 2$"),
+    ("power_of_choice", {"variant": "pow"}, r"^server\.sampler_options\.variant: expected"),
+    ("oort", {"exploration_min": 1.5}, r"^server\.sampler_options\.exploration_min: expected"),
+    ("oort", {"pacer_step": 0}, r"^server\.sampler_options\.pacer_step: expected an integer"),
+])
+def test_bad_sampler_settings_are_refused_in_one_line(name, options, message):
+    with pytest.raises(ValueError, match=message):
+        build_sampler(name, options, num_clients=8, clients_per_round=3, batch_size=4)
+
+
+def test_the_samplers_are_listed_with_uniform_first():
+    assert sampler_names() == ("uniform", "power_of_choice", "oort")
+    poc = build_sampler("power_of_choice", {}, num_clients=8, clients_per_round=3, batch_size=4)
+    assert poc.d == 6  # d = 2m by default
+
+
+# --- Oort --------------------------------------------------------------------------------
+def _oort(n: int, **options) -> Oort:
+    return Oort(n, **{**OORT_CODE_DEFAULTS, **options})
+
+
+def _explored(oort: Oort, rewards, durations, last_round=1) -> None:
+    n = len(rewards)
+    oort.reward[:], oort.duration[:] = rewards, durations
+    oort.last_round[:], oort.count[:] = last_round, 1
+    oort.registered = 1.0
+    assert len(oort.reward) == n
+
+
+def test_oort_scores_by_hand():
+    """Rewards (10, 8, 6, 4), last seen in rounds (1, 2, 2, 1), scored in round 3: clip = the
+    98 % quantile = 10, low = 4 x 0.999 = 3.996, range = 6.004, the staleness bonus
+    sqrt(0.1 ln 3 / L_i) with L_i the round last seen (not the rounds since). T = 3 s (the
+    50th percentile of durations 1, 10, 2, 3); client 1 takes 10 s, so its score is
+    multiplied by (3 / 10)^2 = 0.09 and falls from second to last."""
+    oort = _oort(4)
+    _explored(oort, [10.0, 8.0, 6.0, 4.0], [1.0, 10.0, 2.0, 3.0], last_round=[1, 2, 2, 1])
+    oort.preferred = 3.0
+    s1, s2 = math.sqrt(0.1 * math.log(3)), math.sqrt(0.1 * math.log(3) / 2)
+    expected = [1.0 + s1, (4.004 / 6.004 + s2) * 0.09, 2.004 / 6.004 + s2, 0.004 / 6.004 + s1]
+    np.testing.assert_allclose(oort.scores(3, np.arange(4)), expected, rtol=1e-12)
+    assert normalise(np.array([10.0, 8.0, 6.0, 4.0]), 0.98) == pytest.approx((10.0, 3.996, 6.004))
+    np.testing.assert_allclose(speed_penalty(np.array([1.0, 10.0]), 3.0, 2.0), [1.0, 0.09])
+
+
+def test_oort_exploits_fast_high_utility_clients_and_never_the_slow_one():
+    """The pool above with ε at 0 (m = 2 exploited): the cut-off is 0.7 x the third score
+    (client 3's, 0.264), so client 1 (0.084 after its speed penalty) is never drawn, and
+    client 0 (1.26) is in almost every cohort. Without the penalty client 1 (0.93) would be
+    the second best and drawn in most cohorts."""
+    picks = []
+    for seed in range(60):
+        oort = _oort(4, exploration_factor=0.0, exploration_min=0.0, round_threshold=50.0)
+        _explored(oort, [10.0, 8.0, 6.0, 4.0], [1.0, 10.0, 2.0, 3.0])
+        picks.append(oort.select(2, 2, _pool([9, 9, 9, 9]), selection_rng(seed, 2)).tolist())
+    assert oort.preferred == 3.0
+    assert not any(1 in p for p in picks)
+    assert sum(0 in p for p in picks) >= 40
+
+
+def test_oort_explores_by_size_times_speed_penalty():
+    """Nothing explored, ε = 1 so the whole cohort is exploration, sample window 1: the top
+    unexplored client by reward x penalty is drawn. Rewards (5, 50, 20), durations (1, 100,
+    1): T = 1 s (the 50th percentile), client 1's 50 becomes 50 x (1/100)^2 = 0.005, so
+    client 2 is picked; without the penalty it would be client 1."""
+    oort = _oort(3, exploration_factor=1.0, exploration_decay=1.0, exploration_min=1.0,
+                 round_threshold=50.0, sample_window=1.0)
+    pool = _pool([5, 50, 20], durations=[1.0, 100.0, 1.0])
+    assert oort.select(1, 1, pool, selection_rng(0, 1)).tolist() == [2]
+    assert oort.reward.tolist() == [5.0, 50.0, 20.0]  # registered: reward = |B_i|
+
+
+def test_oort_reward_is_samples_times_rms_loss_and_exploration_decays():
+    """After round 1 a participant's reward is |B_i| sqrt(mean loss²) = 4 x 0.5; ε goes
+    0.9 -> 0.855 -> 0.81225 (x 0.95 a round), and to 0 once nobody is left to explore."""
+    oort = _oort(3)
+    pool = _pool([4, 4, 4])
+    assert len(oort.select(1, 2, pool, selection_rng(0, 1))) == 2
+    assert oort.exploration == pytest.approx(0.855)
+    oort.observe(1, _feedback([0, 2], rms=[0.5, 0.25], samples=[4, 4], durations=[3.0, 1.0]))
+    assert oort.reward.tolist() == [2.0, 4.0, 1.0]
+    assert oort.duration.tolist()[::2] == [3.0, 1.0] and oort.last_round.tolist() == [1, 0, 1]
+    oort.select(2, 2, pool, selection_rng(0, 2))
+    assert oort.exploration == pytest.approx(0.81225)
+    oort.observe(2, _feedback([1], rms=[1.0], samples=[4]))
+    oort.select(3, 2, pool, selection_rng(0, 3))  # every client explored
+    assert oort.exploration == 0.0 and oort.exploration_min == 0.0
+
+
+def test_the_pacer_relaxes_the_preferred_duration_when_utility_is_flat():
+    """pacer_step 2: the exploited clients' mean utility is recorded each round; at round 4
+    the rounds 3-4 sum (2 + 2) equals the rounds 1-2 sum (2 + 2): flat, so the percentile
+    goes 10 -> 15. A jump (rounds 5-6 summing 40 >= 5 x 4) at round 6 tightens it back."""
+    oort = _oort(2, pacer_step=2, pacer_delta=5.0)
+    oort.exploit_clients = np.array([0])
+    utilities = {1: 2.0, 2: 2.0, 3: 2.0, 4: 2.0, 5: 20.0, 6: 20.0}
+    thresholds = []
+    for t in range(1, 7):
+        oort.reward[0], oort.successful[0] = utilities[t], 1
+        oort.pacer(t)
+        thresholds.append(oort.round_threshold)
+    assert thresholds == [10.0, 10.0, 10.0, 15.0, 15.0, 10.0]
+    np.testing.assert_allclose(oort.exploit_history, [2 / 1.0001] * 4 + [20 / 1.0001] * 2)
+
+
+def test_oort_state_round_trip_continues_exactly():
+    """Two samplers, one rebuilt from the other's state after round 3, select the same cohorts
+    and end in the same state."""
+    pool = _pool([3, 8, 5, 9, 2, 7], durations=[1, 4, 2, 8, 1, 3])
+
+    def play(oort, rounds):
+        out = []
+        for t in rounds:
+            ids = oort.select(t, 2, pool, selection_rng(1, t))
+            oort.observe(t, _feedback(ids, rms=0.1 * ids + 0.05 * t, samples=[3, 3],
+                                      durations=1.0 + ids))
+            out.append(ids.tolist())
+        return out
+
+    a = _oort(6, pacer_step=2)
+    play(a, range(1, 4))
+    b = _oort(6, pacer_step=2)
+    b.load_state_dict(a.state_dict())
+    assert play(a, range(4, 9)) == play(b, range(4, 9))
+    for key, value in a.state_dict().items():
+        assert value.equal(b.state_dict()[key]), key
+    with pytest.raises(ValueError, match=r"^checkpoint: sampler 'oort' state has no 'reward'"):
+        _oort(6).load_state_dict({})
