@@ -220,7 +220,9 @@ def test_multitask_options_are_of_the_methods_kind(method):
 
 def test_all_methods_lists_every_kind():
     methods = all_methods()
-    assert set(methods) == set(ALGORITHMS) | set(ASYNC_METHODS) | set(SYNC_METHODS)
+    assert set(methods) == (set(ALGORITHMS) | set(ASYNC_METHODS) | set(SYNC_METHODS)
+                            | {"power_of_choice", "oort"})
+    assert methods["oort"] == methods["power_of_choice"] == "sampler"
     assert methods["scaffold"] == "sync"
     assert methods["fedbuff"] == "async"
     assert methods["sync_st"] == "multi-task baseline"

@@ -1,6 +1,6 @@
 """Conformance over every client sampler (``server.sampler``), with no hand-picked list.
 
-For each sampler of :func:`fedforge.sim.selection.sampler_names` (a new one is covered
+For each sampler of :func:`fedforge.sim.samplers.sampler_names` (a new one is covered
 without editing this file), composed with a stateless and a control-variate algorithm:
 
 * a run stopped at a round and resumed equals an uninterrupted run bit for bit (metrics and
@@ -26,7 +26,7 @@ from fedforge.experiment.config import load_config
 from fedforge.experiment.drivers import RoundsDriver, RunFolder, read_checkpoint
 from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.runner import Experiment, run_experiment
-from fedforge.sim.selection import sampler_names
+from fedforge.sim.samplers import sampler_names
 
 from .test_registry import nan_once  # noqa: F401 (the fixture)
 

@@ -12,15 +12,8 @@ import numpy as np
 import pytest
 
 from fedforge.sim.oort import Oort, normalise, speed_penalty
-from fedforge.sim.selection import (
-    Feedback,
-    Pool,
-    PowerOfChoice,
-    build_sampler,
-    draw_by_size,
-    sampler_names,
-    selection_rng,
-)
+from fedforge.sim.samplers import build_sampler, sampler_names
+from fedforge.sim.selection import Feedback, Pool, PowerOfChoice, draw_by_size, selection_rng
 
 OORT_CODE_DEFAULTS = dict(exploration_factor=0.9, exploration_decay=0.95, exploration_min=0.2,
                           round_threshold=10.0, round_penalty=2.0, pacer_step=20,

@@ -16,6 +16,9 @@ from fedforge.algorithms.defaults import (
     METHOD_DEFAULTS,
     METHOD_DESCRIPTIONS,
     METHOD_KINDS,
+    SAMPLER,
+    SAMPLER_DEFAULTS,
+    SAMPLER_DESCRIPTIONS,
     Default,
     show,
 )
@@ -24,29 +27,36 @@ SYNC = "sync"
 
 
 def method_kind(name: str) -> str:
-    """``sync`` (one task, ``fedforge.algorithms``), ``async`` or ``multi-task baseline``."""
+    """``sync`` (one task, ``fedforge.algorithms``), ``async``, ``multi-task baseline`` or
+    ``sampler`` (``server.sampler``)."""
     if canonical_name(name) in ALGORITHMS:
         return SYNC
     if name in METHOD_KINDS:
         return METHOD_KINDS[name]
+    if name in SAMPLER_DEFAULTS:
+        return SAMPLER
     raise ValueError(f"unknown method {name!r}; expected one of {sorted(all_methods())}")
 
 
 def all_methods() -> dict[str, str]:
-    """Every method the CLI accepts -> its kind (algorithms first, then multi-task ones)."""
-    return {**dict.fromkeys(ALGORITHMS, SYNC), **METHOD_KINDS}
+    """Every method the CLI accepts -> its kind (algorithms first, then multi-task ones, then
+    the client samplers)."""
+    return {**dict.fromkeys(ALGORITHMS, SYNC), **METHOD_KINDS,
+            **dict.fromkeys(SAMPLER_DEFAULTS, SAMPLER)}
 
 
 def describe(name: str) -> str:
     """One line: an algorithm's own description, or the table's for a multi-task method."""
-    if method_kind(name) == SYNC:
+    kind = method_kind(name)
+    if kind == SYNC:
         return build_algorithm(name).description
-    return METHOD_DESCRIPTIONS.get(name, "")
+    return (SAMPLER_DESCRIPTIONS if kind == SAMPLER else METHOD_DESCRIPTIONS).get(name, "")
 
 
 def defaults_of(name: str) -> dict[str, Default]:
     """The table's entries of one method (hyper-parameters or multi-task options)."""
-    table = ALGORITHM_DEFAULTS if method_kind(name) == SYNC else METHOD_DEFAULTS
+    kind = method_kind(name)
+    table = {SYNC: ALGORITHM_DEFAULTS, SAMPLER: SAMPLER_DEFAULTS}.get(kind, METHOD_DEFAULTS)
     name = canonical_name(name)
     if name not in table:
         raise KeyError(f"{name!r} has no entry in fedforge.algorithms.defaults")
@@ -78,7 +88,9 @@ def markdown() -> str:
         "table (`fedforge run`, `fedforge compare -a`); `async` methods and `multi-task "
         "baseline`s",
         "are the `method` of a multi-task config with a `[[tasks]]` list, whose options live in",
-        "its `[async]` or `[sync]` table. Each default names its source: **paper** (section or",
+        "its `[async]` or `[sync]` table; a `sampler` picks each round's clients for any `sync`",
+        "algorithm (`server.sampler`, its options in `server.sampler_options`;",
+        "docs/baselines.md#client-selection). Each default names its source: **paper** (section or",
         "table), **official code** (repository and file) or **ours** (the reason). Each value",
         "is written once, in `fedforge.algorithms.defaults`: the algorithms take their",
         "defaults from it, and it is printed by `fedforge algorithms --params NAME`.",

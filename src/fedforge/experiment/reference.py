@@ -236,6 +236,8 @@ NOTES: dict[str, str] = {
     "server.clients_per_round": "clients sampled each round (S)",
     "server.aggregator_options": "options of the robust aggregator (`beta`, `max_norm`, `f`, "
                                  "`m`)",
+    "server.sampler_options": "options of the client sampler (`fedforge algorithms --params "
+                              "oort`)",
     "eval.batch_size": "evaluation batch size (speed only)",
     "engine.name": "`vmap` (cohort chunks as one batched computation), `loop` (one client at "
                    "a time, the reference) or `distributed` (under torchrun)",

@@ -19,7 +19,8 @@ from fedforge.errors import ConfigError
 from fedforge.experiment.evaluate import predict
 from fedforge.sim.cost import CostModel
 from fedforge.sim.rounds import SyncRoundClock
-from fedforge.sim.selection import Feedback, Pool, Sampler, build_sampler, selection_rng
+from fedforge.sim.samplers import build_sampler
+from fedforge.sim.selection import Feedback, Pool, Sampler, selection_rng
 
 
 def check_sampler(cfg) -> None:

@@ -22,7 +22,6 @@ run selects exactly what an uninterrupted one selects.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -171,36 +170,3 @@ Factory = Callable[[int, int, int], Sampler]
 @defaults_from("power_of_choice", SAMPLER_DEFAULTS)
 def power_of_choice(*, d, variant, batch) -> Factory:
     return lambda n, m, b: PowerOfChoice(n, m, d=d, variant=variant, batch=batch, batch_size=b)
-
-
-def _registry() -> dict[str, Callable[..., Factory]]:
-    from fedforge.sim.oort import oort  # noqa: PLC0415 (oort imports this module)
-
-    return {"power_of_choice": power_of_choice, "oort": oort}
-
-
-def sampler_names() -> tuple[str, ...]:
-    """Every ``server.sampler`` value, ``uniform`` (no sampler) first."""
-    return ("uniform", *SAMPLER_DEFAULTS)
-
-
-def build_sampler(name: str, options: dict, *, num_clients: int, clients_per_round: int,
-                  batch_size: int) -> Sampler | None:
-    """``server.sampler`` with its ``server.sampler_options``; ``None`` for ``uniform``."""
-    if name == "uniform":
-        if options:
-            raise ValueError(f"server.sampler_options: the uniform sampler takes no options, "
-                             f"got {sorted(options)}")
-        return None
-    factories = _registry()
-    if name not in factories:
-        raise ValueError(f"server.sampler: unknown sampler {name!r}; expected one of "
-                         f"{list(sampler_names())}")
-    factory = factories[name]
-    allowed = [p.name for p in inspect.signature(factory).parameters.values()
-               if p.kind is p.KEYWORD_ONLY]
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise ValueError(f"server.sampler_options: unknown option {unknown[0]!r} for {name}; "
-                         f"expected one of {allowed}")
-    return factory(**options)(num_clients, clients_per_round, batch_size)

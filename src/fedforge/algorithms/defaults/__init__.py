@@ -506,10 +506,12 @@ SAMPLER_DEFAULTS: dict[str, dict[str, Default]] = {
 }
 """The client samplers' ``server.sampler_options`` (``sim/selection.py``, ``sim/oort.py``)."""
 SAMPLER_DESCRIPTIONS = {
-    "power_of_choice": "Power-of-Choice (Cho et al. 2022): d candidates by data size, the m "
-                       "of highest local loss train",
-    "oort": "Oort (Lai et al. 2021): statistical utility × (T/t_i)^α speed penalty, "
-            "ε-greedy exploration, pacer relaxing T",
+    "power_of_choice": "Power-of-Choice (Cho et al. 2022): d candidates drawn by data size, the "
+                       "m of highest local loss train; the loss of pow-d (whole data), cpow-d "
+                       "(a mini-batch) or rpow-d (the last reported training loss)",
+    "oort": "Oort (Lai et al. 2021): exploit by |B_i|·√(mean loss²) + staleness bonus, × "
+            "(T/t_i)^α when slower than the preferred duration T; ε-greedy exploration by "
+            "size; the pacer relaxes T when utility stalls",
 }
 SAMPLER = "sampler"
 
