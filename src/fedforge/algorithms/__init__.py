@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from fedforge.algorithms import fadamgc, momentum
 from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
+from fedforge.algorithms.clustered import cfl, ifca
 from fedforge.algorithms.compressed import fetchsgd, marina, onebit_adam, safl, topk_ef
 from fedforge.algorithms.fairness import afl, qffl
 from fedforge.algorithms.fedavg import fedavg, fedavgm, fedprox
@@ -46,6 +47,8 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
     "fednova": fednova,
     "qffl": qffl,
     "afl": afl,
+    "ifca": ifca,  # clustered FL (docs/baselines.md)
+    "cfl": cfl,
     **PERSONAL_ALGORITHMS,  # personalised FL (docs/personalised.md)
 }
 

@@ -16,7 +16,7 @@ The client's ``delta`` is always ``x^t - x_i`` (server minus client), defined on
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import NamedTuple, Protocol
 
@@ -270,6 +270,10 @@ class PersonalSpec(Protocol):
     def covered_by_dp_sgd(self) -> bool:
         """Whether DP-SGD covers the delta a client sends (privacy mode ``sample``)."""
 
+    def evaluated_at(self, parts: dict) -> PersonalSpec:
+        """The spec an evaluation at these server part states uses (a clustered method's
+        personal model is its cluster's model, held by the server)."""
+
 
 @dataclass(frozen=True)
 class Algorithm:
@@ -464,6 +468,13 @@ class Algorithm:
     def eval_params(self, params: Params, server_state: ServerState) -> Params:
         """Where the model is evaluated (``params`` unless a stage says otherwise)."""
         return self.server.eval_params(params, server_state)
+
+    def evaluated_at(self, server_state: ServerState) -> Algorithm:
+        """This algorithm as the personalised evaluation at ``server_state`` sees it."""
+        if self.personal is None:
+            return self
+        spec = self.personal.evaluated_at(server_state["parts"])
+        return self if spec is self.personal else replace(self, personal=spec)
 
     def broadcast(self, server_state: ServerState) -> dict:
         return {p.name: p.broadcast(server_state["parts"][p.name]) for p in self.parts}

@@ -329,7 +329,8 @@ class RoundsDriver:
                                              cfg.eval.batch_size))
             if exp.client_tests is not None:  # personalised: each client on its own data
                 record.update(evaluate_personal(
-                    exp.network, exp.algorithm, self.loss_fn, eval_params, self.store.gather,
+                    exp.network, exp.algorithm.evaluated_at(self.server_state), self.loss_fn,
+                    eval_params, self.store.gather,
                     exp.client_tests, exp.data.train_x, exp.data.train_y,
                     held_out_steps=cfg.eval.finetune_steps, batch_size=cfg.eval.batch_size,
                     train_batch_size=cfg.client.batch_size, seed=cfg.seed, round_=t))

@@ -219,7 +219,7 @@ class Experiment(Setup):
         cfg = self.cfg
         try:
             params = client_personal_params(
-                self.algorithm, driver.loss_fn,
+                self.algorithm.evaluated_at(driver.server_state), driver.loss_fn,
                 self.algorithm.eval_params(driver.params, driver.server_state), int(client_id),
                 driver.store.gather, self.client_tests, self.data.train_x, self.data.train_y,
                 held_out_steps=cfg.eval.finetune_steps, train_batch_size=cfg.client.batch_size,

@@ -56,6 +56,8 @@ FEDAST = "Askin et al. 2024 (FedAST)"
 FEDAST_CODE = "askinb/FedAST"
 FEDNOVA_CODE = "JYWa/FedNova"
 FAIR_CODE = "litian96/fair_flearn"
+IFCA_CODE = "jichan3751/ifca"
+CFL_CODE = "felisat/clustered-federated-learning"
 
 
 def _sgd_client(lr: Default | None = None) -> dict[str, Default]:
@@ -312,6 +314,32 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Default]] = {
         "average_iterates": code(True, f"{FAIR_CODE} flearn/trainers/afl.py: the evaluated "
                                        "resulting_model is the mean of the iterates (the "
                                        "paper's w^A)"),
+    },
+    "ifca": {
+        "local_lr": code(0.1, f"{IFCA_CODE} mnist/train_cluster_mnist.py: --lr 0.1"),
+        "num_clusters": code(4, f"{IFCA_CODE} mnist/config.json: p = 4 (rotated MNIST)"),
+        "seed": ours(0, "seeds the fresh initialisations of clusters 1..K-1 (cluster 0 is "
+                        "the run's initial model)"),
+        "client_optimizer": code("sgd", f"{IFCA_CODE} mnist/train_cluster_mnist.py: "
+                                        "local_param_update, plain gradient steps"),
+        "weight_decay": ours(0.0, "the code's local step has none"),
+        "max_grad_norm": ours(None, "the code clips nothing"),
+        "nar": ours(False, "FedNAR's co-clipped decay is opt-in"),
+    },
+    "cfl": {
+        "local_lr": code(0.1, f"{CFL_CODE} clustered_federated_learning.ipynb: "
+                              "optimizer_fn SGD(lr=0.1, momentum=0.9); its momentum is not "
+                              "kept (docs/baselines.md)"),
+        "eps1": code(0.4, f"{CFL_CODE} clustered_federated_learning.ipynb: EPS_1 = 0.4"),
+        "eps2": code(1.6, f"{CFL_CODE} clustered_federated_learning.ipynb: EPS_2 = 1.6"),
+        "warmup_rounds": code(20, f"{CFL_CODE} clustered_federated_learning.ipynb: a split "
+                                  "only when c_round > 20"),
+        "max_clusters": ours(8, "the code has no cap; the server keeps a fixed number of "
+                                "model slots so a checkpoint's shapes never change"),
+        "client_optimizer": ours("sgd", "plain local SGD, as IFCA and FedAvg here"),
+        "weight_decay": ours(0.0, "the code's optimizer has none"),
+        "max_grad_norm": ours(None, "the code clips nothing"),
+        "nar": ours(False, "FedNAR's co-clipped decay is opt-in"),
     },
     **{  # personalised FL (algorithms/personal, docs/personalised.md)
         "local_only": _sgd_client(),

@@ -129,6 +129,10 @@ class Personal:
         never leaves the client."""
         return self.first is None and not self.step_batch
 
+    def evaluated_at(self, parts: dict) -> Personal:
+        """The spec an evaluation at these server part states uses (this one)."""
+        return self
+
     def with_head(self, head: Sequence[str] | None) -> Personal:
         """This spec under another split (``[model] head``; ``None`` keeps it)."""
         return self if head is None else replace(self, head=tuple(head))
