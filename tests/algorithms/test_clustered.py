@@ -243,3 +243,92 @@ def test_cfl_needs_every_client():
     assert "full_participation" in algo.needs({"w": torch.zeros(2)})
     with pytest.raises(ValueError, match="algorithm.eps1"):
         build_algorithm("cfl", eps1=-1.0)
+
+
+def test_ifca_defaults_in_effect_equal_the_table():
+    from fedforge.algorithms.defaults import ALGORITHM_DEFAULTS
+
+    table = {k: d.value for k, d in ALGORITHM_DEFAULTS["ifca"].items()}
+    table["num_clusters"] = 2  # THETA0's two models
+    implicit = run(build_algorithm("ifca", num_clusters=2), SCHEDULE, theta0=THETA0)
+    explicit = run(build_algorithm("ifca", **table), SCHEDULE, theta0=THETA0)
+    compare(implicit, explicit, rtol=0)
+    assert build_algorithm("ifca").parts[0].num_models == 4  # the code's p = 4
+
+
+# ------------------------------------------------------------------- runs, resume, report
+def load_metrics(run):
+    import json
+
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _clustered_cfg(name: str, *extra: str):
+    from pathlib import Path
+
+    from fedforge.experiment.config import load_config
+
+    root = Path(__file__).resolve().parents[2]
+    cl = "8" if name == "cfl" else "4"
+    return load_config(root / "examples/clustered_synthetic.toml", [
+        "rounds=4", "eval.every=1", "checkpoint.every=1", "data.options.num_clients=8",
+        f"server.clients_per_round={cl}", "client.batch_size=5", "client.local_epochs=null",
+        "client.local_steps=2", f"algorithm.name={name}", "algorithm.num_clusters=2"
+        if name == "ifca" else "algorithm.warmup_rounds=1", *extra])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ifca", "cfl"])
+def test_resumed_run_keeps_every_clients_cluster(tmp_path, name):
+    """Stopped after round 2 and resumed: the per-client file's ``cluster`` column and the
+    metrics equal an uninterrupted run's; the report shows the clients per cluster."""
+    from fedforge.experiment.client_metrics import load_client_metrics
+    from fedforge.experiment.labels import without_wall_clock
+    from fedforge.experiment.report import render
+    from fedforge.experiment.runner import run_experiment
+
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    run_experiment(_clustered_cfg(name), whole, progress=False)
+    run_experiment(_clustered_cfg(name, "rounds=2"), parts, progress=False)
+    run_experiment(_clustered_cfg(name), parts, resume=True, progress=False)
+    a, b = load_client_metrics(whole), load_client_metrics(parts)
+    assert set(a) == set(b) and "cluster" in a
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    assert [without_wall_clock(r) for r in load_metrics(whole)] == \
+        [without_wall_clock(r) for r in load_metrics(parts)]
+    last = [r for r in load_metrics(whole) if "cluster_size_0" in r][-1]
+    rows = a["round"] == a["round"].max()
+    for j in range(2):
+        assert last[f"cluster_size_{j}"] == float((a["cluster"][rows] == j).sum())
+    assert "clients per cluster at each evaluated round" in render(whole)
+
+
+def test_cluster_table_lists_the_clusters_ever_used():
+    from fedforge.experiment.cluster_table import cluster_sizes, cluster_table
+
+    records = [{"round": 1, "train_loss": 1.0},
+               {"round": 2, "cluster_size_0": 5.0, "cluster_size_1": 0.0, "cluster_size_2": 0.0},
+               {"round": 3, "train_loss": 1.0},
+               {"round": 4, "cluster_size_0": 3.0, "cluster_size_1": 0.0, "cluster_size_2": 2.0}]
+    assert cluster_sizes(records) == ([0, 2], [(2, [5, 0]), (4, [3, 2])])
+    assert "<th>cluster 2</th>" in cluster_table("cfl", records)
+    assert "cluster 1" not in cluster_table("cfl", records)
+    assert cluster_table("fedavg", [{"round": 1, "test_accuracy": 0.5}]) == ""
+
+
+def test_client_metrics_file_keeps_the_cluster_column(tmp_path):
+    from fedforge.experiment.client_metrics import COLUMNS, ClientMetricsFile, read_columns
+
+    path = tmp_path / "client_metrics.npz"
+    row = {k: np.zeros(2) for k in COLUMNS[1:]}
+    log = ClientMetricsFile(path)
+    log.append(1, {**row, "cluster": np.array([0, 1])})
+    log.append(2, {**row, "cluster": np.array([1, 1])})
+    resumed = ClientMetricsFile(path, keep_rounds={1})  # a resume cut back to round 1
+    np.testing.assert_array_equal(read_columns(path)["cluster"], [0, 1])
+    resumed.append(2, {**row, "cluster": np.array([1, -1])})
+    np.testing.assert_array_equal(read_columns(path)["cluster"], [0, 1, 1, -1])
+    plain = ClientMetricsFile(tmp_path / "plain.npz")
+    plain.append(1, row)
+    assert "cluster" not in read_columns(tmp_path / "plain.npz")

@@ -274,6 +274,9 @@ class PersonalSpec(Protocol):
         """The spec an evaluation at these server part states uses (a clustered method's
         personal model is its cluster's model, held by the server)."""
 
+    def client_columns(self, states: dict, count: int) -> dict[str, torch.Tensor]:
+        """Extra columns of the per-client metrics file (a clustered method's cluster)."""
+
 
 @dataclass(frozen=True)
 class Algorithm:

@@ -185,7 +185,8 @@ def ifca(local_lr: ScheduleLike, num_clusters: int, seed: int, client_optimizer:
     opt = local_optimizer(client_optimizer, local_lr, weight_decay=weight_decay,
                           max_grad_norm=max_grad_norm, nar=nar)
     return _clustered("ifca", opt, LowestLoss(int(num_clusters), int(seed)),
-                      "IFCA (Ghosh et al. 2020): clients train the lowest-loss of K models")
+                      "IFCA (Ghosh et al. 2020): k_i = argmin_j F_i(θ_j), θ_j <- mean of "
+                      "cluster j's trained models (model averaging)")
 
 
 def _clustered(name: str, opt, part: ClusterModels, description: str,
@@ -290,5 +291,6 @@ def cfl(local_lr: ScheduleLike, eps1: float, eps2: float, warmup_rounds: int,
     opt = local_optimizer(client_optimizer, local_lr, weight_decay=weight_decay,
                           max_grad_norm=max_grad_norm, nar=nar)
     part = Bipartition(int(max_clusters), float(eps1), float(eps2), int(warmup_rounds))
-    return _clustered("cfl", opt, part, "CFL (Sattler et al. 2020): clusters split by the "
-                      "cosine similarity of client updates", frozenset({"full_participation"}))
+    return _clustered("cfl", opt, part, "CFL (Sattler et al. 2020): FedAvg per cluster, split "
+                      "in two by cos(ΔW_i, ΔW_j) when ||mean ΔW|| < ε1, max ||ΔW|| > ε2",
+                      frozenset({"full_participation"}))

@@ -65,5 +65,11 @@ class ClusterSpec(Personal):
     def evaluated_at(self, parts: dict) -> ClusterSpec:
         return replace(self, models=parts[CLUSTERS]["models"])
 
+    def client_columns(self, states: dict, count: int) -> dict[str, torch.Tensor]:
+        """Each client's cluster (-1: none yet, and every held-out client)."""
+        if not states:
+            return {"cluster": torch.full((count,), -1, dtype=torch.int64)}
+        return {"cluster": states[CLUSTERS]["cluster"].reshape(-1).to(torch.int64)}
+
     def covered_by_dp_sgd(self) -> bool:
         return False  # the trained models uploaded in their cluster's slot are not noised

@@ -3,7 +3,9 @@
 Each evaluated round of the personalised protocol adds one row per client: ``round``,
 ``client``, ``held_out``, ``samples`` (its held-out test samples), and the accuracy and mean
 cross-entropy of its personalised model (``personal_accuracy``, ``personal_loss``) and of the
-global model (``global_accuracy``, ``global_loss``) on them. The file is columnar (one numpy
+global model (``global_accuracy``, ``global_loss``) on them; a clustered method (IFCA, CFL)
+adds ``cluster``, each client's cluster at that round (-1: none yet, and held-out clients).
+The file is columnar (one numpy
 array per column, ``numpy.load`` reads it) and rewritten whole, atomically, at each
 evaluated round by the run's log writer, which on resume keeps the rows of the rounds the
 log keeps. ``metrics.jsonl``'s ``personal_accuracy_mean``, ``_p10`` and ``_worst`` are these
@@ -22,6 +24,8 @@ from fedforge.experiment.rundir import write_bytes
 FILE = "client_metrics.npz"
 COLUMNS = ("round", "client", "held_out", "samples", "personal_accuracy", "personal_loss",
            "global_accuracy", "global_loss")
+OPTIONAL = ("cluster",)
+"""Columns only some methods have: a clustered method's cluster of each client (-1: none)."""
 
 
 class ClientColumns(dict):
@@ -52,8 +56,8 @@ class ClientMetricsFile:
         if keep_rounds and path.is_file():
             old = read_columns(path)
             kept = np.isin(old["round"], sorted(keep_rounds))
-            for k in COLUMNS:
-                self.columns[k].append(old[k][kept])
+            for k in (*COLUMNS, *(k for k in OPTIONAL if k in old)):
+                self.columns.setdefault(k, []).append(old[k][kept])
             self._write()
         elif path.is_file() and not path.is_symlink():
             path.unlink()
@@ -65,8 +69,8 @@ class ClientMetricsFile:
             raise ValueError(f"{self.path.name}: round {round_} lacks columns {missing}")
         n = len(columns["client"])
         self.columns["round"].append(np.full(n, round_, dtype=np.int64))
-        for k in COLUMNS[1:]:
-            self.columns[k].append(np.asarray(columns[k]))
+        for k in (*COLUMNS[1:], *(k for k in OPTIONAL if k in columns)):
+            self.columns.setdefault(k, []).append(np.asarray(columns[k]))
         self._write()
 
     def _write(self) -> None:

@@ -27,7 +27,7 @@ from fedforge.data.batching import client_batches
 from fedforge.data.client_split import ClientTests, client_split
 from fedforge.data.federated import gather_round_indices
 from fedforge.engine.local import LossFn, local_update_of
-from fedforge.experiment.client_metrics import ClientColumns
+from fedforge.experiment.client_metrics import OPTIONAL, ClientColumns
 from fedforge.experiment.metrics import PER_CLIENT  # the per-client columns' record key
 
 
@@ -208,6 +208,8 @@ def evaluate_personal(model: nn.Module, algorithm: Algorithm, loss_fn: LossFn,
                 model, algorithm, loss_fn, global_params, cids, states, tests, train_x,
                 train_y, finetune_steps=steps, batch_size=batch_size,
                 train_batch_size=train_batch_size, generator=gen, round_=round_)
+            if algorithm.personal is not None:  # a clustered method's cluster
+                got.update(algorithm.personal.client_columns(states, len(cids)))
             for k, v in got.items():
                 parts.setdefault(k, []).append(v)
         if not ids:
@@ -270,7 +272,8 @@ def _columns(ids: list[int], held_out: bool, got: dict[str, torch.Tensor]) -> di
             "personal_accuracy": got["personal"].numpy(),
             "personal_loss": got["personal_loss"].numpy(),
             "global_accuracy": got["global"].numpy(),
-            "global_loss": got["global_loss"].numpy()}
+            "global_loss": got["global_loss"].numpy(),
+            **{k: got[k].numpy() for k in OPTIONAL if k in got}}
 
 
 def is_personal(algorithm: Algorithm) -> bool:

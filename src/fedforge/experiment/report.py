@@ -19,6 +19,7 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator
 
 from fedforge.experiment.client_plots import client_spreads, ecdf_figure, per_client_column
+from fedforge.experiment.cluster_table import cluster_table
 from fedforge.experiment.compare import format_cell, summary
 from fedforge.experiment.judged import comparison_metric, table_metrics
 from fedforge.experiment.labels import axis_label, metric
@@ -96,6 +97,7 @@ def render(folder: Path, metric_key: str | None = None) -> str:
             "<h2>Final results</h2>", _table(folder, runs, main),
             "<h2>Curves</h2>", _curves(runs, main),
             "<h2>Per-client results</h2>", _clients(runs, main, subtitle),
+            _clusters(runs),
             "<h2>Partition</h2>", _partition(runs),
             "<h2>Configuration</h2>", _configs(folder, runs)]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -207,6 +209,13 @@ def _clients(runs: list[Run], main: str, title: str) -> str:
             + f'<div class="figs">{_png(fig, f"per-client distribution of {about}")}</div>'
             + f'<table id="clients"><tr>{head}</tr>'
             + "".join(f"<tr>{line}</tr>" for line in lines) + "</table>")
+
+
+def _clusters(runs: list[Run]) -> str:
+    """A clustered method's clients per cluster over the rounds ('' when no run has any)."""
+    tables = [cluster_table(f"{run.algorithm} ({run.path.name})", run.records) for run in runs]
+    tables = [t for t in tables if t]
+    return "<h2>Clusters</h2>" + "\n".join(tables) if tables else ""
 
 
 def _partition(runs: list[Run]) -> str:

@@ -133,6 +133,11 @@ class Personal:
         """The spec an evaluation at these server part states uses (this one)."""
         return self
 
+    def client_columns(self, states: dict, count: int) -> dict[str, torch.Tensor]:
+        """Extra columns ``[count]`` of the per-client metrics file from the clients' stacked
+        states (empty for held-out clients): none here."""
+        return {}
+
     def with_head(self, head: Sequence[str] | None) -> Personal:
         """This spec under another split (``[model] head``; ``None`` keeps it)."""
         return self if head is None else replace(self, head=tuple(head))
