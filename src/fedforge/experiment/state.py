@@ -24,13 +24,14 @@ _FIELDS = {  # name: (kind, required); the order is the checkpoint JSON's
             "seed": (_INT, False), "prep_s": (_NUMBER, True), "sim_time_s": (_NUMBER, True),
             "sim_clock": (_TABLE, False), "lr_scale": (_NUMBER, True),
             "rollbacks": (_INT, True), "engine": (_TABLE, False), "privacy": (_TABLE, False),
-            "store": (_TABLE, False), "algorithm": (_TEXT, False)},
+            "store": (_TABLE, False), "algorithm": (_TEXT, False),
+            "flower": (_TABLE, False)},
     UPDATES: {"driver": (_TABLE, True), "wall_s": (_NUMBER, True), "seed": (_INT, False)},
 }
 
 # written only when set: a null one was put there by hand (a null ledger or store record would
 # restart the accounting or the disk store without a word)
-_ABSENT_WHEN_NONE = ("privacy", "store", "algorithm")
+_ABSENT_WHEN_NONE = ("privacy", "store", "algorithm", "flower")
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,8 @@ class RunState:
     the checkpoint's ``clients`` tensors); ``driver``: a multi-task scheduler's own state,
     what its :meth:`fedforge.sim.scheduler.Scheduler.state_dict` returns (clock,
     allocation, tasks); ``algorithm``: the ``algorithm.name`` that wrote the checkpoint
-    (see :meth:`check_algorithm`)."""
+    (see :meth:`check_algorithm`); ``flower``: a Flower server's options
+    (:class:`fedforge.flower.server.ServerOptions`), which a resume may not change."""
 
     round: int = 0
     wall_s: float = 0.0
@@ -62,6 +64,7 @@ class RunState:
     store: dict | None = None
     driver: dict | None = None
     algorithm: str | None = None
+    flower: dict | None = None
     unit: str = ROUND
 
     def __post_init__(self) -> None:

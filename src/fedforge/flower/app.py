@@ -34,7 +34,8 @@ from flwr.serverapp import Grid, ServerApp
 from fedforge.experiment.config import RunConfig, load_config
 from fedforge.flower.client import answer_evaluate, answer_query, answer_train
 from fedforge.flower.common import logger
-from fedforge.flower.server import ServerOptions, run_server
+from fedforge.flower.driver import run_server
+from fedforge.flower.server import ServerOptions
 from fedforge.plugins import load_plugins
 
 # Flower run config key -> (ServerOptions field, type); 0 means "off" for the optional ones

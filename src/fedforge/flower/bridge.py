@@ -46,7 +46,8 @@ from fedforge.flower.client import (
     solo_train,
 )
 from fedforge.flower.common import experiment
-from fedforge.flower.server import PartitionMap, ServerOptions, aggregate, run_server
+from fedforge.flower.driver import run_server
+from fedforge.flower.server import PartitionMap, ServerOptions, aggregate
 
 
 def server_app(cfg: RunConfig, options: ServerOptions | None = None, *,

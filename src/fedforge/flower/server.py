@@ -1,4 +1,5 @@
-"""The server loop: sample, send, screen every reply, aggregate, server step, guard the model.
+"""One round of the Flower server: sample, send, screen every reply, aggregate, server step,
+guard the model (the rounds themselves are :class:`fedforge.flower.driver.FlowerDriver`'s).
 
 Nothing a node sends can crash the loop or set the model on its own: each reply must answer
 the message sent to that node this round (its reply-to id and round), is validated
@@ -10,7 +11,6 @@ is rolled back, and a round without ``min_replies`` valid replies by its timeout
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -19,7 +19,7 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from fedforge.algorithms.base import NEEDS, check_support
-from fedforge.core.tree import Params, flatten_dict, tree_nbytes, unflatten_dict
+from fedforge.core.tree import Params, flatten_dict, unflatten_dict
 from fedforge.experiment.build import round_generator, sample_round
 from fedforge.experiment.config import RunConfig
 from fedforge.experiment.evaluate import evaluate
@@ -35,7 +35,6 @@ from fedforge.flower.checks import (
 from fedforge.flower.client import local_train
 from fedforge.flower.common import (
     SERVER_ROUND,
-    experiment,
     logger,
     standard_message_support,
     to_record,
@@ -474,46 +473,3 @@ def round_line(round_: int, rounds: int, info: dict) -> str:
     line += f" ({len(info['accepted'])} of {info['asked']} replies accepted"
     line += ", skipped)" if info.get("skipped") else ")"
     return line + (" [rolled back]" if info.get("rolled_back") else "")
-
-
-def run_server(grid: Grid, cfg: RunConfig, options: ServerOptions | None = None, *,
-               on_round: Callable[[int, Params, dict], None] | None = None) -> Params:
-    """The server loop; returns the final model. ``on_round(t, params, info)`` sees each
-    round's accepted / rejected replies, byte counts and what the guards did."""
-    options = options or ServerOptions()
-    exp, _ = experiment(cfg)
-    _check_supported(exp, options)
-    view = _server_update(exp, exp.initial_params(), None)
-    if options.protocol == "flower":
-        template = {"arrays": {k: v.cpu() for k, v in flatten_dict(view.params).items()}}
-        nodes = None
-    else:
-        template, nodes = _reply_template(exp, view), PartitionMap(exp.data.num_clients)
-    totals = {"bytes_up_total": 0, "bytes_down_total": 0}
-    for t in range(1, cfg.rounds + 1):
-        _wait_for_nodes(grid, options.min_replies, options.query_timeout)
-        info: dict = {"rejected": [], "skipped": None, "rolled_back": False}
-        if nodes is not None:
-            info["refused_nodes"] = nodes.refresh(grid, options.query_timeout, t)
-        targets = _targets(exp, grid, nodes, t)
-        msgs = [_message(view, tg, t, options) for tg in targets]
-        replies = grid.send_and_receive(msgs, timeout=options.round_timeout) if msgs else []
-        accepted = _screen(replies, targets, template, view, options, info, t,
-                           relative_delta=exp.algorithm.codec is None, msgs=msgs)
-        info["asked"], info["nodes"] = len(msgs), len(list(grid.get_node_ids()))
-        info["accepted"] = [r.target.node if nodes is None else r.target.client
-                            for r in accepted]
-        info["bytes_down"] = view.bytes_down * len(msgs)
-        info["bytes_up"] = view.bytes_up * len(accepted)
-        info["array_bytes_up"] = sum(tree_nbytes(r.delta) + tree_nbytes(r.uploads)
-                                     for r in accepted)
-        totals["bytes_up_total"] += info["bytes_up"]
-        totals["bytes_down_total"] += info["bytes_down"]
-        info.update(totals)
-        view = _step(exp, view, accepted, options, info, t)
-        info["train_loss"] = _train_loss(accepted)
-        info.update(test_metrics(exp, view.params, view.state, t, options.eval_every))
-        logger.info(round_line(t, cfg.rounds, info))
-        if on_round is not None:
-            on_round(t, view.params, info)
-    return view.params
