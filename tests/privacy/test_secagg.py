@@ -121,10 +121,10 @@ def test_algorithms_with_per_client_server_values_are_refused():
 
 
 def test_the_plain_flower_bridge_refuses_privacy():
-    from fedforge.flower.server import ServerOptions, _check_supported
+    from fedforge.flower.server import ServerOptions, check_supported
 
     cfg = load_config(str(CONFIG), [*OVERRIDES.split(), "privacy.mode=local",
                                     "privacy.noise_multiplier=1.0"])
     exp, _ = experiment(cfg)
     with pytest.raises(ValueError, match="^privacy.mode: the Flower bridge sends plain"):
-        _check_supported(exp, ServerOptions())
+        check_supported(exp, ServerOptions())

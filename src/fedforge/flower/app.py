@@ -15,8 +15,10 @@ rejected clients, bytes); the same round line goes to the ServerApp's console, w
 ``fedforge-query-timeout``, ``fedforge-min-replies``, ``fedforge-max-norm-ratio``,
 ``fedforge-max-upload-ratio``, ``fedforge-max-norm``, ``fedforge-eval-every`` (0 switches a
 bound, timeout or the evaluation off) and ``fedforge-protocol`` (see
-:class:`fedforge.flower.server.ServerOptions`). A failing ServerApp logs one ERROR line
-before Flower marks the run failed.
+:class:`fedforge.flower.server.ServerOptions`). ``fedforge-run-dir`` names the run folder
+(``metrics.jsonl``, checkpoints; relative to the SuperLink's folder), which
+``fedforge-resume = true`` continues from its last checkpoint, as ``fedforge run --resume``.
+A failing ServerApp logs one ERROR line before Flower marks the run failed.
 """
 
 from __future__ import annotations
@@ -117,29 +119,51 @@ def one_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def rounds_log(out: str) -> Path | None:
-    """``model.rounds.jsonl`` beside ``fedforge-out``, emptied for this run."""
-    if not out:
-        return None
-    log = Path(out).with_suffix(".rounds.jsonl")
-    log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text("")
-    return log
+class RoundsLog:
+    """``model.rounds.jsonl`` beside ``fedforge-out``, one JSON line a round: a fresh run
+    starts it empty, a resumed one keeps the lines of the rounds before its first."""
+
+    def __init__(self, out: str, resume: bool) -> None:
+        self.path = Path(out).with_suffix(".rounds.jsonl")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.resume, self.started = resume, False
+
+    def __call__(self, t: int, params: dict, info: dict) -> None:
+        if not self.started:
+            old = self.path.read_text().splitlines() if self.resume and self.path.is_file() else []
+            kept = [line for line in old if json.loads(line)["round"] < t]
+            self.path.write_text("".join(line + "\n" for line in kept))
+            self.started = True
+        with self.path.open("a") as f:
+            f.write(json.dumps({"round": t, **info}) + "\n")
+
+
+def run_folder_from_run(run_config: dict) -> tuple[str | None, bool, bool]:
+    """``fedforge-run-dir`` (the run folder, as ``fedforge run --out``; unset: none kept),
+    ``fedforge-resume`` and ``fedforge-overwrite`` (as ``--resume`` / ``--overwrite``)."""
+    flags = []
+    for key in ("fedforge-resume", "fedforge-overwrite"):
+        value = run_config.get(key, False)
+        if not isinstance(value, bool):
+            raise ValueError(f"run config: {key}: expected true or false, got {value!r}")
+        flags.append(value)
+    out = str(run_config.get("fedforge-run-dir", "")).strip() or None
+    if out is None and any(flags):
+        raise ValueError("run config: fedforge-resume / fedforge-overwrite need "
+                         "fedforge-run-dir (the run folder)")
+    return out, flags[0], flags[1]
 
 
 def serve(grid: Grid, run_config: dict, base: Path | None = None) -> None:
-    """The deployable ServerApp's body: run, log every round, save the model."""
+    """The deployable ServerApp's body: run (in ``fedforge-run-dir``, resumable), log every
+    round, save the model."""
     cfg = config_from_run(run_config, base)
     options = options_from_run(run_config)
+    run_dir, resume, overwrite = run_folder_from_run(run_config)
     out = str(run_config.get("fedforge-out", ""))
-    log = rounds_log(out)
-
-    def on_round(t: int, params: dict, info: dict) -> None:
-        if log is not None:
-            with log.open("a") as f:
-                f.write(json.dumps({"round": t, **info}) + "\n")
-
-    params = run_server(grid, cfg, options, on_round=on_round)
+    log = RoundsLog(out, resume) if out else None
+    params = run_server(grid, cfg, options, on_round=log, out_dir=run_dir, resume=resume,
+                        overwrite=overwrite)
     if out:
         from safetensors.torch import save_file  # noqa: PLC0415
 

@@ -30,17 +30,17 @@ from fedforge.flower.server import (
     PartitionMap,
     ServerOptions,
     ServerView,
-    _check_supported,
-    _message,
-    _reply_template,
-    _screen,
-    _server_update,
-    _step,
-    _targets,
-    _train_loss,
-    _wait_for_nodes,
+    aggregate_step,
+    check_supported,
+    reply_template,
     round_line,
+    round_targets,
+    screen_replies,
+    server_update,
     test_metrics,
+    train_loss,
+    train_message,
+    wait_for_nodes,
 )
 from fedforge.robust.divergence import DivergenceError
 
@@ -91,13 +91,13 @@ class FlowerDriver:
 
     def start(self) -> None:
         exp = self.exp
-        _check_supported(exp, self.options)
-        initial = _server_update(exp, exp.initial_params(), None)
+        check_supported(exp, self.options)
+        initial = server_update(exp, exp.initial_params(), None)
         if self.options.protocol == "flower":
             self.template = {"arrays": {k: v.cpu() for k, v in initial.params.items()}}
             self.nodes = None
         else:
-            self.template = _reply_template(exp, initial)
+            self.template = reply_template(exp, initial)
             self.nodes = PartitionMap(exp.data.num_clients)
         self.view = initial if self._loaded is None else self._restore(self._loaded)
         self._loaded = None
@@ -108,19 +108,19 @@ class FlowerDriver:
         template = self.exp.initial_params()
         params = restore_like(template, tensors["params"], "params")
         state = self.exp.algorithm.server.restore(template, tensors.get("server", {}))
-        return _server_update(self.exp, params, state, round_=self.state.round)
+        return server_update(self.exp, params, state, round_=self.state.round)
 
     def step(self) -> list[dict]:
         exp, options, grid, s = self.exp, self.options, self.grid, self.state
         t = s.round + 1
-        _wait_for_nodes(grid, options.min_replies, options.query_timeout)
+        wait_for_nodes(grid, options.min_replies, options.query_timeout)
         info: dict = {"rejected": [], "skipped": None, "rolled_back": False}
         if self.nodes is not None:
             info["refused_nodes"] = self.nodes.refresh(grid, options.query_timeout, t)
-        targets = _targets(exp, grid, self.nodes, t)
-        msgs = [_message(self.view, tg, t, options) for tg in targets]
+        targets = round_targets(exp, grid, self.nodes, t)
+        msgs = [train_message(self.view, tg, t, options) for tg in targets]
         replies = grid.send_and_receive(msgs, timeout=options.round_timeout) if msgs else []
-        accepted = _screen(replies, targets, self.template, self.view, options, info, t,
+        accepted = screen_replies(replies, targets, self.template, self.view, options, info, t,
                            relative_delta=exp.algorithm.codec is None, msgs=msgs)
         info["asked"], info["nodes"] = len(msgs), len(list(grid.get_node_ids()))
         info["accepted"] = [r.target.node if self.nodes is None else r.target.client
@@ -133,8 +133,8 @@ class FlowerDriver:
                              bytes_down=s.bytes_down + info["bytes_down"])
         info["bytes_up_total"], info["bytes_down_total"] = self.state.bytes_up, \
             self.state.bytes_down
-        self.view = _step(exp, self.view, accepted, options, info, t)
-        info["train_loss"] = _train_loss(accepted)
+        self.view = aggregate_step(exp, self.view, accepted, options, info, t)
+        info["train_loss"] = train_loss(accepted)
         info.update(test_metrics(exp, self.view.params, self.view.state, t, options.eval_every))
         if self.on_round is not None:
             self.on_round(t, self.view.params, info)

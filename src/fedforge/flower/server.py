@@ -98,7 +98,7 @@ class ServerView(NamedTuple):
     bytes_up: int
 
 
-def _server_update(exp: Experiment, params: Params, server_state: ServerState | None = None,
+def server_update(exp: Experiment, params: Params, server_state: ServerState | None = None,
                    mean_delta: Params | None = None, mean_uploads: dict | None = None,
                    num_accepted: int = 0, num_clients: int = 0, round_: int = 0) -> ServerView:
     """Every call into the algorithm's server side, in one place: ``server_state`` None
@@ -129,7 +129,7 @@ uploads are averaged uniformly (no sample-count weighting of part uploads), upda
 out plain (differential privacy runs in simulation only), and no node is told its client id."""
 
 
-def _check_supported(exp: Experiment, options: ServerOptions) -> None:
+def check_supported(exp: Experiment, options: ServerOptions) -> None:
     cfg = exp.cfg
     if cfg.privacy.on:  # clipping and noise are simulated only (docs/privacy.md)
         raise ValueError("privacy.mode: the Flower bridge sends plain updates; differential "
@@ -143,7 +143,7 @@ def _check_supported(exp: Experiment, options: ServerOptions) -> None:
         raise ValueError(f"protocol 'flower': {why}")
 
 
-def _reply_template(exp: Experiment, view: ServerView) -> dict:
+def reply_template(exp: Experiment, view: ServerView) -> dict:
     """Expected reply shapes: a dry run of round 1's first client (fresh state)."""
     ids = sample_round(exp, 1)[0]
     delta, uploads, _, _ = local_train(exp.cfg, 1, int(ids[0]), view.params, view.broadcast,
@@ -312,7 +312,7 @@ def _robust_mean(exp: Experiment, replies: list[Reply], weights: list[float]
     return unflatten_dict(mean_flat), mean_uploads, shown
 
 
-def _targets(exp: Experiment, grid: Grid, nodes: PartitionMap | None, round_: int
+def round_targets(exp: Experiment, grid: Grid, nodes: PartitionMap | None, round_: int
              ) -> list[Target]:
     """This round's cohort: fedforge's sampling (native) or a draw over connected nodes."""
     if nodes is not None:
@@ -326,7 +326,7 @@ def _targets(exp: Experiment, grid: Grid, nodes: PartitionMap | None, round_: in
     return [Target(connected[i], None, 1.0, None) for i in sorted(pick[:num].tolist())]
 
 
-def _message(view: ServerView, target: Target, round_: int, options: ServerOptions
+def train_message(view: ServerView, target: Target, round_: int, options: ServerOptions
              ) -> Message:
     if options.protocol == "flower":
         content = RecordDict({"arrays": to_record(view.params),
@@ -362,7 +362,7 @@ def _reject(info: dict, round_: int, node: int, client: int | None, why: str) ->
     info["rejected"].append({"node": node, "client": client, "reason": why})
 
 
-def _wait_for_nodes(grid: Grid, count: int, timeout: float | None) -> None:
+def wait_for_nodes(grid: Grid, count: int, timeout: float | None) -> None:
     """Wait (up to ``timeout``) until ``count`` nodes are connected, as Flower's strategies
     do, so a run started before its SuperNodes does not skip its first rounds."""
     end = time.monotonic() + (timeout or 0.0)
@@ -370,7 +370,7 @@ def _wait_for_nodes(grid: Grid, count: int, timeout: float | None) -> None:
         time.sleep(1.0)
 
 
-def _screen(replies, targets: list[Target], template: dict, view: ServerView,
+def screen_replies(replies, targets: list[Target], template: dict, view: ServerView,
             options: ServerOptions, info: dict, round_: int,
             relative_delta: bool = True, msgs: list[Message] | None = None) -> list[Reply]:
     """Validate every reply and bound its norm; rejections and silent nodes go to ``info``
@@ -418,7 +418,7 @@ def _weights(cfg: RunConfig, accepted: list[Reply]) -> list[float]:
             for r in accepted]
 
 
-def _step(exp: Experiment, view: ServerView, accepted: list[Reply], options: ServerOptions,
+def aggregate_step(exp: Experiment, view: ServerView, accepted: list[Reply], options: ServerOptions,
           info: dict, round_: int) -> ServerView:
     """Aggregate and step, or skip the round (too few replies) or roll it back (non-finite)."""
     weights = _weights(exp.cfg, accepted)
@@ -427,24 +427,24 @@ def _step(exp: Experiment, view: ServerView, accepted: list[Reply], options: Ser
                            f"(min_replies {options.min_replies})")
         logger.warning("round %d: %s within the %s s round timeout; the round is skipped and "
                        "the model is unchanged", round_, info["skipped"], options.round_timeout)
-        return _server_update(exp, view.params, view.state, round_=round_)
+        return server_update(exp, view.params, view.state, round_=round_)
     if exp.robust is not None:
         mean_delta, mean_uploads, robust_info = _robust_mean(exp, accepted, weights)
         info.update(robust_info)
     else:
         mean_delta, mean_uploads = aggregate(
             [(r.delta, r.uploads, w) for r, w in zip(accepted, weights)], exp.device)
-    new = _server_update(exp, view.params, view.state, mean_delta, mean_uploads, len(accepted),
+    new = server_update(exp, view.params, view.state, mean_delta, mean_uploads, len(accepted),
                          exp.data.num_clients, round_)
     if bad := _non_finite(new):
         logger.error("round %d: the server step made %s non-finite; rolled back to the "
                      "previous model", round_, bad[:3])
         info["rolled_back"] = True
-        return _server_update(exp, view.params, view.state, round_=round_)
+        return server_update(exp, view.params, view.state, round_=round_)
     return new
 
 
-def _train_loss(accepted: list[Reply]) -> float | None:
+def train_loss(accepted: list[Reply]) -> float | None:
     """Mean training loss of the accepted replies that trained (as the simulator's
     ``train_loss``): fedforge clients report ``loss``, Flower's quickstart ``train_loss``."""
     losses = [float(m.get("loss", m.get("train_loss")))
