@@ -124,3 +124,14 @@ def test_run_folder_keys_of_the_run_config():
         run_folder_from_run({"fedforge-run-dir": "runs/a", "fedforge-resume": "yes"})
     with pytest.raises(ValueError, match="need fedforge-run-dir"):
         run_folder_from_run({"fedforge-resume": True})
+
+
+def test_deployable_server_names_its_run_config_keys(tmp_path):
+    """A second start into a run folder that holds a run says which run config key to set."""
+    cfg = tiny_cfg(*RUN)
+    conf = run_config(tmp_path, "a")
+    conf["fedforge-overrides"] = conf["fedforge-overrides"].replace("rounds=5", "rounds=1")
+    serve(FakeGrid(client_app(cfg), NUM_CLIENTS), conf)
+    with pytest.raises(RunDirError, match="holds an earlier run; pass fedforge-resume = true "
+                                          "to continue it or fedforge-overwrite = true"):
+        serve(FakeGrid(client_app(cfg), NUM_CLIENTS), conf)

@@ -34,6 +34,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from fedforge.experiment.config import RunConfig, load_config
+from fedforge.experiment.rundir import RunDirError
 from fedforge.flower.client import answer_evaluate, answer_query, answer_train
 from fedforge.flower.common import logger
 from fedforge.flower.driver import run_server
@@ -154,6 +155,17 @@ def run_folder_from_run(run_config: dict) -> tuple[str | None, bool, bool]:
     return out, flags[0], flags[1]
 
 
+RUN_CONFIG_WORDS = {"--resume": "fedforge-resume = true",
+                    "--overwrite": "fedforge-overwrite = true", "--out": "fedforge-run-dir"}
+
+
+def in_run_config_words(text: str) -> str:
+    """A run folder's error, naming the run config keys instead of the command's options."""
+    for option, key in RUN_CONFIG_WORDS.items():
+        text = text.replace(option, key)
+    return text
+
+
 def serve(grid: Grid, run_config: dict, base: Path | None = None) -> None:
     """The deployable ServerApp's body: run (in ``fedforge-run-dir``, resumable), log every
     round, save the model."""
@@ -162,8 +174,11 @@ def serve(grid: Grid, run_config: dict, base: Path | None = None) -> None:
     run_dir, resume, overwrite = run_folder_from_run(run_config)
     out = str(run_config.get("fedforge-out", ""))
     log = RoundsLog(out, resume) if out else None
-    params = run_server(grid, cfg, options, on_round=log, out_dir=run_dir, resume=resume,
-                        overwrite=overwrite)
+    try:
+        params = run_server(grid, cfg, options, on_round=log, out_dir=run_dir, resume=resume,
+                            overwrite=overwrite)
+    except RunDirError as exc:  # its advice in the words of the Flower run config
+        raise type(exc)(in_run_config_words(str(exc))) from None
     if out:
         from safetensors.torch import save_file  # noqa: PLC0415
 
