@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("flwr", reason="the Flower bridge needs `pip install 'fedforge[flower]'`")
 if shutil.which("flower-superlink") is None or shutil.which("flower-supernode") is None:
@@ -47,6 +48,7 @@ from safetensors.torch import load_file  # noqa: E402
 
 from fedforge.experiment.config import load_config  # noqa: E402
 from fedforge.flower import ServerOptions, client_app, run_server  # noqa: E402
+from fedforge.flower.app import serve  # noqa: E402
 from fedforge.flower.common import experiment  # noqa: E402
 
 from . import interop_app  # noqa: E402
@@ -243,10 +245,11 @@ class Deployment:
                              timeout=60)
         assert out.returncode == 0 and "registered" in out.stdout, out.stdout + out.stderr
 
-    def run(self, app: Path, out: Path | None) -> str:
+    def run(self, app: Path, out: Path | None, *flags: str) -> str:
         """``flwr run . local --stream`` in the app directory, as the docs say; wait for the
         ServerApp to write ``out``. Returns the streamed output."""
-        run = subprocess.run(["flwr", "run", ".", "local", "--stream"], cwd=app, env=self.env,
+        run = subprocess.run(["flwr", "run", ".", "local", "--stream", *flags], cwd=app,
+                             env=self.env,
                              capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stdout + run.stderr
         end = time.monotonic() + 60
@@ -410,3 +413,90 @@ def test_flower_interop_on_localhost(tmp_path: Path) -> None:
     rounds = [json.loads(r) for r in (tmp_path / "b.rounds.jsonl").read_text().splitlines()]
     assert len(rounds) == 3 and all(len(r["accepted"]) == 2 and not r["rejected"]
                                     for r in rounds)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux ``/proc``): the SuperLink's SuperExec starts each
+    run's ``flwr-serverapp`` in a session of its own, so no process group holds them all."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def serverapp_pids(d: Deployment) -> list[int]:
+    """The ``flwr-serverapp`` processes the test's SuperLink started."""
+    pids = []
+    for pid in descendants(d.procs[0].pid):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(part.endswith(b"flwr-serverapp") for part in cmd[:2]):
+            pids.append(pid)
+    return pids
+
+
+def checkpointed_round(run_dir: Path) -> int:
+    latest = run_dir / "checkpoints" / "latest.json"
+    if not latest.is_file():
+        return 0
+    name = json.loads(latest.read_text())["checkpoint"]
+    return json.loads((run_dir / "checkpoints" / name).read_text())["round"]
+
+
+@pytest.mark.slow
+def test_killed_server_app_resumes_to_the_uninterrupted_run_on_localhost(tmp_path: Path) -> None:
+    """The documented app, 5 rounds, a checkpoint every round, in a run folder
+    (``fedforge-run-dir``). Its ServerApp process is SIGKILLed once round 2 is checkpointed,
+    and ``flwr run`` again with ``fedforge-resume=true`` finishes the run: the model,
+    ``metrics.jsonl`` (but wall seconds) and ``model.rounds.jsonl`` equal, bit for bit, the
+    same run uninterrupted (in-process, the same server and client code)."""
+    overrides = "rounds=5 checkpoint.every=1"
+    run_dir, out = tmp_path / "run", tmp_path / "model.safetensors"
+    app = copy_example(tmp_path / "app")
+    toml = app / "pyproject.toml"
+    toml.write_text(toml.read_text().replace('fedforge-overrides = ""',
+                                             f'fedforge-overrides = "{overrides}"'))
+    flags = ["--run-config", f'fedforge-run-dir="{run_dir}" fedforge-resume=true']
+    d = Deployment(tmp_path, secure=False)
+    try:
+        for i in range(2):
+            d.node(f"supernode{i}", i, 2)
+        start = subprocess.run(["flwr", "run", ".", "local", *flags], cwd=app, env=d.env,
+                               capture_output=True, text=True, timeout=300)
+        assert start.returncode == 0, start.stdout + start.stderr
+        end = time.monotonic() + 600
+        while checkpointed_round(run_dir) < 2 and time.monotonic() < end:
+            time.sleep(0.2)
+        (pid,) = serverapp_pids(d)
+        os.kill(pid, signal.SIGKILL)
+        assert checkpointed_round(run_dir) < 5 and not out.exists()  # killed mid-run
+        console = d.run(app, out, *flags)
+    finally:
+        d.close()
+    assert "round 5/5" in console and "round 1/5" not in console  # resumed, not restarted
+    cfg = load_config(str(EXAMPLE / "fedforge.toml"), overrides.split())
+    serve(FakeGrid(client_app(cfg), 2), {
+        "fedforge-config": str(EXAMPLE / "fedforge.toml"), "fedforge-overrides": overrides,
+        "fedforge-out": str(tmp_path / "ref.safetensors"),
+        "fedforge-run-dir": str(tmp_path / "ref")})
+    want, got = load_file(tmp_path / "ref.safetensors"), load_file(out)
+    assert want.keys() == got.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+    def records(folder: Path) -> list[dict]:
+        lines = (folder / "metrics.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(x).items() if k != "wall_s"} for x in lines]
+
+    assert records(run_dir) == records(tmp_path / "ref")
+    assert [r["round"] for r in records(run_dir)] == [1, 2, 3, 4, 5]
+    assert rounds_of(tmp_path / "model.rounds.jsonl") == rounds_of(tmp_path / "ref.rounds.jsonl")
