@@ -47,7 +47,7 @@ class RunState:
     what its :meth:`fedforge.sim.scheduler.Scheduler.state_dict` returns (clock,
     allocation, tasks); ``algorithm``: the ``algorithm.name`` that wrote the checkpoint
     (see :meth:`check_algorithm`); ``flower``: a Flower server's options
-    (:class:`fedforge.flower.server.ServerOptions`), which a resume may not change."""
+    (:class:`fedforge.flower.server.ServerOptions`), checked on resume."""
 
     round: int = 0
     wall_s: float = 0.0
