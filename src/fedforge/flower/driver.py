@@ -120,8 +120,8 @@ class FlowerDriver:
         targets = round_targets(exp, grid, self.nodes, t)
         msgs = [train_message(self.view, tg, t, options) for tg in targets]
         replies = grid.send_and_receive(msgs, timeout=options.round_timeout) if msgs else []
-        accepted = screen_replies(replies, targets, self.template, self.view, options, info, t,
-                           relative_delta=exp.algorithm.codec is None, msgs=msgs)
+        accepted = screen_replies(replies, targets, self.template, self.view, options, info,
+                                  t, relative_delta=exp.algorithm.codec is None, msgs=msgs)
         info["asked"], info["nodes"] = len(msgs), len(list(grid.get_node_ids()))
         info["accepted"] = [r.target.node if self.nodes is None else r.target.client
                             for r in accepted]
@@ -131,8 +131,7 @@ class FlowerDriver:
                                      for r in accepted)
         self.state = replace(s, round=t, bytes_up=s.bytes_up + info["bytes_up"],
                              bytes_down=s.bytes_down + info["bytes_down"])
-        info["bytes_up_total"], info["bytes_down_total"] = self.state.bytes_up, \
-            self.state.bytes_down
+        info.update(bytes_up_total=self.state.bytes_up, bytes_down_total=self.state.bytes_down)
         self.view = aggregate_step(exp, self.view, accepted, options, info, t)
         info["train_loss"] = train_loss(accepted)
         info.update(test_metrics(exp, self.view.params, self.view.state, t, options.eval_every))

@@ -99,8 +99,8 @@ class ServerView(NamedTuple):
 
 
 def server_update(exp: Experiment, params: Params, server_state: ServerState | None = None,
-                   mean_delta: Params | None = None, mean_uploads: dict | None = None,
-                   num_accepted: int = 0, num_clients: int = 0, round_: int = 0) -> ServerView:
+                  mean_delta: Params | None = None, mean_uploads: dict | None = None,
+                  num_accepted: int = 0, num_clients: int = 0, round_: int = 0) -> ServerView:
     """Every call into the algorithm's server side, in one place: ``server_state`` None
     initialises; a ``mean_delta`` is folded in by the server step (codec decoding included);
     then the broadcast and byte counts of round ``round_ + 1`` are derived."""
@@ -313,7 +313,7 @@ def _robust_mean(exp: Experiment, replies: list[Reply], weights: list[float]
 
 
 def round_targets(exp: Experiment, grid: Grid, nodes: PartitionMap | None, round_: int
-             ) -> list[Target]:
+                  ) -> list[Target]:
     """This round's cohort: fedforge's sampling (native) or a draw over connected nodes."""
     if nodes is not None:
         ids, _, _, agg, _ = sample_round(exp, round_)
@@ -327,7 +327,7 @@ def round_targets(exp: Experiment, grid: Grid, nodes: PartitionMap | None, round
 
 
 def train_message(view: ServerView, target: Target, round_: int, options: ServerOptions
-             ) -> Message:
+                  ) -> Message:
     if options.protocol == "flower":
         content = RecordDict({"arrays": to_record(view.params),
                               "config": ConfigRecord({SERVER_ROUND: round_})})
@@ -371,8 +371,9 @@ def wait_for_nodes(grid: Grid, count: int, timeout: float | None) -> None:
 
 
 def screen_replies(replies, targets: list[Target], template: dict, view: ServerView,
-            options: ServerOptions, info: dict, round_: int,
-            relative_delta: bool = True, msgs: list[Message] | None = None) -> list[Reply]:
+                   options: ServerOptions, info: dict, round_: int,
+                   relative_delta: bool = True, msgs: list[Message] | None = None
+                   ) -> list[Reply]:
     """Validate every reply and bound its norm; rejections and silent nodes go to ``info``
     and the log. Returns the accepted replies in the simulator's order.
 
@@ -418,8 +419,8 @@ def _weights(cfg: RunConfig, accepted: list[Reply]) -> list[float]:
             for r in accepted]
 
 
-def aggregate_step(exp: Experiment, view: ServerView, accepted: list[Reply], options: ServerOptions,
-          info: dict, round_: int) -> ServerView:
+def aggregate_step(exp: Experiment, view: ServerView, accepted: list[Reply],
+                   options: ServerOptions, info: dict, round_: int) -> ServerView:
     """Aggregate and step, or skip the round (too few replies) or roll it back (non-finite)."""
     weights = _weights(exp.cfg, accepted)
     if len(accepted) < options.min_replies or sum(weights) <= 0:
@@ -435,7 +436,7 @@ def aggregate_step(exp: Experiment, view: ServerView, accepted: list[Reply], opt
         mean_delta, mean_uploads = aggregate(
             [(r.delta, r.uploads, w) for r, w in zip(accepted, weights)], exp.device)
     new = server_update(exp, view.params, view.state, mean_delta, mean_uploads, len(accepted),
-                         exp.data.num_clients, round_)
+                        exp.data.num_clients, round_)
     if bad := _non_finite(new):
         logger.error("round %d: the server step made %s non-finite; rolled back to the "
                      "previous model", round_, bad[:3])
