@@ -11,6 +11,8 @@
   ERROR line naming ``fedforge-secagg-shares``, and Flower records the run as failed;
 * interoperability: fedforge's ClientApp under Flower's ``FedAvg`` ServerApp, and a plain
   Flower ClientApp under fedforge's ServerApp, each equal to the same run in-process.
+* resume (slow): the example app's ServerApp process SIGKILLed after a checkpoint and started
+  again with ``fedforge-resume=true`` ends with the uninterrupted run's model and records.
 
 40-120 s each (every ClientApp call starts a fresh ``flwr-clientapp`` process that imports
 torch); they run in CI (flwr is a test extra).
