@@ -17,6 +17,7 @@ from fedforge.algorithms.fedexp import fedexp
 from fedforge.algorithms.fednova import fednova
 from fedforge.algorithms.fedopt import fedadagrad, fedadam, fedams, fedyogi
 from fedforge.algorithms.fedptr import fedptr, fedptr_s
+from fedforge.algorithms.moon import moon
 from fedforge.algorithms.personal import PERSONAL_ALGORITHMS
 from fedforge.algorithms.scaffold import scaffold
 
@@ -49,6 +50,7 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
     "afl": afl,
     "ifca": ifca,  # clustered FL (docs/baselines.md)
     "cfl": cfl,
+    "moon": moon,
     **PERSONAL_ALGORITHMS,  # personalised FL (docs/personalised.md)
 }
 

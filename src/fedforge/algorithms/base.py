@@ -278,6 +278,18 @@ class PersonalSpec(Protocol):
         """Extra columns of the per-client metrics file (a clustered method's cluster)."""
 
 
+class LocalObjective(Protocol):
+    """A local loss other than the run's, which reads the round's context besides the step's
+    batch (MOON's contrastive term: forward passes of the global and the client's previous
+    model). The engine's ``objective`` stage differentiates it at every local step instead
+    of the run's loss; it is declared here, with the algorithm that carries it
+    (:attr:`Algorithm.objective`), so the engine reads a typed field."""
+
+    def loss(self, params: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+             ctx: RoundContext) -> torch.Tensor:
+        """The masked mean loss of one step's batch at ``params`` (``w`` [B], 0 = padding)."""
+
+
 @dataclass(frozen=True)
 class Algorithm:
     """``(local_optimizer, parts, server optimizer, codec)`` plus paper defaults.
@@ -305,6 +317,8 @@ class Algorithm:
     # personalised FL (fedforge.algorithms.personal sets it on a personalised method): where
     # a client's round starts, what it sends, its personal model at evaluation
     personal: PersonalSpec | None = None
+    # a local loss other than the run's (MOON's): every local step descends its gradient
+    objective: LocalObjective | None = None
     # False: no model travels, down or up (FedProto sends class prototypes): the bytes are
     # the broadcast down and the parts' uploads up
     sends_model: bool = True

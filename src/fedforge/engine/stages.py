@@ -17,7 +17,7 @@ placed before one it must follow (each stage lists those in ``after``).
 :func:`local_stages` builds an algorithm's chain from its typed fields, in the order
 ``docs/architecture.md`` draws::
 
-    dropout -> padding -> personal -> step_batch -> privacy -> parts -> codec
+    dropout -> padding -> personal -> objective -> step_batch -> privacy -> parts -> codec
 
 A new capability (LoRA adapters, say) is a new stage, not a branch in the loop: write the
 hooks it needs (the defaults leave the round as it is), list in ``after`` the stages whose
@@ -33,7 +33,13 @@ from typing import NamedTuple
 
 import torch
 
-from fedforge.algorithms.base import Algorithm, FinalizeInputs, PersonalSpec, PrivacyMechanism
+from fedforge.algorithms.base import (
+    Algorithm,
+    FinalizeInputs,
+    LocalObjective,
+    PersonalSpec,
+    PrivacyMechanism,
+)
 from fedforge.algorithms.personal.batch import StepBatch, with_step_batch
 from fedforge.client.transforms import RoundContext
 from fedforge.comm.codec import Codec
@@ -230,6 +236,22 @@ def personal_stage(spec: PersonalSpec) -> Stage:
     return Stage("personal", begin=begin, finish=finish)
 
 
+def objective_stage(objective: LocalObjective) -> Stage:
+    """A local loss other than the run's (:attr:`Algorithm.objective`, MOON's): its gradient,
+    on the step's batch and in the round's context, is what the optimizer gets and what every
+    later stage takes as the loss's (``loss_grad``)."""
+    grad_and_value = torch.func.grad_and_value(objective.loss)
+
+    def step(s: Step, ctx: RoundContext, data: ClientData) -> Step:
+        def loss_grad(params: Params, x, y, w):
+            return grad_and_value(params, x, y, w, ctx)
+
+        return s._replace(loss_grad=loss_grad,
+                          grad=lambda params, b: loss_grad(params, b.x, b.y, b.w))
+
+    return Stage("objective", step=step)
+
+
 def step_batch() -> Stage:
     """The step's batch in the optimizer's context (:mod:`fedforge.algorithms.personal.batch`),
     for a local step that takes gradients at other points of it (APFL, pFedMe, ...)."""
@@ -246,7 +268,7 @@ def step_batch() -> Stage:
 
         return s._replace(context=context)
 
-    return Stage("step_batch", step=step, after=("dropout",))
+    return Stage("step_batch", step=step, after=("dropout", "objective"))
 
 
 def privacy_stage(mechanism: PrivacyMechanism, loss_fn: LossFn) -> Stage:
@@ -262,7 +284,7 @@ def privacy_stage(mechanism: PrivacyMechanism, loss_fn: LossFn) -> Stage:
         delta, uploads = mechanism.client_delta(up.delta, ctx.broadcast, ctx.info)
         return up._replace(delta=up.only_sent(delta), uploads={**up.uploads, **uploads})
 
-    return Stage("privacy", step=step, finish=finish, after=("personal",))
+    return Stage("privacy", step=step, finish=finish, after=("personal", "objective"))
 
 
 def parts_stage(algorithm: Algorithm) -> Stage:
@@ -312,8 +334,10 @@ def local_stages(algorithm: Algorithm, loss_fn: LossFn, *, masked: bool,
         stages.append(padding_masks())
     if (personal := algorithm.personal) is not None:
         stages.append(personal_stage(personal))
-        if personal.step_batch:
-            stages.append(step_batch())
+    if algorithm.objective is not None:
+        stages.append(objective_stage(algorithm.objective))
+    if personal is not None and personal.step_batch:
+        stages.append(step_batch())
     if algorithm.privacy is not None:
         stages.append(privacy_stage(algorithm.privacy, loss_fn))
     stages.append(parts_stage(algorithm))

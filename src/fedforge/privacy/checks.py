@@ -41,6 +41,10 @@ def check_algorithm(algorithm: Algorithm, template: Params | None, cfg: PrivacyC
                          f"{algorithm.name!r}: its shared model trains on gradients DP-SGD "
                          f"does not noise or after personal passes the accountant does not "
                          f"charge; use mode 'central' or 'local'")
+    if cfg.mode == "sample" and algorithm.objective is not None:
+        raise ValueError(f"privacy.mode: 'sample' is ill-defined for algorithm "
+                         f"{algorithm.name!r}: its local loss is its own, whose gradient "
+                         f"DP-SGD does not clip or noise; use mode 'central' or 'local'")
     if template is None:
         return
     refused = sorted(algorithm.needs(template) & REFUSED[cfg.mode])

@@ -58,6 +58,7 @@ FEDNOVA_CODE = "JYWa/FedNova"
 FAIR_CODE = "litian96/fair_flearn"
 IFCA_CODE = "jichan3751/ifca"
 CFL_CODE = "felisat/clustered-federated-learning"
+MOON_CODE = "QinbinLi/MOON"
 
 
 def _sgd_client(lr: Default | None = None) -> dict[str, Default]:
@@ -340,6 +341,18 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Default]] = {
         "weight_decay": ours(0.0, "the code's optimizer has none"),
         "max_grad_norm": ours(None, "the code clips nothing"),
         "nar": ours(False, "FedNAR's co-clipped decay is opt-in"),
+    },
+    "moon": {
+        "local_lr": code(0.01, f"{MOON_CODE} README.md: --lr=0.01 (Li et al. 2021, Sec. 4.1: "
+                               "SGD lr 0.01 for every method)"),
+        "local_momentum": code(0.9, f"{MOON_CODE} main.py: optim.SGD(momentum=0.9)"),
+        "weight_decay": code(1e-5, f"{MOON_CODE} main.py: --reg 1e-5 (SGD weight_decay)"),
+        "mu": code(5.0, f"{MOON_CODE} README.md: --mu=5 on CIFAR-10 (Li et al. 2021, Sec. 4.1: "
+                        "μ = 5 on CIFAR-10, 1 on CIFAR-100 and Tiny-ImageNet)"),
+        "temperature": code(0.5, f"{MOON_CODE} main.py: --temperature 0.5 (Li et al. 2021, "
+                                 "Sec. 4.1: τ = 0.5)"),
+        "head": ours(None, "z is the head's input: [model] head, else the model's last layer "
+                           "(the code's 2-layer projection head is not added; docs/baselines.md)"),
     },
     **{  # personalised FL (algorithms/personal, docs/personalised.md)
         "local_only": _sgd_client(),

@@ -28,8 +28,8 @@ from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
 from fedforge.algorithms.defaults import defaults_from
 from fedforge.algorithms.personal.base import Personal, PersonalAlgorithm, PersonalPart, Phase
 from fedforge.algorithms.personal.batch import step_batch
-from fedforge.algorithms.personal.split import head_names
 from fedforge.algorithms.personal.stateful import stepping
+from fedforge.algorithms.personal.representation import features_and_logits, head_weight
 from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import local_step
 from fedforge.core.schedules import ScheduleLike
@@ -38,29 +38,6 @@ from fedforge.server.optimizers import server_sgd
 
 NAME = "fedproto"
 WEIGHTS = ("samples", "clients")
-
-
-def head_weight(params: Params, patterns: Sequence[str] | None) -> str:
-    """The head's one 2-d parameter ``[classes, d]``: its input is the representation."""
-    mats = [n for n in head_names(list(params), patterns) if params[n].dim() == 2]
-    if len(mats) != 1:
-        raise ValueError(f"fedproto: the model's head must be one linear layer (one 2-d "
-                         f"weight [classes, d]) whose input is the representation, found {mats}")
-    return mats[0]
-
-
-def features_and_logits(model: torch.nn.Module, head: str, params: Params,
-                        x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(f(x) [B, d], logits [B, K])`` of ``model`` at ``params``: ``f(x)`` is the input of
-    the module owning the head weight ``head``, caught by a pre-hook during one forward."""
-    caught = []
-    module = model.get_submodule(head.rpartition(".")[0])
-    handle = module.register_forward_pre_hook(lambda m, args: caught.append(args[0]))
-    try:
-        logits = torch.func.functional_call(model, params, (x,))
-    finally:
-        handle.remove()
-    return caught[0].flatten(1), logits
 
 
 class Prototypes(Part):
