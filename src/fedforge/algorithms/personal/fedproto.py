@@ -28,8 +28,8 @@ from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
 from fedforge.algorithms.defaults import defaults_from
 from fedforge.algorithms.personal.base import Personal, PersonalAlgorithm, PersonalPart, Phase
 from fedforge.algorithms.personal.batch import step_batch
-from fedforge.algorithms.personal.stateful import stepping
 from fedforge.algorithms.personal.representation import features_and_logits, head_weight
+from fedforge.algorithms.personal.stateful import stepping
 from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import local_step
 from fedforge.core.schedules import ScheduleLike
