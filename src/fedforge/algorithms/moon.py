@@ -112,5 +112,6 @@ def moon(local_lr: ScheduleLike, local_momentum: float, weight_decay: ScheduleLi
                           weight_decay=weight_decay)
     return Algorithm(NAME, opt, server_sgd(1.0), parts=(part,), objective=part,
                      aggregation="num_samples",
-                     description="MOON (Li et al. 2021): FedAvg with a model-contrastive local "
-                                 "loss (global model positive, previous local model negative)")
+                     description="MOON (Li et al. 2021): local CE + μ·(−log softmax([cos(z, "
+                                 "z_glob), cos(z, z_prev)]/τ)[0]), z the head's input, z_prev "
+                                 "the client's last local model; FedAvg server")
