@@ -18,6 +18,7 @@ from fedforge.engine.stages import (
     chain,
     codec_stage,
     local_stages,
+    objective_stage,
     parts_stage,
     personal_stage,
     privacy_stage,
@@ -52,6 +53,9 @@ def test_a_stage_before_one_it_must_follow_is_refused_in_one_line():
     fedavg = build_algorithm("fedavg")
     with pytest.raises(ValueError, match="'codec' must come after 'parts'"):
         chain(codec_stage(Codec()), parts_stage(fedavg))
+    objective = build_algorithm("moon").objective
+    with pytest.raises(ValueError, match="'privacy' must come after 'objective'"):
+        chain(privacy_stage(_Privacy(), _loss()), objective_stage(objective))
     with pytest.raises(ValueError, match="duplicate names in parts -> parts"):
         chain(parts_stage(fedavg), parts_stage(fedavg))
 
@@ -65,14 +69,17 @@ def test_a_personal_private_chain_is_in_the_documented_order():
 
 
 def test_every_stage_at_once_is_the_documented_chain():
-    """A dropout model, padded steps, a personal method whose step reads its batch, privacy
-    and a codec: every stage, in the order the docs draw."""
+    """A dropout model, padded steps, a personal method whose step reads its batch, its own
+    local loss, privacy and a codec: every stage, in the order the docs draw."""
     apfl = build_algorithm("apfl")
     assert apfl.personal.step_batch
-    full = replace(apfl, privacy=_Privacy(), codec=Codec())
+    full = replace(apfl, privacy=_Privacy(), codec=Codec(),
+                   objective=build_algorithm("moon").objective)
     names = local_stages(full, _loss("simple_cnn"), masked=True).names
     assert list(names) == _documented_order()
     assert local_stages(build_algorithm("fedavg"), _loss(), masked=False).names == ("parts",)
+    moon = local_stages(build_algorithm("moon"), _loss(), masked=False).names
+    assert moon == ("objective", "parts")  # a non-personal method with its own local loss
 
 
 def test_a_new_capability_is_a_stage():
