@@ -75,42 +75,53 @@ def run_flower(cfg: RunConfig, target: float, *, node_timeout: float = 120.0) ->
     """W3 on Flower's simulation engine; see the module docstring for what is timed.
     ``total_s`` is the whole call: data loading, Ray's start-up and shutdown included."""
     try:
-        from flwr.app import (
-            ArrayRecord,
-            ConfigRecord,
-            Context,
-            Message,
-            MessageType,
-            MetricRecord,
-            RecordDict,
-        )
-        from flwr.clientapp import ClientApp
-        from flwr.serverapp import Grid, ServerApp
-        from flwr.serverapp.strategy import FedAvg
-        from flwr.simulation import run_simulation
+        from fedforge.bench.flower_sim import simulate
     except ImportError as e:  # pragma: no cover - optional extra
         raise RuntimeError('the Flower baseline needs pip install "fedforge[bench]"') from e
 
     started = time.perf_counter()
     lr = baseline_lr(cfg)
-    if cfg.data.root is None:  # Ray actors may not share this process's --data-root/cwd
-        from fedforge.data.root import resolve_data_root
-
-        root = str(resolve_data_root(None).path.resolve())
-        cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"root": root})})
+    cfg = _with_data_root(cfg)
     data = load_federated(cfg, torch.device("cpu"))
     net = build_network(cfg, data)
-    sizes = data.client_sizes()
     state: dict = {}
+    server_app = _server_app(cfg, data, net, target, state, node_timeout)
+    simulate(server_app, _client_app(cfg, lr), data.num_clients)
+    if "watch" not in state:
+        raise RuntimeError("flower: the strategy never started")
+    return state["watch"].result("flower", started)
+
+
+def _with_data_root(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with its data folder written out: Ray actors may not share this process's
+    --data-root or current folder."""
+    if cfg.data.root is not None:
+        return cfg
+    from fedforge.data.root import resolve_data_root
+
+    root = str(resolve_data_root(None).path.resolve())
+    return cfg.model_copy(update={"data": cfg.data.model_copy(update={"root": root})})
+
+
+def _client_app(cfg: RunConfig, lr: float):
+    """The nodes: each loads the data at the start-up query and trains its client with the
+    plain loop's SGD on the batches the message names."""
+    from fedforge.bench.flower_sim import (
+        ArrayRecord,
+        ClientApp,
+        Context,
+        Message,
+        MetricRecord,
+        RecordDict,
+        partition_reply,
+    )
 
     client_app = ClientApp()
 
     @client_app.query()
     def query(msg: Message, context: Context) -> Message:
         actor_setup(cfg)
-        pid = int(context.node_config["partition-id"])
-        return Message(RecordDict({"config": ConfigRecord({"partition-id": pid})}),
-                       reply_to=msg)
+        return partition_reply(msg, context)
 
     @client_app.train()
     def train(msg: Message, context: Context) -> Message:
@@ -123,9 +134,15 @@ def run_flower(cfg: RunConfig, target: float, *, node_timeout: float = 120.0) ->
                             "metrics": MetricRecord({"num-examples": int(own.numel())})})
         return Message(content=reply, reply_to=msg)
 
-    class SeededFedAvg(FedAvg):
-        """Flower's FedAvg on the nodes of fedforge's cohort, with their batch orders."""
+    return client_app
 
+
+def _seeded_fedavg(cfg: RunConfig, sizes, state: dict):
+    """Flower's FedAvg on the nodes of fedforge's cohort, with their batch orders; a round
+    with a missing or failed reply is an error."""
+    from fedforge.bench.flower_sim import ConfigRecord, FedAvg, Message, MessageType, RecordDict
+
+    class SeededFedAvg(FedAvg):
         def configure_train(self, server_round, arrays, config, grid):
             msgs = []
             for cid, batches in draw_cohort(cfg, sizes, server_round):
@@ -144,6 +161,22 @@ def run_flower(cfg: RunConfig, target: float, *, node_timeout: float = 120.0) ->
                                    f"{state['sent']} replies, errors: {failed[:1]}")
             return super().aggregate_train(server_round, replies)
 
+    return SeededFedAvg(fraction_evaluate=0.0)
+
+
+def _server_app(cfg: RunConfig, data, net: torch.nn.Module, target: float, state: dict,
+                node_timeout: float):
+    """The server: finds every client's node, then runs the strategy, evaluating the global
+    model every ``eval.every`` rounds and stopping at the first at or above ``target``."""
+    from fedforge.bench.flower_sim import (
+        ArrayRecord,
+        Context,
+        Grid,
+        MetricRecord,
+        ServerApp,
+        node_of_partition,
+    )
+
     def evaluate_fn(server_round: int, arrays):
         if server_round == 0:  # the strategy starts: the clock starts
             state["watch"] = TargetWatch(target)
@@ -160,29 +193,15 @@ def run_flower(cfg: RunConfig, target: float, *, node_timeout: float = 120.0) ->
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
-        nodes: list[int] = []
-        end = time.monotonic() + node_timeout
-        while len(nodes) < data.num_clients and time.monotonic() < end:
-            nodes = sorted(grid.get_node_ids())
-            time.sleep(0.05)
-        ask = [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n,
-                       message_type=MessageType.QUERY) for n in nodes]
-        replies = list(grid.send_and_receive(ask, timeout=node_timeout * 10))
-        state["node_of"] = {int(m.content["config"]["partition-id"]): m.metadata.src_node_id
-                            for m in replies if not m.has_error()}
+        state["node_of"] = node_of_partition(grid, data.num_clients, node_timeout)
         if len(state["node_of"]) != data.num_clients:
             raise RuntimeError(f"flower: {len(state['node_of'])} of {data.num_clients} "
                                "nodes answered the start-up query")
-        strategy = SeededFedAvg(fraction_evaluate=0.0)
+        strategy = _seeded_fedavg(cfg, data.client_sizes(), state)
         try:
             strategy.start(grid=grid, initial_arrays=ArrayRecord(net.state_dict()),
                            num_rounds=cfg.rounds, evaluate_fn=evaluate_fn)
         except _Reached:
             pass
 
-    run_simulation(server_app=server_app, client_app=client_app,
-                   num_supernodes=data.num_clients,
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
-    if "watch" not in state:
-        raise RuntimeError("flower: the strategy never started")
-    return state["watch"].result("flower", started)
+    return server_app

@@ -328,35 +328,42 @@ def run_flower(spec: dict, work: Workload, data: Data, clock: Clock
     """Flower's FedAvg on its simulation engine: one supernode per user, the cohort's
     nodes trained each round, one CPU and one thread per client actor."""
     try:
-        from flwr.app import (
-            ArrayRecord,
-            ConfigRecord,
-            Context,
-            Message,
-            MessageType,
-            MetricRecord,
-            RecordDict,
-        )
-        from flwr.clientapp import ClientApp
-        from flwr.serverapp import Grid, ServerApp
-        from flwr.serverapp.strategy import FedAvg
-        from flwr.simulation import run_simulation
+        from fedforge.bench.flower_sim import simulate
     except ImportError as e:  # the parent checks first; this is for a direct call
         raise RuntimeError('the flower row needs pip install "fedforge[bench]"') from e
+    from fedforge.engine.procs import default_workers
+
+    net = initial_model(work)
+    state: dict = {"failed": 0}
+    simulate(_flower_server(spec, work, net, clock, state), _flower_clients(spec, work),
+             work.users)
+    if state["failed"]:  # its model would not be FedAvg's over the whole cohort
+        rounds = spec["warmup"] + spec["iterations"]
+        raise RuntimeError(f"flower: {state['failed']} of {rounds * work.cohort} client updates "
+                           "failed (Ray's log above says why); the row is not reported")
+    return net, f"{default_workers()} actors x 1 thread", {"flwr": md.version("flwr")}
+
+
+def _flower_clients(spec: dict, work: Workload):
+    """The nodes: each trains its user with the plain loop on its actor's data."""
+    from fedforge.bench.flower_sim import (
+        ArrayRecord,
+        ClientApp,
+        Context,
+        Message,
+        MetricRecord,
+        RecordDict,
+        partition_reply,
+    )
 
     # by its module's name, not this process's __main__: pickled by reference (see the function)
     from fedforge.bench.pfl_cifar10_run import flower_actor
 
-    net = initial_model(work)
-    rounds = spec["warmup"] + spec["iterations"]
-    state: dict = {"failed": 0}
     client_app = ClientApp()
 
     @client_app.query()
     def query(msg: Message, context: Context) -> Message:
-        pid = int(context.node_config["partition-id"])
-        return Message(RecordDict({"config": ConfigRecord({"partition-id": pid})}),
-                       reply_to=msg)
+        return partition_reply(msg, context)
 
     @client_app.train()
     def train(msg: Message, context: Context) -> Message:
@@ -368,10 +375,15 @@ def run_flower(spec: dict, work: Workload, data: Data, clock: Clock
                                    "metrics": MetricRecord({"num-examples": work.per_user})}),
                        reply_to=msg)
 
-    class CohortFedAvg(FedAvg):
-        """Flower's FedAvg on the nodes of the benchmark's cohort; counts failed replies,
-        which Flower's FedAvg leaves out of the average."""
+    return client_app
 
+
+def _cohort_fedavg(work: Workload, state: dict):
+    """Flower's FedAvg on the nodes of the benchmark's cohort; counts failed replies, which
+    Flower's FedAvg leaves out of the average."""
+    from fedforge.bench.flower_sim import ConfigRecord, FedAvg, Message, MessageType, RecordDict
+
+    class CohortFedAvg(FedAvg):
         def aggregate_train(self, server_round, replies):
             replies = list(replies)
             state["failed"] += sum(m.has_error() for m in replies)
@@ -383,6 +395,16 @@ def run_flower(spec: dict, work: Workload, data: Data, clock: Clock
                             message_type=MessageType.TRAIN)
                     for u in cohort_ids(work, server_round)]
 
+    return CohortFedAvg(fraction_evaluate=0.0)
+
+
+def _flower_server(spec: dict, work: Workload, net: nn.Module, clock: Clock, state: dict):
+    """The server: finds every user's node, runs the strategy, stamps the clock after each
+    round and keeps the last round's model in ``net``."""
+    from fedforge.bench.flower_sim import ArrayRecord, Context, Grid, ServerApp, node_of_partition
+
+    rounds = spec["warmup"] + spec["iterations"]
+
     def evaluate_fn(server_round: int, arrays):
         clock.stamp()
         if server_round == rounds:
@@ -393,26 +415,12 @@ def run_flower(spec: dict, work: Workload, data: Data, clock: Clock
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
-        nodes: list[int] = []
-        while len(nodes) < work.users:
-            nodes = sorted(grid.get_node_ids())
-            time.sleep(0.05)
-        ask = [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n,
-                       message_type=MessageType.QUERY) for n in nodes]
-        state["node_of"] = {int(m.content["config"]["partition-id"]): m.metadata.src_node_id
-                            for m in grid.send_and_receive(ask) if not m.has_error()}
-        strategy = CohortFedAvg(fraction_evaluate=0.0)
+        state["node_of"] = node_of_partition(grid, work.users)
+        strategy = _cohort_fedavg(work, state)
         strategy.start(grid=grid, initial_arrays=ArrayRecord(net.state_dict()),
                        num_rounds=rounds, evaluate_fn=evaluate_fn)
 
-    run_simulation(server_app=server_app, client_app=client_app, num_supernodes=work.users,
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
-    if state["failed"]:  # its model would not be FedAvg's over the whole cohort
-        raise RuntimeError(f"flower: {state['failed']} of {rounds * work.cohort} client updates "
-                           "failed (Ray's log above says why); the row is not reported")
-    from fedforge.engine.procs import default_workers
-
-    return net, f"{default_workers()} actors x 1 thread", {"flwr": md.version("flwr")}
+    return server_app
 
 
 RUNNERS = {"fedforge": run_fedforge, "plain": run_plain, "pfl": run_pfl, "flower": run_flower}
