@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +39,8 @@ def pretrain(cfg: RunConfig, out: str | Path, *, part: Part = "public", epochs: 
     dataset named in the config). ``model.init_from`` is ignored: the fine-tuning config that
     names this run's output can be pretrained from as it is.
     """
+    if part not in get_args(Part):
+        raise ValueError(f"--part: expected public, private or all, got {part!r}")
     if epochs < 1 or batch_size < 1 or lr <= 0:
         raise ValueError(f"pretrain: need epochs >= 1, batch_size >= 1 and lr > 0, got "
                          f"{epochs}, {batch_size}, {lr}")
@@ -88,3 +90,9 @@ def pretrain(cfg: RunConfig, out: str | Path, *, part: Part = "public", epochs: 
     write_bytes(out, WEIGHTS, save({k: v.contiguous() for k, v in params.items()}))
     write_text(out, SUMMARY, json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def summary_line(summary: dict, out: str | Path) -> str:
+    """What ``fedforge pretrain`` prints when it is done."""
+    return (f"pretrained {summary['model']} on {summary['train_samples']} samples: "
+            f"test_accuracy={summary['test_accuracy']:.4f} -> {out}")

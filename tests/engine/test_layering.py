@@ -34,6 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("engine",),  # the pure local update, cohort engines, federated_round, jobs mode
     ("robust", "privacy", "sim", "plugins"),  # composed around the round by the runner
     ("experiment",),  # config, the run loop, metrics, checkpoints, compare, plots
+    ("commands",),  # what the commands share: printing, one-line errors, common options
     ("pretrain",),  # centralised pre-training runs
     ("reproduce", "bench", "flower"),  # paper reproductions, benchmarks, the Flower bridge
     ("cli",),  # the `fedforge` command

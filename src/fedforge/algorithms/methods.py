@@ -70,6 +70,21 @@ def parameter_rows(name: str) -> list[tuple[str, str, str, str]]:
     return [(k, show(table[k].value), table[k].source, table[k].ref) for k in keys]
 
 
+def method_table() -> tuple[str, tuple[str, ...], list[tuple[str, str, str]]]:
+    """``fedforge algorithms``: title, columns and a row per method (name, kind, what it is)."""
+    return ("methods (fedforge algorithms --params NAME for the defaults)",
+            ("name", "kind", "description"),
+            [(name, kind, describe(name)) for name, kind in all_methods().items()])
+
+
+def parameter_table(name: str) -> tuple[str, tuple[str, ...], list[tuple[str, str, str, str]]]:
+    """``fedforge algorithms --params NAME``: title, columns and :func:`parameter_rows`; an
+    unknown method is a ``ValueError``."""
+    rows, kind = parameter_rows(name), method_kind(name)
+    return (f"{name} ({kind}): defaults and their sources",
+            ("parameter", "default", "source", "where / why"), rows)
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")  # a bare | would end the table cell
 

@@ -9,9 +9,26 @@ and command) to ``benchmarks/results`` and regenerates ``benchmarks/RESULTS.md``
 the checkout; elsewhere ``results/`` in the bench's own folder,
 :func:`fedforge.bench.report.default_results`) — speed targets are checked here, never in
 unit tests.
+
+The package itself imports nothing (its names load on first use), so that the command line
+builds the ``fedforge bench`` group (:mod:`fedforge.bench.commands`) without torch.
 """
 
-from fedforge.bench.report import machine_line
-from fedforge.bench.results import record_results, run_info
+from __future__ import annotations
 
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+_NAMES = {"machine_line": "report", "record_results": "results", "run_info": "results"}
+"""A public name -> the module of ``fedforge.bench`` it is loaded from."""
 __all__ = ["machine_line", "record_results", "run_info"]
+
+if TYPE_CHECKING:
+    from fedforge.bench.report import machine_line  # noqa: F401
+    from fedforge.bench.results import record_results, run_info  # noqa: F401
+
+
+def __getattr__(name: str):
+    if name in _NAMES:
+        return getattr(import_module(f"fedforge.bench.{_NAMES[name]}"), name)
+    raise AttributeError(f"module 'fedforge.bench' has no attribute {name!r}")

@@ -374,3 +374,33 @@ def gain(t_baseline: float | None, t_method: float | None) -> float | None:
     if t_baseline is None or t_method is None or t_baseline <= 0:
         return None
     return (t_baseline - t_method) / t_baseline
+
+
+def compare_command(config: Path, algorithms: str, overrides: list[str], out: Path, *,
+                    seeds: str | None, target: float | None, metric: str | None, paired: str,
+                    progress: bool, overwrite: bool) -> tuple[list[dict], str]:
+    """``fedforge compare``: the comparison of the ``--algorithms`` (in a multi-task file,
+    of its methods) -> the table's rows and the line naming what was written. A bad option
+    is a ``ValueError`` naming it."""
+    names = [a.strip() for a in algorithms.split(",") if a.strip()]
+    if not names:
+        raise ValueError("--algorithms: expected a comma-separated list, e.g. fedavg,scaffold")
+    methods = method_configs(config, names, overrides)
+    if methods is not None:  # a multi-task file: --algorithms names methods
+        rows, plot = run_multitask_comparison(methods, out, progress=progress,
+                                              overwrite=overwrite, allow_processes=True)
+        return rows, f"plot: {plot}"
+    cfgs = comparison_configs(config, names, overrides, parse_seeds(seeds))
+    rows, plot = run_comparison(cfgs, out, target=target, progress=progress,
+                                overwrite=overwrite, allow_processes=True, metric=metric,
+                                paired=paired)
+    return rows, f"plot: {plot} (and .pdf); table: {out / 'table.json'} (and .csv)"
+
+
+def printed_table(rows: list[dict], out: Path) -> tuple[str, list[str], list[list[str]]]:
+    """The comparison as the command prints it: title, columns (each metric described) and
+    cells (mean ± half the 95 % interval over the seeds)."""
+    columns = [col if col in ("algorithm", "method", "seeds") else metric_label(col).described
+               for col in rows[0]]
+    return (f"comparison ({out}); mean ± half the 95 % interval over seeds", columns,
+            [[format_cell(v, row.get("seeds")) for v in row.values()] for row in rows])

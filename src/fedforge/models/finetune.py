@@ -146,7 +146,7 @@ class FineTuned(nn.Module):
         elif adapters:
             raise ConfigError("model.options.adapters: set only with mode = 'lora'")
         src = resolve_source(path)
-        full_path = str(src.folder / src.gguf_file if src.gguf_file else src.folder)
+        full_path = str(src.path)
         self.path, self.task, self.mode = full_path, task, mode
         self.num_classes = int(num_classes)
         frozen = tuple(sorted((k, tuple(v) if isinstance(v, list) else v)

@@ -49,6 +49,11 @@ class ModelSource:
             return [self.folder / self.gguf_file]
         return sorted(p for p in self.folder.iterdir() if p.suffix == ".safetensors")
 
+    @property
+    def path(self) -> Path:
+        """What ``model.options.path`` names: the GGUF file, or the folder."""
+        return self.folder / self.gguf_file if self.gguf_file else self.folder
+
 
 @dataclass(frozen=True)
 class InstalledModel:
@@ -60,6 +65,11 @@ class InstalledModel:
     source: ModelSource
     upstream: str  # where the third-party weights come from
     task: str
+
+    @property
+    def description(self) -> str:
+        """Its line in ``fedforge models``."""
+        return f"{self.task}, installed by {self.package} {self.version}"
 
 
 # Packages known to ship a model, with where their weights come from (issue 53). Both are
@@ -132,6 +142,15 @@ def installed_models(packages: Sequence[str] = tuple(KNOWN_PACKAGES)) -> list[In
             found.append(InstalledModel(name, package, dist.version,
                                         ModelSource(f.parent, f.name), upstream, task))
     return found
+
+
+def model_rows(installed: Sequence[InstalledModel]) -> list[tuple[str, str]]:
+    """``fedforge models``: (name, description) of each registered model, then of each
+    installed pretrained one."""
+    from fedforge.models import MODELS
+
+    rows = [(name, entry[1]) for name, entry in sorted(MODELS.items())]
+    return rows + [(f"pretrained: {m.name}", m.description) for m in installed]
 
 
 def _transformers() -> Any:

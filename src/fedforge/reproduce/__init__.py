@@ -25,7 +25,7 @@ from fedforge.reproduce.spec import (
     register,
 )
 
-__all__ = ["REPRODUCTIONS", "Comparison", "Condition", "Reproduction", "Sweep",
+__all__ = ["REPRODUCTIONS", "Comparison", "Condition", "Reproduction", "Sweep", "command",
            "default_out", "get_reproduction", "parse_seeds", "register", "report_all",
            "reproduce"]
 
@@ -100,3 +100,30 @@ def report_all(data: Path, out: Path) -> Path:
     for spec in specs:
         write_report(spec, data, out, command=f"fedforge reproduce {spec.name}")
     return write_summary(specs, data, out)
+
+
+def command(name: str, *, scale: str, report_only: bool, runs: Path, data: Path,
+            out: Path | None, seeds: str | None, conditions: str | None,
+            progress: bool) -> Path | str:
+    """``fedforge reproduce NAME``: the report page written, or (``scale="paper"``) the text
+    of the paper-scale commands. ``all`` rewrites every page and the summary from the raw
+    metrics only. A bad option or an unknown name is a ``ValueError`` naming it."""
+    from fedforge.reproduce.report import paper_scale
+
+    if scale not in ("cpu", "paper"):
+        raise ValueError(f"--scale: expected cpu or paper, got {scale!r}")
+    if name == "all":
+        if not report_only:
+            raise ValueError("reproduce all: only with --report-only (each grid runs on its own)")
+        return report_all(data, out or Path("reproductions"))
+    try:
+        spec = get_reproduction(name)
+        if scale == "paper":
+            return paper_scale(spec)
+        return reproduce(spec, runs=runs, data=data, out=out, report_only=report_only,
+                         progress=progress, allow_processes=True,
+                         seeds=parse_seeds(seeds) if seeds else None,
+                         conditions=tuple(c.strip() for c in conditions.split(","))
+                         if conditions else None)
+    except KeyError as exc:  # an unknown reproduction or --conditions name
+        raise ValueError(exc.args[0]) from None
