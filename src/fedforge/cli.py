@@ -375,7 +375,8 @@ def list_models(plugin: Plugins = None) -> None:
     """Registered models, and the pretrained models installed packages ship (model.name =
     "pretrained" with model.options.path set to the folder shown)."""
     setup(plugin)
-    from fedforge.models.pretrained import installed_models, model_rows
+    from fedforge.models import model_rows
+    from fedforge.models.pretrained import installed_models
 
     installed = installed_models()
     print_table("models", ("name", "description"), model_rows(installed), highlight=True,

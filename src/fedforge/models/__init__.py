@@ -15,6 +15,7 @@ from fedforge.core.memory import check_allocation, module_nbytes
 
 from .convnet import ConvNet
 from .finetune import FineTuned
+from .pretrained import InstalledModel
 from .recurrent import LSTM, CharLSTM
 from .resnet import ResNet18GN
 from .simple import CNN, MLP, LeNet5, LogReg, PflSimpleCNN, SimpleCNN
@@ -79,6 +80,13 @@ def build_model(
         check_allocation(size[1], f"model.options: {name!r} with {kwargs or 'defaults'}: "
                                   f"{size[0]} parameters")
     return cls(shape, int(num_classes), **kwargs)
+
+
+def model_rows(installed: Sequence[InstalledModel] = ()) -> list[tuple[str, str]]:
+    """``fedforge models``: (name, description) of each registered model, then of each
+    installed pretrained one (:func:`~fedforge.models.pretrained.installed_models`)."""
+    rows = [(name, entry[1]) for name, entry in sorted(MODELS.items())]
+    return rows + [(f"pretrained: {m.name}", m.description) for m in installed]
 
 
 def num_parameters(model: nn.Module, trainable_only: bool = False) -> int:

@@ -144,15 +144,6 @@ def installed_models(packages: Sequence[str] = tuple(KNOWN_PACKAGES)) -> list[In
     return found
 
 
-def model_rows(installed: Sequence[InstalledModel]) -> list[tuple[str, str]]:
-    """``fedforge models``: (name, description) of each registered model, then of each
-    installed pretrained one."""
-    from fedforge.models import MODELS
-
-    rows = [(name, entry[1]) for name, entry in sorted(MODELS.items())]
-    return rows + [(f"pretrained: {m.name}", m.description) for m in installed]
-
-
 def _transformers() -> Any:
     """transformers, imported offline (the variable only counts before its first import;
     ``local_files_only=True`` guards every load either way)."""
