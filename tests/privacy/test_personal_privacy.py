@@ -33,8 +33,9 @@ from fedforge.server.chain import Aggregate  # noqa: E402
 
 # FedBN keeps normalisation layers, which an MLP has none of: it keeps the first layer here
 OPTIONS = {"fedbn": {"norm": ["net.0.*"]}}
-# FedProto sends class prototypes, uploads no DP mode noises: refused in every mode (below)
-NO_DP = {"fedproto"}
+# FedProto sends class prototypes, IFCA and CFL trained models in their cluster's slot,
+# uploads no DP mode noises: refused in every mode (below)
+NO_DP = {"fedproto", "ifca", "cfl"}
 PERSONAL = sorted(n for n in ALGORITHMS if n not in NO_DP
                   and build_algorithm(n, **OPTIONS.get(n, {})).personal is not None)
 # refused with DP-SGD: gradients outside the step loop (pFedMe, Per-FedAvg, FedRoD, FedALA's
