@@ -335,6 +335,14 @@ class Algorithm:
         return GLOBAL_METRIC if self.personal is None else PERSONAL_METRIC
 
     @property
+    def steps_on_mean_delta(self) -> bool:
+        """Whether the server moves the model from the mean delta, the one value a robust
+        aggregator replaces: not where the server stage steps from the parts' uploads
+        (FedNova, q-FFL, AFL) or no model travels (FedProto)."""
+        opt = self.server_optimizer
+        return self.sends_model and (not isinstance(opt, ServerTransform) or opt.reads_delta)
+
+    @property
     def needs_grad_sum(self) -> bool:
         return any(p.needs_grad_sum for p in self.parts)
 

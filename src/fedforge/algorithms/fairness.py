@@ -125,7 +125,7 @@ def qffl_step() -> ServerTransform:
         return ({k: p - up["delta"][k] / up["h"].to(p.dtype) for k, p in params.items()},
                 agg, state)
 
-    return ServerTransform("opt", lambda params: {}, update)
+    return ServerTransform("opt", lambda params: {}, update, reads_delta=False)
 
 
 @defaults_from("qffl")
@@ -219,7 +219,7 @@ def afl_step(server_lr: float, average: bool) -> ServerTransform:
     def eval_params(params, state):
         return state["avg"] if average else params
 
-    return ServerTransform("opt", init, update, eval_params)
+    return ServerTransform("opt", init, update, eval_params, reads_delta=False)
 
 
 @defaults_from("afl")

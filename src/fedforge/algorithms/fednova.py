@@ -92,7 +92,7 @@ def normalised_step(optimizer: ServerOptimizer) -> ServerTransform:
         updates, state = optimizer.update(step, state, params)
         return {k: p + updates[k] for k, p in params.items()}, agg, state
 
-    return ServerTransform("opt", optimizer.init, update)
+    return ServerTransform("opt", optimizer.init, update, reads_delta=False)
 
 
 @defaults_from("fednova")

@@ -900,7 +900,7 @@ def _check_registries(cfg: SingleTaskConfig) -> None:
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
     check_participation(cfg, algorithm, cfg.data.num_clients)
-    _check_robust(cfg)
+    _check_robust(cfg, algorithm)
     check_privacy(cfg, algorithm)
     check_population_run(cfg, algorithm)
     check_sampler(cfg)
@@ -928,11 +928,18 @@ def check_participation(cfg: SingleTaskConfig, algorithm: Any, population: int |
             "sim.straggler_k = none")
 
 
-def _check_robust(cfg: SingleTaskConfig) -> None:
-    """server.aggregator / its options, and that rollback can scale the local lr."""
+def _check_robust(cfg: SingleTaskConfig, algorithm: Any) -> None:
+    """server.aggregator / its options, that the algorithm's server step reads what a robust
+    aggregator replaces, and that rollback can scale the local lr."""
     from fedforge.robust.aggregators import build_aggregator  # noqa: PLC0415
     from fedforge.robust.divergence import scale_lr  # noqa: PLC0415
 
+    aggregator = cfg.server.aggregator
+    if aggregator != "mean" and not algorithm.steps_on_mean_delta:
+        raise ConfigError(f"server.aggregator: {aggregator!r} would change nothing for "
+                          f"algorithm {algorithm.name!r}, whose server step does not move the "
+                          f"model from the mean delta (the one value a robust aggregator "
+                          f"replaces); use server.aggregator = \"mean\"")
     try:
         build_aggregator(cfg.server.aggregator, **cfg.server.aggregator_options)
         if cfg.divergence == "rollback":

@@ -47,6 +47,9 @@ class ServerTransform(NamedTuple):
     update: StageUpdate
     # where the model is evaluated, if not at the new params (FedExP: last two iterates)
     eval_params: Callable[[Params, dict], Params] | None = None
+    # False: the stage steps the model from the parts' uploads, not from the mean delta
+    # (FedNova, q-FFL, AFL), so a robust aggregator, which replaces that mean, changes nothing
+    reads_delta: bool = True
 
 
 @dataclass(frozen=True)
