@@ -129,6 +129,8 @@ tests_for() {
       echo "tests/algorithms/test_personal_*.py tests/algorithms/test_defaults.py" \
            "tests/privacy/test_personal_privacy.py" \
            "-k 'not extending_snippet and not fedbn_config and not quickstart'" ;;
+    src/fedforge/algorithms/clustered.py | src/fedforge/algorithms/clustered_spec.py)
+      echo "tests/algorithms/test_clustered.py" ;;  # IFCA and CFL (the resumed runs are slow)
     src/fedforge/algorithms/*)
       echo "tests/algorithms -k 'not fedptr and not backbone'" ;;
     src/fedforge/experiment/personal_eval.py)  # the pFL evaluation (held-out data per client)

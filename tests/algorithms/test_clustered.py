@@ -332,3 +332,13 @@ def test_client_metrics_file_keeps_the_cluster_column(tmp_path):
     plain = ClientMetricsFile(tmp_path / "plain.npz")
     plain.append(1, row)
     assert "cluster" not in read_columns(tmp_path / "plain.npz")
+
+
+def test_bytes_per_client():
+    """IFCA: the K models down; CFL: only the client's cluster's model; up one model + index."""
+    params = {"w": torch.zeros(2, dtype=torch.float64)}
+    ifca = build_algorithm("ifca", num_clusters=3)
+    ifca.parts[0].initial = lambda p: [p] * 3
+    assert ifca.message_nbytes(params, ifca.server_init(params)) == (3 * 16, 16 + 4)
+    cfl = build_algorithm("cfl", max_clusters=5)
+    assert cfl.message_nbytes(params, cfl.server_init(params)) == (16, 16 + 4)

@@ -144,6 +144,11 @@ class Part:
         (:attr:`Algorithm.sends_model` False)."""
         return 0
 
+    def download_nbytes(self, params: Params, server_state: dict) -> int:
+        """Bytes each client receives of this part, for an algorithm whose model never travels:
+        its broadcast (CFL sends a client only its own cluster's model)."""
+        return tree_nbytes(self.broadcast(server_state))
+
     def prepare_cohort(self, prep: PrepareInputs) -> tuple[dict, dict, dict]:
         """Before local training, per cohort, eagerly (not vmapped, same for every engine).
 
@@ -509,7 +514,8 @@ class Algorithm:
     ) -> tuple[int, int]:
         """Bytes (down, up) per sampled client: model + broadcast down, delta + uploads up."""
         if not self.sends_model:
-            return (int(tree_nbytes(self.broadcast(server_state))),
+            return (int(sum(p.download_nbytes(params, server_state["parts"][p.name])
+                            for p in self.parts)),
                     int(sum(p.upload_nbytes(params, server_state["parts"][p.name])
                             for p in self.parts)))
         down = tree_nbytes(params) + tree_nbytes(self.broadcast(server_state))

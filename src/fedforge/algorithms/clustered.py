@@ -244,6 +244,9 @@ class Bipartition(ClusterModels):
         return {**super().client_init(params),
                 "update": {k: torch.zeros_like(v) for k, v in params.items()}}
 
+    def download_nbytes(self, params: Params, server_state: dict) -> int:
+        return tree_nbytes(params)  # a client needs only its cluster's model
+
     def keep(self, fin: FinalizeInputs, state: dict) -> dict:
         start = pick(fin.ctx.broadcast[self.name]["models"], fin.ctx.info[START])
         return {**state, "update": {k: v - start[k] for k, v in fin.params.items()}}
