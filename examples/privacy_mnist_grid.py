@@ -18,12 +18,12 @@ from pathlib import Path
 import torch
 
 from fedforge.experiment.config import load_config
-from fedforge.experiment.privacy_plots import (
+from fedforge.experiment.runner import run_experiment
+from fedforge.study.privacy_plots import (
     accuracy_table,
     plot_accuracy_vs_epsilon,
     table_markdown,
 )
-from fedforge.experiment.runner import run_experiment
 
 CONFIG = Path(__file__).with_name("privacy_mnist.toml")
 EPSILONS = (1.0, 4.0, 8.0, math.inf)

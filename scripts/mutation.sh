@@ -33,6 +33,9 @@ TIMEOUT_X="${MUTATION_TIMEOUT_MULTIPLIER:-5}"
 # modules mutation testing is configured for (globs relative to the repository root)
 CONFIGURED=(src/fedforge/algorithms/*.py src/fedforge/client/*.py src/fedforge/server/*.py
             src/fedforge/comm/*.py src/fedforge/sim/*.py src/fedforge/core/moments.py
+            src/fedforge/protocol/{algorithm,step_batch}.py
+            src/fedforge/schedulers/{fedast,multitask_sync,buffered,scheduler,serves}.py
+            src/fedforge/schedulers/{allocation,allocation_code,task}.py
             src/fedforge/engine/round.py src/fedforge/algorithms/personal/*.py
             src/fedforge/experiment/personal_eval.py src/fedforge/privacy/ledger.py)
 
@@ -102,7 +105,7 @@ tests_for() {
       echo "tests/algorithms/test_safl.py tests/algorithms/test_multiround_compressed.py" \
            "tests/algorithms/test_compressed_factories.py tests/algorithms/test_defaults.py" \
            "-k 'not baselines_run'" ;;
-    src/fedforge/algorithms/base.py)
+    src/fedforge/protocol/algorithm.py)
       echo "tests/algorithms/test_base_exact.py tests/algorithms/test_multiround_compressed.py" \
            "tests/algorithms/test_fadamgc.py::test_full_gradient_init_by_hand" \
            "tests/algorithms/test_multiround_sgd.py::test_feddyn_four_rounds" ;;
@@ -124,7 +127,7 @@ tests_for() {
            "tests/privacy/test_personal_privacy.py" \
            "tests/algorithms/test_defaults.py" \
            "-k 'not extending_snippet and not fedbn_config and not quickstart'" ;;
-    src/fedforge/algorithms/personal/*)  # the shared pieces: every method's exact tests
+    src/fedforge/protocol/step_batch.py | src/fedforge/algorithms/personal/*)  # the shared pieces: every method's exact tests
       # (the docs/extending.md snippet and the examples/ configs are not in the scratch copy)
       echo "tests/algorithms/test_personal_*.py tests/algorithms/test_defaults.py" \
            "tests/privacy/test_personal_privacy.py" \
@@ -137,17 +140,21 @@ tests_for() {
       echo "tests/experiment/test_personal_eval.py tests/experiment/test_personal_eval_rules.py" ;;
     src/fedforge/privacy/ledger.py)  # the ledger's own checks (the runs that use it are slow)
       echo "tests/privacy/test_ledger.py" ;;
-    src/fedforge/sim/allocation.py)  # the dynamic-allocation run takes a minute
-      echo "tests/sim/test_allocation.py tests/sim/test_allocation_exact.py" \
+    src/fedforge/schedulers/allocation.py)  # the dynamic-allocation run takes a minute
+      echo "tests/schedulers/test_allocation.py tests/schedulers/test_allocation_exact.py" \
            "-k 'not dynamic_allocation'" ;;
-    src/fedforge/sim/delays.py | src/fedforge/sim/clock.py | src/fedforge/sim/multitask_sync.py)
+    src/fedforge/sim/delays.py | src/fedforge/sim/clock.py)
       local stem="${1##*/}"
       echo "tests/sim/test_${stem%.py}.py tests/sim/test_${stem%.py}_exact.py" ;;
-    src/fedforge/sim/fedast.py)
-      echo "tests/sim/test_allocation.py tests/sim/test_allocation_code.py" \
+    src/fedforge/schedulers/multitask_sync.py)
+      echo "tests/schedulers/test_multitask_sync.py" ;;
+    src/fedforge/schedulers/fedast.py)
+      echo "tests/schedulers/test_allocation.py tests/schedulers/test_allocation_code.py" \
            "tests/sim/test_population.py" ;;
     src/fedforge/sim/*)
       echo "tests/sim" ;;
+    src/fedforge/schedulers/*)
+      echo "tests/sim tests/schedulers --ignore=tests/schedulers/test_jobs.py" ;;
     src/fedforge/engine/round.py)
       echo "tests/algorithms tests/engine/test_parity.py -k 'not fedptr'" ;;
     *)

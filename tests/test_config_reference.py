@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from fedforge.algorithms import algorithm_hparams
 from fedforge.cli import app
-from fedforge.experiment import reference
 from fedforge.experiment.config import SingleTaskConfig, validate
+from fedforge.study import reference
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -17,7 +17,6 @@ import torch
 
 import fedforge
 from fedforge.algorithms import ALGORITHMS, Algorithm, FinalizeInputs, Part, build_algorithm
-from fedforge.algorithms.base import check_support
 from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import add_prox, chain, sgd
 from fedforge.core.store import ClientStore
@@ -25,11 +24,12 @@ from fedforge.data import PARTITIONERS, DatasetError, load_dataset
 from fedforge.data import loaders as dataset_registry
 from fedforge.engine import LoopEngine, VmapEngine
 from fedforge.engine.round import federated_round
-from fedforge.experiment.compare import comparison_configs
 from fedforge.experiment.config import ConfigError, load_config
 from fedforge.models import MODELS
+from fedforge.protocol.algorithm import check_support
+from fedforge.schedulers.serves import SYNC_MULTITASK_SERVES
 from fedforge.server.optimizers import server_sgd
-from fedforge.sim.serves import SYNC_MULTITASK_SERVES
+from fedforge.study.compare import comparison_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = ROOT / "examples" / "plugins"

@@ -65,10 +65,10 @@ def run(
     checkpoint and engine settings may change) or --overwrite."""
     setup(plugin, data_root, mlflow_uri, config, allow_config_plugins)
     from fedforge.bench.profiling import profiled
-    from fedforge.experiment.compare import variant_config
     from fedforge.experiment.config import ConfigError, load_config
     from fedforge.experiment.metrics import run_summary
     from fedforge.experiment.runner import run_experiment
+    from fedforge.study.compare import variant_config
 
     with failing(ConfigError):
         cfg = (load_config(config, overrides or []) if variant is None
@@ -151,7 +151,7 @@ def compare(
     with a shaded 95 % t-interval, and table.json / table.csv give mean, std, n and the
     interval of each metric. Runs already in --out with the same config are continued (a
     finished one is not re-run); with a changed config they need --overwrite."""
-    from fedforge.experiment.compare import compare_command, printed_table
+    from fedforge.study.compare import compare_command, printed_table
 
     setup(plugin, data_root, mlflow_uri, config, allow_config_plugins)
     with failing(ValueError, OSError, FloatingPointError), figure_options(bands, legend):
@@ -202,7 +202,7 @@ def sweep(
     Writes OUT/table.csv, table.json and sweep.png; a killed sweep continues with --resume
     (docs/sweeps.md)."""
     setup(plugin, data_root, mlflow_uri, config, allow_config_plugins)
-    from fedforge.experiment.sweep import SweepSettings, run_sweep
+    from fedforge.study.sweep import SweepSettings, run_sweep
 
     settings = SweepSettings(
         config, out, list(overrides or []), space, sampler, trials, jobs, metric, direction,
@@ -277,7 +277,7 @@ def plot(
     """Plot a metric of runs against rounds (or another metric): one line per algorithm,
     the mean over its seeds with a shaded 95 % interval; a PDF and the plotted numbers
     (JSON) are written beside the PNG."""
-    from fedforge.experiment.plots import load_run_list, plot_runs
+    from fedforge.study.plots import load_run_list, plot_runs
 
     styled = figure_options(bands, legend)
     # missing/damaged metrics file, unknown metric
@@ -301,7 +301,7 @@ def report(
 ) -> None:
     """Write one self-contained HTML page (no external files): config, partition
     statistics, curves, per-client distributions and the final table."""
-    from fedforge.experiment.report import write_report
+    from fedforge.study.report import write_report
 
     styled = figure_options(bands, legend)
     with failing(OSError, ValueError), styled:
@@ -351,7 +351,7 @@ def config_reference(
     """The config reference, generated from the schema: every key, its type and default."""
     setup(plugin)
     from fedforge.algorithms import ALGORITHMS, canonical_name
-    from fedforge.experiment import reference
+    from fedforge.study import reference
 
     if markdown and (algorithm is not None or defaults):
         fail("--markdown: takes no ALGORITHM and no --defaults")

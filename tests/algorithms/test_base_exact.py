@@ -1,4 +1,4 @@
-"""Exact checks of what an algorithm composes (src/fedforge/algorithms/base.py), with parts
+"""Exact checks of what an algorithm composes (src/fedforge/protocol/algorithm.py), with parts
 that record what they are given: the needs a driver must serve and the one-line refusal, how
 parts' states, uploads, metrics and round inputs are merged, the preparation hooks, the server
 chain it builds and the message sizes (docs/testing.md).
@@ -7,7 +7,10 @@ chain it builds and the message sizes (docs/testing.md).
 import pytest
 import torch
 
-from fedforge.algorithms.base import (
+from fedforge.client.optimizers import local_optimizer
+from fedforge.client.transforms import RoundContext
+from fedforge.comm.codec import Codec, CompressCodec, MarinaCodec
+from fedforge.protocol.algorithm import (
     NEEDS,
     UPLOAD_SCALE,
     Algorithm,
@@ -16,9 +19,6 @@ from fedforge.algorithms.base import (
     PrepareInputs,
     check_support,
 )
-from fedforge.client.optimizers import local_optimizer
-from fedforge.client.transforms import RoundContext
-from fedforge.comm.codec import Codec, CompressCodec, MarinaCodec
 from fedforge.server.chain import Aggregate, ServerState, ServerTransform
 from fedforge.server.optimizers import server_sgd
 
@@ -154,7 +154,7 @@ def test_privacy_is_a_declared_need():
     probes for it) and needs a driver that serves it; the asynchronous driver does not."""
     from dataclasses import replace
 
-    from fedforge.sim.serves import ASYNC_SERVES
+    from fedforge.schedulers.serves import ASYNC_SERVES
 
     alg = _alg((Plain(),))
     assert alg.privacy is None and "privacy" not in alg.needs(PARAMS)

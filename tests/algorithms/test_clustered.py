@@ -283,9 +283,9 @@ def test_resumed_run_keeps_every_clients_cluster(tmp_path, name):
     """Stopped after round 2 and resumed: the per-client file's ``cluster`` column and the
     metrics equal an uninterrupted run's; the report shows the clients per cluster."""
     from fedforge.experiment.client_metrics import load_client_metrics
-    from fedforge.experiment.labels import without_wall_clock
-    from fedforge.experiment.report import render
     from fedforge.experiment.runner import run_experiment
+    from fedforge.study.labels import without_wall_clock
+    from fedforge.study.report import render
 
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     run_experiment(_clustered_cfg(name), whole, progress=False)
@@ -305,7 +305,7 @@ def test_resumed_run_keeps_every_clients_cluster(tmp_path, name):
 
 
 def test_cluster_table_lists_the_clusters_ever_used():
-    from fedforge.experiment.cluster_table import cluster_sizes, cluster_table
+    from fedforge.study.cluster_table import cluster_sizes, cluster_table
 
     records = [{"round": 1, "train_loss": 1.0},
                {"round": 2, "cluster_size_0": 5.0, "cluster_size_1": 0.0, "cluster_size_2": 0.0},

@@ -34,8 +34,8 @@ from fedforge.algorithms.defaults import (
     ours,
 )
 from fedforge.algorithms.methods import all_methods, main, markdown
-from fedforge.sim.fedast import ASYNC_METHODS
-from fedforge.sim.multitask_sync import SYNC_METHODS
+from fedforge.schedulers.fedast import ASYNC_METHODS
+from fedforge.schedulers.multitask_sync import SYNC_METHODS
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCATOR = re.compile(r"\b(Sec\.|Table|Alg\.|App\.|Eq\.|Fig\.)|§")  # § = spec note section

@@ -6,7 +6,6 @@ samples). Written to kill the mutants the mutation run left (docs/testing.md).""
 import pytest
 import torch
 
-from fedforge.algorithms.base import FinalizeInputs, PrepareInputs
 from fedforge.algorithms.fadamgc import (
     GradientTracking,
     _grad_at,
@@ -14,6 +13,7 @@ from fedforge.algorithms.fadamgc import (
     sample_tracking,
 )
 from fedforge.client.transforms import RoundContext
+from fedforge.protocol.algorithm import FinalizeInputs, PrepareInputs
 
 
 def test_errors_name_what_is_wrong():

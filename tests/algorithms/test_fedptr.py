@@ -13,9 +13,9 @@ from fedforge.core.tree import flatten_dict, tree_nbytes
 from fedforge.engine import LoopEngine, VmapEngine, classification_loss
 from fedforge.engine.round import federated_round
 from fedforge.experiment.config import apply_overrides, validate
-from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.runner import run_experiment
 from fedforge.models import build_model
+from fedforge.study.labels import without_wall_clock
 
 SMALL = {
     "window": 1,

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from fedforge.algorithms.base import FinalizeInputs
 from fedforge.algorithms.fedptr import ClientProjection, ProjectionConfig, ServerProjection
 from fedforge.client.transforms import RoundContext
+from fedforge.protocol.algorithm import FinalizeInputs
 
 X = {"a.weight": torch.tensor([0.0, 0.0]), "a.bias": torch.tensor([0.0]),
      "b.weight": torch.zeros(2, 2)}

@@ -13,14 +13,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fedforge.algorithms.base import (
-    PREP_SAMPLES,
-    PREP_SECONDS,
-    SERVER_PREP_SAMPLES,
-    SERVER_PREP_SECONDS,
-    FinalizeInputs,
-    PrepareInputs,
-)
 from fedforge.algorithms.fedptr import (
     ClientProjection,
     ProjectionConfig,
@@ -35,6 +27,14 @@ from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import RoundContext, chain
 from fedforge.core.tree import tree_stack
 from fedforge.distill import init_synthetic
+from fedforge.protocol.algorithm import (
+    PREP_SAMPLES,
+    PREP_SECONDS,
+    SERVER_PREP_SAMPLES,
+    SERVER_PREP_SECONDS,
+    FinalizeInputs,
+    PrepareInputs,
+)
 from fedforge.server.optimizers import server_sgd
 from tests.algorithms.factory_paths import F64, X0, local_path, same, server_path
 

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedforge.algorithms.base import FinalizeInputs
 from fedforge.algorithms.fadamgc import GradientTracking
 from fedforge.algorithms.momentum import (
     GlobalMomentum,
@@ -17,6 +16,7 @@ from fedforge.algorithms.momentum import (
     scaffold_m,
 )
 from fedforge.client.transforms import RoundContext
+from fedforge.protocol.algorithm import FinalizeInputs
 
 F64 = torch.float64
 

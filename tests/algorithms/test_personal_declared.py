@@ -8,11 +8,11 @@ from __future__ import annotations
 import torch
 
 from fedforge.algorithms import ALGORITHMS, build_algorithm
-from fedforge.algorithms.base import Algorithm
 from fedforge.algorithms.personal import Personal
 from fedforge.core.store import ClientStore
 from fedforge.engine import LoopEngine
 from fedforge.engine.round import federated_round
+from fedforge.protocol.algorithm import Algorithm
 
 PARAMS = {"net.0.weight": torch.full((2, 2), 0.1), "net.0.bias": torch.zeros(2),
           "net.2.weight": torch.full((2, 2), -0.2), "net.2.bias": torch.full((2,), 0.3)}

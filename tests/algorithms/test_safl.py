@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from fedforge.algorithms import build_algorithm
-from fedforge.algorithms.base import Algorithm
 from fedforge.client.optimizers import local_optimizer
 from fedforge.core.store import ClientStore
 from fedforge.engine import LoopEngine
 from fedforge.engine.round import federated_round
+from fedforge.protocol.algorithm import Algorithm
 from fedforge.server.optimizers import server_adam
 from tests.quadratic import ENGINES, make_clients, quadratic_loss, run_rounds
 

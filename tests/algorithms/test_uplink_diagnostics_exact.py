@@ -6,9 +6,9 @@ uploads, and a server state whose keys and dtypes stay those of ``server_init``
 
 import torch
 
-from fedforge.algorithms.base import FinalizeInputs
 from fedforge.algorithms.uplink_diagnostics import UplinkDiagnostics
 from fedforge.client.transforms import RoundContext
+from fedforge.protocol.algorithm import FinalizeInputs
 from fedforge.server.chain import Aggregate
 
 F32, F64 = torch.float32, torch.float64

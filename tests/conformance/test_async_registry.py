@@ -26,9 +26,9 @@ from fedforge.algorithms import ALGORITHMS, build_algorithm
 from fedforge.core.checkpoint import load_checkpoint
 from fedforge.core.tree import flatten_dict
 from fedforge.experiment.config import ConfigError, load_config
-from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.runner import run_experiment
-from fedforge.sim.serves import driver_serves
+from fedforge.schedulers.serves import driver_serves
+from fedforge.study.labels import without_wall_clock
 
 UPDATES, EVERY = 30, 5  # total client updates; a checkpoint every EVERY updates
 CONFIG = f"""

@@ -29,8 +29,8 @@ from fedforge.core.tree import flatten_dict
 from fedforge.engine.base import ChunkedEngine
 from fedforge.experiment.config import ConfigError, load_config
 from fedforge.experiment.drivers import RoundsDriver, RunFolder, read_checkpoint
-from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.runner import Experiment, run_experiment
+from fedforge.study.labels import without_wall_clock
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUNDS, CLIENTS = 4, 8

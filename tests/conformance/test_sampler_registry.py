@@ -24,9 +24,9 @@ from fedforge.core.checkpoint import load_checkpoint
 from fedforge.core.tree import flatten_dict
 from fedforge.experiment.config import load_config
 from fedforge.experiment.drivers import RoundsDriver, RunFolder, read_checkpoint
-from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.runner import Experiment, run_experiment
 from fedforge.sim.samplers import sampler_names
+from fedforge.study.labels import without_wall_clock
 
 from .test_registry import nan_once  # noqa: F401 (the fixture)
 

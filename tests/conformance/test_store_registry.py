@@ -19,8 +19,8 @@ from fedforge.core.checkpoint import load_checkpoint
 from fedforge.core.disk_store import DiskClientStore
 from fedforge.core.tree import flatten_dict
 from fedforge.experiment.config import load_config
-from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.runner import Experiment, run_experiment
+from fedforge.study.labels import without_wall_clock
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUNDS, CLIENTS = 3, 8

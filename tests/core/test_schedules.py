@@ -18,8 +18,8 @@ from fedforge.core.schedules import (
     values,
 )
 from fedforge.experiment.config import apply_overrides, validate
-from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.runner import run_experiment
+from fedforge.study.labels import without_wall_clock
 
 
 def test_constant():

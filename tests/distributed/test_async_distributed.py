@@ -14,10 +14,10 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from fedforge.engine.scatter import serve_jobs
 from fedforge.experiment import drivers
 from fedforge.experiment.config import load_config
 from fedforge.experiment.runner import run_experiment
+from fedforge.schedulers.scatter import serve_jobs
 from tests.experiment.test_async_runner import CONFIG
 
 OVERRIDES = ["max_updates=48", "checkpoint.every=1000"]

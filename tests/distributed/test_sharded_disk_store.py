@@ -15,8 +15,8 @@ from safetensors.torch import load_file, save_file
 
 from fedforge.core.checkpoint import CheckpointError, load_checkpoint
 from fedforge.engine.distributed import ShardedDiskClientStore, make_client_store
-from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.runner import run_experiment
+from fedforge.study.labels import without_wall_clock
 from tests.distributed.test_sharded_state import _cfg, _init, _leave, _spawn
 
 N = 7  # odd: the shards differ in length (4 and 3 rows)

@@ -21,8 +21,8 @@ from fedforge.core.checkpoint import load_checkpoint
 from fedforge.core.tree import flatten_dict
 from fedforge.engine.distributed import ShardedClientStore
 from fedforge.experiment.config import load_config
-from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.runner import run_experiment
+from fedforge.study.labels import without_wall_clock
 
 N = 7  # odd: the shards differ in length (4 and 3 rows)
 

@@ -27,13 +27,15 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[2] / "src" / "fedforge"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("core", "errors"),  # pytrees, schedules, the client store; the library's exceptions
+    ("core", "errors"),  # pytrees, schedules, the client store, config text; the exceptions
     ("data", "models", "comm", "client", "distill"),  # what a client trains on, with, and sends
     ("server",),  # the server chain and optimizers
-    ("algorithms",),  # parts + paper defaults + the registry
-    ("engine",),  # the pure local update, cohort engines, federated_round, jobs mode
-    ("robust", "privacy", "sim", "plugins"),  # composed around the round by the runner
-    ("experiment",),  # config, the run loop, metrics, checkpoints, compare, plots
+    ("protocol",),  # what an algorithm declares and the engine reads
+    ("algorithms", "engine"),  # parts + paper defaults + the registry; the local update, cohorts
+    ("robust", "privacy", "sim", "plugins"),  # around the round; the clock, delays and costs
+    ("schedulers",),  # FedAST, Sync-ST, buffered servers, jobs mode and its scatter
+    ("experiment",),  # config, the run loop, metrics, checkpoints
+    ("study",),  # compare, sweep, figures, reports, statistics, the config reference
     ("commands",),  # what the commands share: printing, one-line errors, common options
     ("pretrain",),  # centralised pre-training runs
     ("reproduce", "bench", "flower"),  # paper reproductions, benchmarks, the Flower bridge
@@ -216,10 +218,10 @@ def test_the_contract_sees_lazy_and_relative_imports():
               "def f():\n    from ..engine import base\n    import fedforge.robust.hook\n")
     modules = _modules()
     found = [t for node in ast.walk(ast.parse(source))
-             for t in _targets(node, "fedforge.sim.task", False, modules)]
+             for t in _targets(node, "fedforge.sim.clock", False, modules)]
     assert sorted(found) == ["fedforge.engine.base", "fedforge.experiment.runner",
                              "fedforge.robust.hook"]
-    bad, _ = _upward({"fedforge.sim.task": dict.fromkeys(found, 1)})
+    bad, _ = _upward({"fedforge.sim.clock": dict.fromkeys(found, 1)})
     assert [b.split(" from ")[1] for b in bad] == ["a layer above (experiment)",
                                                    "its own layer (robust)"]
 
@@ -243,7 +245,7 @@ print(json.dumps(failures))
 
 def _lower_modules() -> list[str]:
     names = []
-    for pkg in ("sim", "engine", "server"):
+    for pkg in ("protocol", "sim", "engine", "server", "schedulers"):
         for path in sorted((SRC / pkg).glob("*.py")):
             stem = path.stem
             names.append(f"fedforge.{pkg}" if stem == "__init__" else f"fedforge.{pkg}.{stem}")
@@ -252,7 +254,7 @@ def _lower_modules() -> list[str]:
 
 def test_lower_layers_import_without_the_runner():
     names = _lower_modules()
-    assert "fedforge.sim.multitask_sync" in names and "fedforge.engine.jobs" in names
+    assert "fedforge.schedulers.multitask_sync" in names and "fedforge.schedulers.jobs" in names
     out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(names)], capture_output=True,
                          text=True, timeout=300, check=True)
     failures = json.loads(out.stdout.strip().splitlines()[-1])
@@ -260,5 +262,5 @@ def test_lower_layers_import_without_the_runner():
 
 
 def test_no_asyncfl_package():
-    """The asynchronous code lives in sim/, engine/ and server/; no shim package is left."""
+    """The asynchronous code lives in schedulers/, sim/ and server/; no shim package is left."""
     assert not (SRC / "asyncfl").exists()

@@ -25,10 +25,10 @@ from fedforge.engine.base import CohortInputs
 from fedforge.engine.procs import default_workers, pickle_for_workers
 from fedforge.engine.round import federated_round
 from fedforge.experiment.config import EngineConfig
-from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.runner import run_experiment
 from fedforge.models import build_model
 from fedforge.robust import Attack, RobustRound, build_aggregator
+from fedforge.study.labels import without_wall_clock
 from tests.engine.test_parity import (
     CLIENTS,
     MODELS,

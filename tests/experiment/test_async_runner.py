@@ -6,10 +6,10 @@ import pytest
 from typer.testing import CliRunner
 
 from fedforge.cli import app
-from fedforge.experiment.compare import gain
 from fedforge.experiment.config import ConfigError, load_config, validate
-from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.runner import run_experiment
+from fedforge.study.compare import gain
+from fedforge.study.labels import without_wall_clock
 
 CONFIG = """
 name = "t"

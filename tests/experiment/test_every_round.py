@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from fedforge.bench.time_to_accuracy import first_reaching
-from fedforge.experiment.compare import rounds_to_target, sim_time_to_target
 from fedforge.experiment.config import load_config
-from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.metrics import evaluated, is_evaluated
-from fedforge.experiment.plots import curves, load_run_list
-from fedforge.experiment.privacy_plots import final_record
-from fedforge.experiment.report import render
 from fedforge.experiment.runner import Experiment, run_experiment
 from fedforge.reproduce.report import summarize
+from fedforge.study.compare import rounds_to_target, sim_time_to_target
+from fedforge.study.labels import without_wall_clock
+from fedforge.study.plots import curves, load_run_list
+from fedforge.study.privacy_plots import final_record
+from fedforge.study.report import render
 
 REPO = Path(__file__).resolve().parents[2]
 QUICK = REPO / "examples" / "quickstart.toml"

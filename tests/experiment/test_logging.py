@@ -96,7 +96,7 @@ def test_a_run_names_its_algorithm_and_seed(tmp_path, capsys):
 def test_tensorboard_scalars_match_the_metrics(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from fedforge.experiment.plots import read_metrics
+    from fedforge.study.plots import read_metrics
 
     run = tmp_path / "run"
     run_experiment(load_config(QUICK, [*SHORT, "logging.tensorboard=true"]), run,

@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 
 from fedforge.core.checkpoint import load_checkpoint
 from fedforge.experiment.config import load_config
-from fedforge.experiment.plots import read_metrics
 from fedforge.experiment.runner import Experiment, run_experiment
+from fedforge.study.plots import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 QUICK = REPO / "examples" / "quickstart.toml"

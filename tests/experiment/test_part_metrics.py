@@ -7,10 +7,10 @@ from pathlib import Path
 import torch
 
 from fedforge.algorithms import ALGORITHMS
-from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
 from fedforge.client.optimizers import local_optimizer
 from fedforge.experiment.config import load_config
 from fedforge.experiment.runner import run_experiment
+from fedforge.protocol.algorithm import Algorithm, FinalizeInputs, Part
 from fedforge.server.optimizers import server_sgd
 
 ROOT = Path(__file__).resolve().parents[2]

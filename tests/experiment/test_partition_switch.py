@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from fedforge.experiment.compare import comparison_configs
 from fedforge.experiment.config import ConfigError, load_config
+from fedforge.study.compare import comparison_configs
 
 DIRICHLET = "examples/mnist_dirichlet.toml"  # partition_options = {alpha = 0.1, min_size = 10}
 

@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import load_file
 
 from fedforge.experiment.config import ConfigError, apply_overrides, load_config, validate
-from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.runner import run_experiment
+from fedforge.study.labels import without_wall_clock
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.toml"
 

@@ -16,8 +16,8 @@ import torch
 
 from fedforge.algorithms import ALGORITHMS, build_algorithm
 from fedforge.experiment.config import load_config
-from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.runner import run_experiment
+from fedforge.study.labels import without_wall_clock
 from tests.data_location import TEST_DATA
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from fedforge.experiment.privacy_plots import (
+from fedforge.study.privacy_plots import (
     accuracy_table,
     plot_accuracy_vs_epsilon,
     table_markdown,
@@ -40,7 +40,7 @@ def test_compare_draws_accuracy_against_spent_epsilon(tmp_path):
     the ε each run had spent at its evaluations."""
     from pathlib import Path
 
-    from fedforge.experiment.compare import comparison_configs, run_comparison
+    from fedforge.study.compare import comparison_configs, run_comparison
 
     root = Path(__file__).resolve().parents[2]
 

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from fedforge.algorithms import algorithm_hparams
+from fedforge.core.config_io import MAX_CONFIG_BYTES, MAX_DEPTH, MAX_VALUES
 from fedforge.data import DatasetError, load_dataset
 from fedforge.experiment.config import (
     BaseRunConfig,
@@ -28,7 +29,6 @@ from fedforge.experiment.config import (
     apply_overrides,
     load_config,
 )
-from fedforge.experiment.config_io import MAX_CONFIG_BYTES, MAX_DEPTH, MAX_VALUES
 
 from .test_hostile_config import FIELD  # one-line messages naming the field or file
 
@@ -351,7 +351,7 @@ def _metrics(tmp_path: Path, lines: list[str]) -> Path:
 
 
 def test_plot_skips_a_half_written_last_line(tmp_path, caplog):
-    from fedforge.experiment.plots import load_runs
+    from fedforge.study.plots import load_runs
 
     rec = [json.dumps({"round": r, "test_accuracy": r / 10}) for r in (1, 2)]
     run = _metrics(tmp_path, [*rec, '{"round": 3, "test_acc'])

@@ -95,7 +95,7 @@ def test_compare_table_and_run_folder_import_nothing(tmp_path, evil):
     run_dir.mkdir()
     _config(run_dir, [str(evil)], "config.resolved.toml")
     code = f"""
-from fedforge.experiment.compare import comparison_configs
+from fedforge.study.compare import comparison_configs
 from fedforge.experiment.config import ConfigError
 from fedforge.experiment.runner import Experiment
 for load in (lambda: comparison_configs({str(table)!r}, ["fedprox"]),

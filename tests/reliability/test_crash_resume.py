@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file
 
 from fedforge.algorithms import build_algorithm
-from fedforge.experiment.labels import without_wall_clock
+from fedforge.study.labels import without_wall_clock
 
 CONFIG = """
 name = "crash"

@@ -16,9 +16,9 @@ from fedforge.engine.base import ChunkedEngine
 from fedforge.engine.round import federated_round
 from fedforge.experiment.build import resolve_config, sample_round
 from fedforge.experiment.config import apply_overrides, dump_config, validate
-from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.runner import Experiment, run_experiment
 from fedforge.robust.divergence import DivergenceError
+from fedforge.study.labels import without_wall_clock
 
 BASE = {
     "seed": 1,

@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from fedforge.cli import app
+from fedforge.core.config_io import parse_yaml
 from fedforge.data import DatasetError, load_dataset
 from fedforge.experiment.config import ConfigError, load_config
-from fedforge.experiment.config_io import parse_yaml
 from fedforge.experiment.metrics import MetricsError, MetricsWriter
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "quickstart.toml"

@@ -328,7 +328,7 @@ def test_read_only_folder_is_one_line_error(tmp_path):
 # ------------------------------------------------------------------------ compare (2)
 
 def test_compare_into_an_existing_folder_resumes_or_overwrites(tmp_path):
-    from fedforge.experiment.compare import comparison_configs, run_comparison
+    from fedforge.study.compare import comparison_configs, run_comparison
 
     cfgs = comparison_configs(QUICK, ["fedavg"], SHORT)
     rows, _ = run_comparison(cfgs, tmp_path / "cmp", progress=False)

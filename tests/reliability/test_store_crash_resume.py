@@ -19,7 +19,7 @@ from fedforge.core.checkpoint import load_checkpoint
 from fedforge.core.tree import flatten_dict
 from fedforge.experiment import runner
 from fedforge.experiment.config import load_config
-from fedforge.experiment.labels import without_wall_clock
+from fedforge.study.labels import without_wall_clock
 from tests.reliability import test_crash_resume as crash
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,8 +23,8 @@ import torch
 from fedforge.core.checkpoint import CheckpointError
 from fedforge.core.disk_store import DiskClientStore
 from fedforge.experiment.config import load_config
-from fedforge.experiment.labels import without_wall_clock
 from fedforge.experiment.runner import run_experiment
+from fedforge.study.labels import without_wall_clock
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERRIDES = ["rounds=3", "eval.every=1", "checkpoint.every=1", "data.options.num_clients=8",
@@ -162,7 +162,7 @@ def test_a_null_store_record_names_the_checkpoint(run):
 
 def test_a_null_stores_record_of_a_multitask_run_names_the_checkpoint(tmp_path):
     """``"stores": null`` would start every task's disk store afresh, without a word."""
-    from tests.sim.test_multitask_store import CONFIG
+    from tests.schedulers.test_multitask_store import CONFIG
 
     path = tmp_path / "mt.toml"
     path.write_text(CONFIG)

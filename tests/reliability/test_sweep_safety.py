@@ -81,7 +81,7 @@ def test_a_planted_trials_or_best_link_is_refused_and_nothing_is_written_outside
 
 
 def test_a_planted_link_for_one_trial_fails_that_trial_only(sweep, tmp_path):
-    from fedforge.experiment.sweep import TrialTask, run_trial
+    from fedforge.study.sweep import TrialTask, run_trial
 
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -121,7 +121,7 @@ def test_an_edited_config_is_refused_on_resume(sweep, name):
 def test_best_is_never_replaced_by_another_setting(sweep):
     """An extended sweep that chooses another setting stops with one line; ``best/`` keeps
     its run (and its test score). The same setting resumes it, and runs nothing again."""
-    from fedforge.experiment.sweep import SweepError, SweepSettings, run_final
+    from fedforge.study.sweep import SweepError, SweepSettings, run_final
 
     chosen = json.loads((sweep / "table.json").read_text())["best"]
     settings = SweepSettings(Path(QUICK), sweep, TINY, sweep.parent / "space.toml",
@@ -172,7 +172,7 @@ def test_a_space_key_that_is_a_path_is_an_unknown_config_key(tmp_path):
 
 @pytest.mark.parametrize("name", ["$\\alpha$", "a_b^c", "$\\frac{$", "$\\undefined{1}$"])
 def test_mathtext_names_are_drawn_as_plain_text_in_sweep_png(tmp_path, name):
-    from fedforge.experiment.sweep import Param, plot_sweep
+    from fedforge.study.sweep import Param, plot_sweep
 
     params = [Param("model.name", "choice", (name, "mlp"))]
     rows = [{"trial": i, "state": "complete", "model.name": v, name: 0.5 + i / 10}

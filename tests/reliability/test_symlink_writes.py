@@ -163,7 +163,7 @@ def test_sweep_study_refuses_a_planted_link(tmp_path, name):
     are checked first, like every file a run writes."""
     pytest.importorskip("optuna", reason="fedforge sweep needs the sweep extra")
     from fedforge.experiment.rundir import RunDirError
-    from fedforge.experiment.sweep import storage
+    from fedforge.study.sweep import storage
 
     outside = tmp_path / "outside.db"
     outside.write_bytes(b"keep")

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from fedforge.experiment.multitask_diagnostics import idle_share, requests_over_time, time_to_target
 from fedforge.reproduce import (
     REPRODUCTIONS,
     Comparison,
@@ -18,6 +17,7 @@ from fedforge.reproduce import (
 )
 from fedforge.reproduce.grid import grid_plan
 from fedforge.reproduce.report import gains, summarize_multitask
+from fedforge.study.multitask_diagnostics import idle_share, requests_over_time, time_to_target
 
 ROOT = Path(__file__).resolve().parents[2]
 

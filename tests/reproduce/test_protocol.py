@@ -12,7 +12,6 @@ from scipy import stats as st
 from typer.testing import CliRunner
 
 from fedforge import cli
-from fedforge.experiment.stats import paired_difference
 from fedforge.reproduce import (
     REPRODUCTIONS,
     Comparison,
@@ -33,6 +32,7 @@ from fedforge.reproduce.stats import (
 )
 from fedforge.reproduce.summary import write_summary
 from fedforge.reproduce.verdicts import judge
+from fedforge.study.stats import paired_difference
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS, DATA = ROOT / "docs", ROOT / "docs" / "data"

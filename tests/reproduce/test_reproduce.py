@@ -240,8 +240,8 @@ def test_figures_pair_the_two_sides_of_a_one_to_one_comparison():
 
 def test_reproduction_figures_colour_a_method_as_every_other_figure_does():
     """A condition that runs an algorithm unchanged takes that algorithm's fedforge look."""
-    from fedforge.experiment.styles import styles_for
     from fedforge.reproduce.report import method_looks
+    from fedforge.study.styles import styles_for
 
     spec = get_reproduction("fadamgc")
     plain = [c for c in spec.conditions if not c.overrides]

@@ -6,7 +6,6 @@ import math
 
 import pytest
 
-from fedforge.experiment.stats import Interval, paired_difference, t_interval, t_quantile
 from fedforge.reproduce.stats import (
     CONTRADICTED,
     INCONCLUSIVE,
@@ -17,6 +16,7 @@ from fedforge.reproduce.stats import (
     p_value,
     verdict,
 )
+from fedforge.study.stats import Interval, paired_difference, t_interval, t_quantile
 
 
 def test_t_quantiles_match_the_table():

@@ -6,7 +6,7 @@ restore, the codec/optimizer/parts stages and the population mean (docs/testing.
 import pytest
 import torch
 
-from fedforge.algorithms.base import Part
+from fedforge.protocol.algorithm import Part
 from fedforge.server.chain import (
     Aggregate,
     ServerChain,

@@ -6,7 +6,6 @@ import inspect
 from collections.abc import Callable
 
 from fedforge.algorithms import fadamgc, momentum
-from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
 from fedforge.algorithms.clustered import cfl, ifca
 from fedforge.algorithms.compressed import fetchsgd, marina, onebit_adam, safl, topk_ef
 from fedforge.algorithms.fairness import afl, qffl
@@ -20,6 +19,7 @@ from fedforge.algorithms.fedptr import fedptr, fedptr_s
 from fedforge.algorithms.moon import moon
 from fedforge.algorithms.personal import PERSONAL_ALGORITHMS
 from fedforge.algorithms.scaffold import scaffold
+from fedforge.protocol.algorithm import Algorithm, FinalizeInputs, Part
 
 ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
     "fedavg": fedavg,

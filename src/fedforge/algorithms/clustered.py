@@ -31,7 +31,13 @@ import time
 import numpy as np
 import torch
 
-from fedforge.algorithms.base import (
+from fedforge.algorithms.clustered_spec import CLUSTERS, START, ClusterSpec, one_hot, pick
+from fedforge.algorithms.defaults import defaults_from
+from fedforge.algorithms.fairness import start_losses
+from fedforge.client.optimizers import local_optimizer
+from fedforge.core.schedules import ScheduleLike
+from fedforge.core.tree import Params, tree_nbytes
+from fedforge.protocol.algorithm import (
     CLIENT_ID,
     PREP_SAMPLES,
     PREP_SECONDS,
@@ -40,12 +46,6 @@ from fedforge.algorithms.base import (
     Part,
     PrepareInputs,
 )
-from fedforge.algorithms.clustered_spec import CLUSTERS, START, ClusterSpec, one_hot, pick
-from fedforge.algorithms.defaults import defaults_from
-from fedforge.algorithms.fairness import start_losses
-from fedforge.client.optimizers import local_optimizer
-from fedforge.core.schedules import ScheduleLike
-from fedforge.core.tree import Params, tree_nbytes
 from fedforge.server.optimizers import server_sgd
 
 

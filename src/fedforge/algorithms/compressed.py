@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from fedforge.algorithms.base import Algorithm
 from fedforge.algorithms.defaults import defaults_from
 from fedforge.algorithms.uplink_diagnostics import UplinkDiagnostics
 from fedforge.client.optimizers import local_optimizer
@@ -29,6 +28,7 @@ from fedforge.comm.codec import (
     SketchCodec,
 )
 from fedforge.core.schedules import ScheduleLike
+from fedforge.protocol.algorithm import Algorithm
 from fedforge.server.optimizers import ServerOptimizer, server_adam, server_sgd
 
 SERVER_OPTS = ("amsgrad", "adam", "sgd")

@@ -42,14 +42,6 @@ import time
 
 import torch
 
-from fedforge.algorithms.base import (
-    PREP_SAMPLES,
-    PREP_SECONDS,
-    Algorithm,
-    FinalizeInputs,
-    Part,
-    PrepareInputs,
-)
 from fedforge.algorithms.defaults import defaults_from, table_value
 from fedforge.client.control_variates import option_ii
 from fedforge.client.transforms import (
@@ -61,6 +53,14 @@ from fedforge.client.transforms import (
     scale_by_learning_rate,
 )
 from fedforge.core.tree import Params, tree_add, tree_nbytes, tree_zeros_like
+from fedforge.protocol.algorithm import (
+    PREP_SAMPLES,
+    PREP_SECONDS,
+    Algorithm,
+    FinalizeInputs,
+    Part,
+    PrepareInputs,
+)
 from fedforge.server.chain import population_mean_step
 from fedforge.server.optimizers import server_sgd
 

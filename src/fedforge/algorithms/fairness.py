@@ -30,7 +30,12 @@ import time
 
 import torch
 
-from fedforge.algorithms.base import (
+from fedforge.algorithms.defaults import defaults_from
+from fedforge.client.optimizers import local_optimizer
+from fedforge.client.transforms import at_round
+from fedforge.core.schedules import ScheduleLike, as_schedule
+from fedforge.core.tree import Params, tree_sq_norm
+from fedforge.protocol.algorithm import (
     CLIENT_ID,
     PREP_SAMPLES,
     PREP_SECONDS,
@@ -39,11 +44,6 @@ from fedforge.algorithms.base import (
     Part,
     PrepareInputs,
 )
-from fedforge.algorithms.defaults import defaults_from
-from fedforge.client.optimizers import local_optimizer
-from fedforge.client.transforms import at_round
-from fedforge.core.schedules import ScheduleLike, as_schedule
-from fedforge.core.tree import Params, tree_sq_norm
 from fedforge.server.chain import ServerTransform
 
 START_LOSS = "start_loss"

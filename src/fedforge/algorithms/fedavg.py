@@ -9,11 +9,11 @@ References:
 
 from __future__ import annotations
 
-from fedforge.algorithms.base import Algorithm
 from fedforge.algorithms.defaults import defaults_from
 from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import add_prox, chain
 from fedforge.core.schedules import ScheduleLike
+from fedforge.protocol.algorithm import Algorithm
 from fedforge.server.optimizers import server_sgd
 
 

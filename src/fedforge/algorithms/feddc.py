@@ -15,13 +15,13 @@ After K local steps with lr η: ``h_i <- h_i + (θ_i - w)`` and
 
 from __future__ import annotations
 
-from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
 from fedforge.algorithms.defaults import defaults_from
 from fedforge.client.control_variates import option_ii
 from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import Transform, _stateless, at_round, chain
 from fedforge.core.schedules import ScheduleLike, as_schedule
 from fedforge.core.tree import Params, tree_add, tree_sub, tree_zeros_like
+from fedforge.protocol.algorithm import Algorithm, FinalizeInputs, Part
 from fedforge.server.chain import population_mean_step
 from fedforge.server.optimizers import server_sgd
 

@@ -16,12 +16,12 @@ client with no data has delta 0 and keeps g_i.
 
 from __future__ import annotations
 
-from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
 from fedforge.algorithms.defaults import defaults_from
 from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import Transform, _stateless, chain
 from fedforge.core.schedules import ScheduleLike
 from fedforge.core.tree import Params, tree_add, tree_zeros_like
+from fedforge.protocol.algorithm import Algorithm, FinalizeInputs, Part
 from fedforge.server.chain import population_mean_step
 from fedforge.server.optimizers import server_sgd
 

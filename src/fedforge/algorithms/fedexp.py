@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import torch
 
-from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
 from fedforge.algorithms.defaults import defaults_from, table_value
 from fedforge.client.optimizers import local_optimizer
 from fedforge.core.schedules import ScheduleLike, as_schedule, value_at
 from fedforge.core.tree import Params, tree_clone, tree_map2, tree_sq_norm
+from fedforge.protocol.algorithm import Algorithm, FinalizeInputs, Part
 from fedforge.server.chain import ServerTransform
 
 

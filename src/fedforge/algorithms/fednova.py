@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import torch
 
-from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
 from fedforge.algorithms.defaults import defaults_from
 from fedforge.client.transforms import (
     RoundContext,
@@ -36,6 +35,7 @@ from fedforge.client.transforms import (
 )
 from fedforge.core.schedules import ScheduleLike, as_schedule, is_zero
 from fedforge.core.tree import Params, tree_map
+from fedforge.protocol.algorithm import Algorithm, FinalizeInputs, Part
 from fedforge.server.chain import ServerTransform
 from fedforge.server.optimizers import ServerOptimizer, server_sgd
 

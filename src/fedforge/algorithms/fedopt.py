@@ -7,10 +7,10 @@ FedAdam, FedYogi; Sec. 5 gives the default β1, β2 and τ). FedAMS: Wang, Lin &
 
 from __future__ import annotations
 
-from fedforge.algorithms.base import Algorithm
 from fedforge.algorithms.defaults import defaults_from
 from fedforge.client.optimizers import local_optimizer
 from fedforge.core.schedules import ScheduleLike
+from fedforge.protocol.algorithm import Algorithm
 from fedforge.server.optimizers import server_adagrad, server_adam, server_yogi
 
 

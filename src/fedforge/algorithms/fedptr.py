@@ -31,7 +31,14 @@ from dataclasses import dataclass
 
 import torch
 
-from fedforge.algorithms.base import (
+from fedforge.algorithms.defaults import defaults_from, table_value
+from fedforge.client.optimizers import local_optimizer
+from fedforge.client.transforms import RoundContext, Transform, chain
+from fedforge.core.schedules import ScheduleLike
+from fedforge.core.tree import Params, tree_index, tree_stack
+from fedforge.distill import flip_shift, init_synthetic, match_trajectory, student_descent
+from fedforge.distill.synthetic import synthetic_labels
+from fedforge.protocol.algorithm import (
     PREP_SAMPLES,
     PREP_SECONDS,
     SERVER_PREP_SAMPLES,
@@ -41,13 +48,6 @@ from fedforge.algorithms.base import (
     Part,
     PrepareInputs,
 )
-from fedforge.algorithms.defaults import defaults_from, table_value
-from fedforge.client.optimizers import local_optimizer
-from fedforge.client.transforms import RoundContext, Transform, chain
-from fedforge.core.schedules import ScheduleLike
-from fedforge.core.tree import Params, tree_index, tree_stack
-from fedforge.distill import flip_shift, init_synthetic, match_trajectory, student_descent
-from fedforge.distill.synthetic import synthetic_labels
 from fedforge.server.optimizers import server_sgd
 
 AnchorFn = Callable[[RoundContext], tuple[Params, torch.Tensor]]

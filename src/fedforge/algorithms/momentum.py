@@ -21,11 +21,11 @@ paper gives no value; :mod:`fedforge.algorithms.defaults`).
 
 from __future__ import annotations
 
-from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
 from fedforge.algorithms.defaults import defaults_from
 from fedforge.algorithms.fadamgc import GradientTracking
 from fedforge.client.transforms import Transform, add_correction, chain, scale_by_learning_rate
 from fedforge.core.tree import Params, tree_zeros_like
+from fedforge.protocol.algorithm import Algorithm, FinalizeInputs, Part
 from fedforge.server.optimizers import server_sgd
 
 

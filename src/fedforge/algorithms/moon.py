@@ -25,13 +25,13 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
 from fedforge.algorithms.defaults import defaults_from
 from fedforge.algorithms.personal.representation import features_and_logits, head_weight
 from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import RoundContext
 from fedforge.core.schedules import ScheduleLike
 from fedforge.core.tree import Params
+from fedforge.protocol.algorithm import Algorithm, FinalizeInputs, Part
 from fedforge.server.optimizers import server_sgd
 
 NAME = "moon"
@@ -60,7 +60,7 @@ def contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor
 
 class ModelContrast(Part):
     """Keeps the client's last local model (``prev``, and ``trained`` = 1 once it exists) and
-    is MOON's local objective (:class:`~fedforge.algorithms.base.LocalObjective`)."""
+    is MOON's local objective (:class:`~fedforge.protocol.algorithm.LocalObjective`)."""
 
     name = NAME
     sends_uploads = False

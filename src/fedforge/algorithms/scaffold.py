@@ -9,13 +9,13 @@ Server:     ``x <- x + η_g mean_i (x_i - x)``,  ``c <- c + (|S|/N) mean_i (c_i+
 
 from __future__ import annotations
 
-from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
 from fedforge.algorithms.defaults import defaults_from
 from fedforge.client.control_variates import option_ii
 from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import add_correction, at_round, chain
 from fedforge.core.schedules import ScheduleLike, as_schedule
 from fedforge.core.tree import Params, tree_zeros_like
+from fedforge.protocol.algorithm import Algorithm, FinalizeInputs, Part
 from fedforge.server.chain import population_mean_step
 from fedforge.server.optimizers import server_sgd
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from fedforge.algorithms.base import FinalizeInputs, Part
 from fedforge.comm.codec import flatten, zeros_flat
 from fedforge.comm.sketch import relative_error, topk_energy
 from fedforge.core.tree import Params
+from fedforge.protocol.algorithm import FinalizeInputs, Part
 from fedforge.server.chain import Aggregate
 
 ENERGY_KS = (1, 5)

@@ -34,7 +34,7 @@ from fedforge.engine.round import federated_round
 from fedforge.experiment.build import build_scheduler, build_tasks, sample_round
 from fedforge.experiment.config import load_config
 from fedforge.experiment.runner import Experiment
-from fedforge.sim.scheduler import Scheduler
+from fedforge.schedulers.scheduler import Scheduler
 
 ASYNC_OVERRIDES = ["tasks.1.name=mnist-mlp-2", "tasks.1.data.dataset=mnist",
                    "tasks.1.model.name=mlp", "tasks.1.step_time=0.148",

@@ -29,7 +29,7 @@ import typer
 from fedforge.bench.options import Out, Results, folders
 from fedforge.bench.results import record_results, run_info
 from fedforge.experiment.rundir import save_figure, subfolder, write_text
-from fedforge.experiment.styles import style_for
+from fedforge.study.styles import style_for
 
 HEADER = ["clients", "algorithm", "store", "peak RSS MB", "run folder MB", "s / round",
           "checkpoint s", "note"]

@@ -27,13 +27,13 @@ import torch
 from torch import nn
 
 from fedforge.algorithms import build_algorithm
-from fedforge.algorithms.base import Algorithm
 from fedforge.bench.workload import LR, make_engine, plain_sum
 from fedforge.engine import CohortInputs, CohortOutput, classification_loss
 from fedforge.engine.base import combine_shards, sum_trees
 from fedforge.engine.distributed import shard_bounds
 from fedforge.engine.local import LossFn
 from fedforge.engine.procs import WorkerPool, worker_threads
+from fedforge.protocol.algorithm import Algorithm
 
 
 class WorkerPair:

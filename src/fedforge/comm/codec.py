@@ -11,7 +11,7 @@ The hook (wired in :mod:`fedforge.engine.local`, :mod:`fedforge.engine.base` and
 Linear codecs (sketches) average in sketch space and desketch once; for sparsifiers and
 quantisers the message is the dense simulated reconstruction, so the mean is exact.
 ``nbytes(params, t)`` is the exact size of one client's wire message (values + indices +
-seeds), which :meth:`fedforge.algorithms.base.Algorithm.message_nbytes` reports.
+seeds), which :meth:`fedforge.protocol.algorithm.Algorithm.message_nbytes` reports.
 Client codec state (error-feedback residuals, MARINA's last delta) lives in the client store
 under the key ``"codec"``; server state under ``server_state["codec"]``.
 """

@@ -80,8 +80,8 @@ def setup(plugins: list[str] | None, data_root: Path | None = None,
 
 def figure_options(bands: str | None, legend: str | None) -> AbstractContextManager:
     """The figure options context of --bands and --legend; a bad value exits naming it."""
-    from fedforge.experiment.plots import FigureOptions
-    from fedforge.experiment.plots import figure_options as styled
+    from fedforge.study.plots import FigureOptions
+    from fedforge.study.plots import figure_options as styled
 
     try:
         FigureOptions(bands or "alpha", legend or "best")

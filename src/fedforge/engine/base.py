@@ -14,10 +14,10 @@ from typing import NamedTuple, TypeVar
 
 import torch
 
-from fedforge.algorithms.base import Algorithm
 from fedforge.core.tree import Params, PyTree, tree_index, tree_map, tree_map2
 from fedforge.engine.local import LocalResult, LossFn, local_update_of
 from fedforge.engine.randomness import check_random_layers
+from fedforge.protocol.algorithm import Algorithm
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -157,7 +157,7 @@ class ChunkedEngine:
     def run_chunked(self, num_items: int, chunk: int, attempt: Callable[[int], T]) -> T:
         """``attempt(chunk)`` for ``num_items`` items; on an out-of-memory error halve the
         chunk and start again (nothing is kept from the failed attempt), remembering the
-        smaller chunk. Cohorts and batches of async jobs (``engine/jobs.py``) share it."""
+        smaller chunk. Cohorts and batches of async jobs (``schedulers/jobs.py``) share it."""
         chunk = max(1, min(chunk, num_items))
         if self.max_chunk is not None:
             chunk = min(chunk, self.max_chunk)

@@ -23,7 +23,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from fedforge.algorithms.base import Algorithm
 from fedforge.core.disk_store import DiskClientStore
 from fedforge.core.store import ClientStore, StateStore
 from fedforge.core.tree import (
@@ -36,6 +35,7 @@ from fedforge.core.tree import (
 from fedforge.engine.base import CohortInputs, CohortOutput, combine_shards
 from fedforge.engine.local import LossFn
 from fedforge.engine.vmap import VmapEngine
+from fedforge.protocol.algorithm import Algorithm
 
 
 def init_distributed() -> bool:

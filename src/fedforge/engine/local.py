@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedforge.algorithms.base import Algorithm
 from fedforge.client.transforms import RoundContext, Transform, clip_statistics, local_step
 from fedforge.core.tree import Params, tree_map2, tree_sub, tree_zeros_like, upcast
 from fedforge.engine.pooling import TiledPoolMode
@@ -36,6 +35,7 @@ from fedforge.engine.stages import (
     local_stages,
     plain_step,
 )
+from fedforge.protocol.algorithm import Algorithm
 
 
 class LocalResult(NamedTuple):

@@ -52,7 +52,6 @@ import numpy as np
 import torch
 import torch.multiprocessing  # noqa: F401  (registers tensors' transfer through shared memory)
 
-from fedforge.algorithms.base import Algorithm
 from fedforge.core.malloc import keep_freed_memory
 from fedforge.core.tree import PyTree, tree_map, upcast
 from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput, combine_shards
@@ -61,6 +60,7 @@ from fedforge.engine.local import LossFn
 from fedforge.engine.loop import LoopEngine, loop_label
 from fedforge.engine.randomness import RandomLayerError, check_random_layers
 from fedforge.engine.vmap import VmapEngine
+from fedforge.protocol.algorithm import Algorithm
 
 logger = logging.getLogger(__name__)
 INNER = ("loop", "vmap")  # what a worker may run its shard with

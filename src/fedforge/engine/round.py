@@ -13,13 +13,13 @@ from typing import NamedTuple
 
 import torch
 
-from fedforge.algorithms.base import CLIENT_ID, UPLOAD_SCALE, Algorithm, PrepareInputs
 from fedforge.core.store import ClientStore
 from fedforge.core.tree import Params
 from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput
 from fedforge.engine.local import LossFn
 from fedforge.engine.randomness import CLIENT_KEY, client_keys, is_keyed
 from fedforge.engine.screening import check_model, rerun_fn, screen_cohort
+from fedforge.protocol.algorithm import CLIENT_ID, UPLOAD_SCALE, Algorithm, PrepareInputs
 from fedforge.server.chain import Aggregate, ServerState
 
 

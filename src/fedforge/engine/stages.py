@@ -33,18 +33,18 @@ from typing import NamedTuple
 
 import torch
 
-from fedforge.algorithms.base import (
+from fedforge.client.transforms import RoundContext
+from fedforge.comm.codec import Codec
+from fedforge.core.tree import Params, tree_where
+from fedforge.engine.randomness import CLIENT_KEY, KeyedRandomness, is_keyed, no_key
+from fedforge.protocol.algorithm import (
     Algorithm,
     FinalizeInputs,
     LocalObjective,
     PersonalSpec,
     PrivacyMechanism,
 )
-from fedforge.algorithms.personal.batch import StepBatch, with_step_batch
-from fedforge.client.transforms import RoundContext
-from fedforge.comm.codec import Codec
-from fedforge.core.tree import Params, tree_where
-from fedforge.engine.randomness import CLIENT_KEY, KeyedRandomness, is_keyed, no_key
+from fedforge.protocol.step_batch import StepBatch, with_step_batch
 
 LossFn = Callable[[Params, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 # (params, x, y, w) -> (gradient, loss): through torch.func, or autograd for one client
@@ -253,7 +253,7 @@ def objective_stage(objective: LocalObjective) -> Stage:
 
 
 def step_batch() -> Stage:
-    """The step's batch in the optimizer's context (:mod:`fedforge.algorithms.personal.batch`),
+    """The step's batch in the optimizer's context (:mod:`fedforge.protocol.step_batch`),
     for a local step that takes gradients at other points of it (APFL, pFedMe, ...)."""
 
     def step(s: Step, ctx: RoundContext, data: ClientData) -> Step:

@@ -10,10 +10,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from fedforge.algorithms.base import Algorithm
 from fedforge.core.store import StateStore
 from fedforge.core.tree import Params
 from fedforge.experiment.personal_eval import personal_models
+from fedforge.protocol.algorithm import Algorithm
 
 CHUNK = 64  # clients read from the store at a time
 

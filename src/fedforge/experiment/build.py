@@ -29,7 +29,6 @@ from fedforge.engine import (
     build_job_engine,
     classification_loss,
 )
-from fedforge.engine.jobs import TaskExecutor
 from fedforge.experiment.config import (
     AlgorithmConfig,
     ConfigError,
@@ -45,19 +44,20 @@ from fedforge.models.init_from import init_network
 from fedforge.robust.divergence import scale_lr
 from fedforge.robust.hook import RobustRound
 from fedforge.robust.setup import build_robust
-from fedforge.sim.allocation_code import code_speed_factors
-from fedforge.sim.buffered import BufferedServer
-from fedforge.sim.delays import delay_from
-from fedforge.sim.fedast import ASYNC_METHODS, AsyncOptions, AsyncScheduler
-from fedforge.sim.multitask_sync import (
+from fedforge.schedulers.allocation_code import code_speed_factors
+from fedforge.schedulers.buffered import BufferedServer
+from fedforge.schedulers.fedast import ASYNC_METHODS, AsyncOptions, AsyncScheduler
+from fedforge.schedulers.jobs import TaskExecutor
+from fedforge.schedulers.multitask_sync import (
     StoreFactory,
     SyncOptions,
     SyncScheduler,
     memory_stores,
 )
+from fedforge.schedulers.scheduler import Scheduler
+from fedforge.schedulers.task import Task
+from fedforge.sim.delays import delay_from
 from fedforge.sim.population import Population
-from fedforge.sim.scheduler import Scheduler
-from fedforge.sim.task import Task
 
 
 def resolve_device(name: str) -> torch.device:

@@ -35,8 +35,7 @@ from pydantic import (
 from fedforge.algorithms import algorithm_hparams, build_algorithm
 from fedforge.algorithms.defaults import METHOD_DEFAULTS
 from fedforge.algorithms.personal.fedbn import norm_patterns
-from fedforge.errors import ConfigError, field_part, format_error, got, shorten
-from fedforge.experiment.config_io import (
+from fedforge.core.config_io import (
     MAX_CONFIG_BYTES,
     MAX_DEPTH,
     InputError,
@@ -46,6 +45,7 @@ from fedforge.experiment.config_io import (
     parse_toml,
     parse_yaml,
 )
+from fedforge.errors import ConfigError, field_part, format_error, got, shorten
 from fedforge.experiment.options import check_builders, partition_option_names
 from fedforge.experiment.population_checks import check_population_run, check_population_task
 from fedforge.experiment.selection import check_sampler
@@ -822,8 +822,8 @@ def _check_unread(cfg: BaseRunConfig) -> None:
 def _check_method(cfg: MultiTaskConfig) -> None:
     """``method`` names a multi-task driver, and per-task Sync-ST client counts are given
     for every task or none (refused here rather than mid-run)."""
-    from fedforge.sim.fedast import ASYNC_METHODS  # noqa: PLC0415 (sim imports torch)
-    from fedforge.sim.multitask_sync import SYNC_METHODS  # noqa: PLC0415
+    from fedforge.schedulers.fedast import ASYNC_METHODS  # noqa: PLC0415 (sim imports torch)
+    from fedforge.schedulers.multitask_sync import SYNC_METHODS  # noqa: PLC0415
 
     methods = (*ASYNC_METHODS, *SYNC_METHODS)
     if cfg.method is not None and cfg.method not in methods:
@@ -840,8 +840,8 @@ def _check_tasks(cfg: MultiTaskConfig) -> None:
     import torch  # noqa: PLC0415
 
     from fedforge.algorithms import build_algorithm  # noqa: PLC0415
-    from fedforge.algorithms.base import check_support  # noqa: PLC0415
-    from fedforge.sim.serves import check_model_mixing, driver_serves  # noqa: PLC0415
+    from fedforge.protocol.algorithm import check_support  # noqa: PLC0415
+    from fedforge.schedulers.serves import check_model_mixing, driver_serves  # noqa: PLC0415
 
     method = cfg.method or "fedast"
     driver, serves = driver_serves(method)

@@ -28,12 +28,6 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from fedforge.algorithms.base import (
-    PREP_SAMPLES,
-    PREP_SECONDS,
-    SERVER_PREP_SAMPLES,
-    SERVER_PREP_SECONDS,
-)
 from fedforge.core.checkpoint import checkpoint_jsons, load_checkpoint
 from fedforge.core.disk_store import check_record_world
 from fedforge.core.store import StateStore, choose_store, record_kind, template_nbytes
@@ -45,10 +39,8 @@ from fedforge.engine.distributed import (
     make_client_store,
     world_size,
 )
-from fedforge.engine.jobs import TaskExecutor
 from fedforge.engine.local import set_matmul_precision
 from fedforge.engine.round import federated_round
-from fedforge.engine.scatter import ScatteredExecutor, link_executors, serve_jobs, stop_workers
 from fedforge.experiment.adapters import export_adapters, exports_adapters
 from fedforge.experiment.build import (
     Setup,
@@ -66,12 +58,20 @@ from fedforge.experiment.personal_eval import evaluate_personal
 from fedforge.experiment.progress import RoundProgress, setup_step
 from fedforge.experiment.selection import Selection
 from fedforge.experiment.state import UPDATES, RunState
+from fedforge.protocol.algorithm import (
+    PREP_SAMPLES,
+    PREP_SECONDS,
+    SERVER_PREP_SAMPLES,
+    SERVER_PREP_SECONDS,
+)
 from fedforge.robust.divergence import DivergenceError, log_event
+from fedforge.schedulers.fedast import ASYNC_METHODS
+from fedforge.schedulers.jobs import TaskExecutor
+from fedforge.schedulers.multitask_sync import StoreFactory
+from fedforge.schedulers.scatter import ScatteredExecutor, link_executors, serve_jobs, stop_workers
+from fedforge.schedulers.scheduler import Scheduler
 from fedforge.sim.cost import build_cost_model
-from fedforge.sim.fedast import ASYNC_METHODS
-from fedforge.sim.multitask_sync import StoreFactory
 from fedforge.sim.rounds import keep_clients, straggler_clock, straggler_round
-from fedforge.sim.scheduler import Scheduler
 
 Show = Callable[[list[dict]], None]
 """Shows a step's records (a progress bar, a printed line)."""

@@ -21,7 +21,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedforge.algorithms.base import Algorithm
 from fedforge.core.tree import Params, tree_map
 from fedforge.data.batching import client_batches
 from fedforge.data.client_split import ClientTests, client_split
@@ -29,6 +28,7 @@ from fedforge.data.federated import gather_round_indices
 from fedforge.engine.local import LossFn, local_update_of
 from fedforge.experiment.client_metrics import OPTIONAL, ClientColumns
 from fedforge.experiment.metrics import PER_CLIENT  # the per-client columns' record key
+from fedforge.protocol.algorithm import Algorithm
 
 
 def _padded(indices: Sequence[torch.Tensor], device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -44,7 +44,7 @@ class RunState:
     store's checkpoint record (:meth:`fedforge.core.store.StateStore.checkpoint`: the disk
     store's committed version and segments; absent for the in-memory store, whose rows are
     the checkpoint's ``clients`` tensors); ``driver``: a multi-task scheduler's own state,
-    what its :meth:`fedforge.sim.scheduler.Scheduler.state_dict` returns (clock,
+    what its :meth:`fedforge.schedulers.scheduler.Scheduler.state_dict` returns (clock,
     allocation, tasks); ``algorithm``: the ``algorithm.name`` that wrote the checkpoint
     (see :meth:`check_algorithm`); ``flower``: a Flower server's options
     (:class:`fedforge.flower.server.ServerOptions`), checked on resume."""

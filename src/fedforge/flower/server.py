@@ -18,7 +18,6 @@ import torch
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from fedforge.algorithms.base import NEEDS, check_support
 from fedforge.core.tree import Params, flatten_dict, unflatten_dict
 from fedforge.experiment.build import round_generator, sample_round
 from fedforge.experiment.config import RunConfig
@@ -39,6 +38,7 @@ from fedforge.flower.common import (
     standard_message_support,
     to_record,
 )
+from fedforge.protocol.algorithm import NEEDS, check_support
 from fedforge.server.chain import Aggregate, ServerState
 
 PROTOCOLS = ("fedforge", "flower")

@@ -1,6 +1,6 @@
 """A differentially private algorithm: any algorithm plus one server stage and client hooks.
 
-:func:`privatize` wraps a built :class:`~fedforge.algorithms.base.Algorithm` in
+:func:`privatize` wraps a built :class:`~fedforge.protocol.algorithm.Algorithm` in
 :class:`PrivateAlgorithm`, which carries the run's :class:`Mechanism`. The engine's pure
 local round asks it for DP-SGD gradients and for the clipped (and, locally, noised) delta;
 the round weights clipped deltas by ``1/(qN)`` (central); the server chain gains a first
@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedforge.algorithms.base import Algorithm
 from fedforge.core.tree import Params
 from fedforge.engine.base import CohortOutput
 from fedforge.engine.round import RoundResult
@@ -46,6 +45,7 @@ from fedforge.privacy.ledger import (
     truncate,
 )
 from fedforge.privacy.mechanisms import add_noise, clip_tree, dp_sgd_grad
+from fedforge.protocol.algorithm import Algorithm
 from fedforge.server.chain import Aggregate, ServerChain, ServerTransform
 
 KEY = "privacy_key"  # per-client round input: the key of that client's noise

@@ -10,10 +10,10 @@ import warnings
 
 import torch
 
-from fedforge.algorithms.base import NEEDS, Algorithm
 from fedforge.core.tree import Params
 from fedforge.errors import ConfigError
 from fedforge.privacy.config import PrivacyConfig
+from fedforge.protocol.algorithm import NEEDS, Algorithm
 
 WEAK_SIGMA = 0.3  # below this a noise multiplier gives a guarantee that means little
 

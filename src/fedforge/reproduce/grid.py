@@ -8,7 +8,7 @@ report reads. A multi-task spec
 (``spec.multitask``: a config with ``[[tasks]]``, ``Condition.algorithm`` names the method)
 also writes ``seed<k>.summary.json``: the run's ``summary.json`` (time to target per task and
 overall) plus the share of available client time left idle
-(``fedforge.experiment.multitask_diagnostics``).
+(``fedforge.study.multitask_diagnostics``).
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from fedforge.experiment.compare import comparison_configs
 from fedforge.experiment.config import RunConfig, load_config
-from fedforge.experiment.plots import read_metrics as read_records
 from fedforge.experiment.rundir import write_bytes
 from fedforge.experiment.runner import run_experiment
 from fedforge.reproduce.spec import Condition, Reproduction
 from fedforge.robust.divergence import log_event
+from fedforge.study.compare import comparison_configs
+from fedforge.study.plots import read_metrics as read_records
 
 
 def condition_configs(spec: Reproduction, cond: Condition, root: Path) -> list[RunConfig]:
@@ -38,7 +38,7 @@ def condition_configs(spec: Reproduction, cond: Condition, root: Path) -> list[R
 
 def read_metrics(path: Path) -> list[dict]:
     """The JSON records of ``path`` ([] if absent); a damaged line is a ValueError naming the
-    file (:func:`fedforge.experiment.plots.read_metrics`)."""
+    file (:func:`fedforge.study.plots.read_metrics`)."""
     if not path.is_file():
         return []
     return read_records(path)
@@ -179,7 +179,7 @@ def run_grid(
         metrics = out / "metrics.jsonl"  # absent: diverged before its first record
         _put(data, dest, metrics.read_bytes() if metrics.is_file() else b"")
         if spec.multitask:
-            from fedforge.experiment.multitask_diagnostics import run_diagnostics
+            from fedforge.study.multitask_diagnostics import run_diagnostics
 
             summary = run_diagnostics(out, _capacity(cfg))
             summary.pop("allocation_log", None)  # in the run folder; long

@@ -19,8 +19,6 @@ from pathlib import Path
 
 from fedforge.experiment.metrics import evaluated
 from fedforge.experiment.rundir import save_figure, subfolder, write_text
-from fedforge.experiment.stats import Interval, paired_difference, t_interval
-from fedforge.experiment.styles import styles_for
 from fedforge.reproduce.grid import diverged_path, read_marker, read_metrics, summary_path
 from fedforge.reproduce.spec import Comparison, Reproduction, Sweep
 from fedforge.reproduce.stats import INCONCLUSIVE, detectable_effect
@@ -33,6 +31,8 @@ from fedforge.reproduce.verdicts import (
     evidence,
     judge,
 )
+from fedforge.study.stats import Interval, paired_difference, t_interval
+from fedforge.study.styles import styles_for
 
 METRICS = {  # key -> (column title, format, higher is better)
     "rounds": ("rounds to target", "{:.1f}", False),
@@ -239,7 +239,7 @@ def multitask_table(spec: Reproduction, runs: dict, names: list[str] | None = No
 
 def _tasks(runs: dict) -> list[str]:
     """Task names in task-index order, over every run."""
-    from fedforge.experiment.multitask_diagnostics import task_names
+    from fedforge.study.multitask_diagnostics import task_names
 
     out: list[str] = []
     for r in runs.values():
@@ -282,7 +282,7 @@ def plot_multitask(spec: Reproduction, runs: dict, path: Path) -> Path:
 
 def plot_allocation(spec: Reproduction, runs: dict, path: Path) -> Path | None:
     """Requests per task against simulated time (the lowest seed of each async condition)."""
-    from fedforge.experiment.multitask_diagnostics import requests_over_time
+    from fedforge.study.multitask_diagnostics import requests_over_time
 
     shown = [n for n in (spec.curves or [c.name for c in spec.conditions])
              if runs.get(n) and any("requests" in r for r in runs[n][min(runs[n])].history)]

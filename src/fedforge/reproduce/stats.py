@@ -1,6 +1,6 @@
 """The reproduction protocol's verdict on paired differences across seeds.
 
-The intervals are :mod:`fedforge.experiment.stats`'s. The verdict follows the reproduction
+The intervals are :mod:`fedforge.study.stats`'s. The verdict follows the reproduction
 protocol (docs/reproducing.md, section 4):
 *reproduced* when the CI of the paired difference excludes 0 in the paper's direction,
 *contradicted* when it excludes 0 in the other direction, *inconclusive* otherwise, with the
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from scipy import stats as _st
 
-from fedforge.experiment.stats import Interval, t_quantile
+from fedforge.study.stats import Interval, t_quantile
 
 REPRODUCED, CONTRADICTED, INCONCLUSIVE = "reproduced", "contradicted", "inconclusive"
 

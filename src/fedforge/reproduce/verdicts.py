@@ -25,7 +25,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fedforge.experiment.stats import Interval, paired_difference
 from fedforge.reproduce.spec import Comparison, Reproduction
 from fedforge.reproduce.stats import (
     CONTRADICTED,
@@ -43,6 +42,7 @@ from fedforge.reproduce.stats import (
     sign_test_seeds,
     tost_p,
 )
+from fedforge.study.stats import Interval, paired_difference
 
 ALPHA = 0.05  # family-wise error rate of each family of a page's verdicts
 TIMES = ("rounds", "sim_time")

@@ -3,7 +3,7 @@
 Every driver (synchronous rounds, stragglers, buffered asynchronous servers, multi-task runs,
 the Flower bridge, torchrun ranks) decides only *which* client messages form an
 :class:`Aggregate` and *when*; then it calls the same :meth:`ServerChain.step`. The chain is
-built once per algorithm (:attr:`fedforge.algorithms.base.Algorithm.server`) from stages with
+built once per algorithm (:attr:`fedforge.protocol.algorithm.Algorithm.server`) from stages with
 optax's shape, ``init(params) -> state`` and ``update(params, aggregate, state) -> (params,
 aggregate, state)``:
 

@@ -1,5 +1,5 @@
-"""System simulation: client speeds and availability, delay laws, the event clock,
-and the asynchronous and multi-task schedulers beside it (fedast.py, multitask_sync.py)."""
+"""System simulation: client speeds and availability, delay laws, the event clock and
+costs. The schedulers that run on this clock live in ``fedforge.schedulers``."""
 
 from fedforge.sim.clock import EventClock, Job, kth_arrival_round
 from fedforge.sim.cost import DEVICE_FLOPS, CostModel, build_cost_model

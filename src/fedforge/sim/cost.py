@@ -12,7 +12,7 @@ model, kept general:
 * a synchronous round lasts as long as its slowest sampled client (:meth:`CostModel.
   round_seconds`).
 
-Bytes come from :meth:`fedforge.algorithms.base.Algorithm.message_nbytes`, i.e. what the
+Bytes come from :meth:`fedforge.protocol.algorithm.Algorithm.message_nbytes`, i.e. what the
 algorithm really sends (FAdamGC: ``x`` and ``y`` down; the delta plus, on average over the
 cohort, ``S̃/S`` tracking deltas up). Using the cohort-average upload for every client is
 what reproduces the paper's per-round costs (3.5 model transfers for FAdamGC, 2 for LocalAdam);

@@ -454,7 +454,7 @@ _REQUESTS = code(96, f"{FEDAST_CODE} fedast_het_demo.json: nb_of_active_works = 
 _RB = code(32.0, f"{FEDAST_CODE} server.py: R_bs_ratio = 32")
 _BUFFER = ours(None, "b from R/rb_ratio; set it to fix b for every task")
 _MAX_BATCH = ours(64, "jobs per vmapped call; changes speed only, never the result "
-                      "(tests/engine/test_jobs.py)")
+                      "(tests/schedulers/test_jobs.py)")
 _K = paper(30, f"{FEDAST}, App. D.1: the first k = 30 updates per task are kept")
 _PER_ROUND = ours(None, "the availability cap (system.available_fraction of the clients)")
 
@@ -474,8 +474,9 @@ ASYNC_DEFAULTS: dict[str, dict[str, Default]] = {
         "async.min_requests": ours(1, "a floor of one request; the code's 32 is the "
                                       "paper-scale example's value"),
         "async.max_batch": _MAX_BATCH,
-        "async.allocation": ours("paper", "the paper's Realloc (Alg. 3-4); \"code\" follows the "
-                                          "authors' server.py instead (sim/allocation_code.py)"),
+        "async.allocation": ours("paper", "the paper's Realloc (Alg. 3-4); \"code\" follows "
+                                          "the authors' server.py instead "
+                                          "(schedulers/allocation_code.py)"),
     },
     "fedast_static": {"async.requests": _REQUESTS, "async.rb_ratio": _RB,
                       "async.buffer_size": _BUFFER, "async.max_batch": _MAX_BATCH},
@@ -492,7 +493,7 @@ ASYNC_DEFAULTS: dict[str, dict[str, Default]] = {
         "async.max_batch": _MAX_BATCH,
     },
 }
-"""The asynchronous methods' ``[async]`` options (``sim/fedast.py`` runs them)."""
+"""The asynchronous methods' ``[async]`` options (``schedulers/fedast.py`` runs them)."""
 
 BASELINE_DEFAULTS: dict[str, dict[str, Default]] = {
     "sync_st": {"sync.k": _K, "sync.clients_per_round": _PER_ROUND},
@@ -505,7 +506,7 @@ BASELINE_DEFAULTS: dict[str, dict[str, Default]] = {
     },
     "sequential": {"sync.k": _K, "sync.clients_per_round": _PER_ROUND},
 }
-"""The multi-task baselines' ``[sync]`` options (``sim/multitask_sync.py`` runs them)."""
+"""The multi-task baselines' ``[sync]`` options (``schedulers/multitask_sync.py`` runs them)."""
 
 METHOD_DEFAULTS: dict[str, dict[str, Default]] = {
     name: {**_TASK_CLIENT, **options}

@@ -1,6 +1,6 @@
 """Personalised FL: what a method keeps per client and how a client's local round uses it.
 
-A personalised method is an ordinary :class:`~fedforge.algorithms.base.Algorithm` (local
+A personalised method is an ordinary :class:`~fedforge.protocol.algorithm.Algorithm` (local
 optimizer, parts, server optimizer) plus a :class:`Personal` spec. The spec says
 
 * ``kept``: which leaves of the shared model are the client's own (:data:`split.PARTS`:
@@ -14,7 +14,7 @@ optimizer, parts, server optimizer) plus a :class:`Personal` spec. The spec says
 * ``finetune``: evaluation-time fine-tuning (FedAvg-FT, FedBABU, and every held-out client).
 
 The engine knows none of this: its local round asks ``algorithm.personal`` (the typed field
-:attr:`fedforge.algorithms.base.Algorithm.personal`, None for other algorithms) where to
+:attr:`fedforge.protocol.algorithm.Algorithm.personal`, None for other algorithms) where to
 start (:meth:`Personal.begin`) and which delta to send (:meth:`Personal.shared`).
 """
 
@@ -26,10 +26,10 @@ from typing import ClassVar, NamedTuple
 
 import torch
 
-from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
 from fedforge.algorithms.personal.split import PARTS, freeze, select
 from fedforge.client.transforms import RoundContext, Transform, chain
 from fedforge.core.tree import Params
+from fedforge.protocol.algorithm import Algorithm, FinalizeInputs, Part
 from fedforge.server.optimizers import server_sgd
 
 NAME = "personal"  # the client-store part holding personal leaves / the personal model
@@ -59,7 +59,7 @@ class Personal:
     finetune: Phase | None = None  # its optimizer; the steps come from finetune_steps
     finetune_part: str = "all"  # which leaves evaluation-time fine-tuning changes
     finetune_steps: int = 0  # method's own evaluation-time steps (FedAvg-FT, FedBABU)
-    # its local step takes gradients at other points of the step's batch (personal/batch.py)
+    # its local step takes gradients at other points of the step's batch (protocol/step_batch.py)
     step_batch: ClassVar[bool] = False
 
     def __post_init__(self) -> None:

@@ -24,15 +24,15 @@ from typing import ClassVar
 
 import torch
 
-from fedforge.algorithms.base import FinalizeInputs
 from fedforge.algorithms.defaults import defaults_from
 from fedforge.algorithms.personal.base import NAME, Personal, PersonalAlgorithm, Phase, Train
-from fedforge.algorithms.personal.batch import step_batch
 from fedforge.algorithms.personal.stateful import PersonalStatePart, clone, stepping
 from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import RoundContext, Transform
 from fedforge.core.schedules import ScheduleLike
 from fedforge.core.tree import Params
+from fedforge.protocol.algorithm import FinalizeInputs
+from fedforge.protocol.step_batch import step_batch
 from fedforge.server.optimizers import server_sgd
 
 

@@ -24,16 +24,16 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from fedforge.algorithms.base import Algorithm, FinalizeInputs, Part
 from fedforge.algorithms.defaults import defaults_from
 from fedforge.algorithms.personal.base import Personal, PersonalAlgorithm, PersonalPart, Phase
-from fedforge.algorithms.personal.batch import step_batch
 from fedforge.algorithms.personal.representation import features_and_logits, head_weight
 from fedforge.algorithms.personal.stateful import stepping
 from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import local_step
 from fedforge.core.schedules import ScheduleLike
 from fedforge.core.tree import Params, tree_nbytes
+from fedforge.protocol.algorithm import Algorithm, FinalizeInputs, Part
+from fedforge.protocol.step_batch import step_batch
 from fedforge.server.optimizers import server_sgd
 
 NAME = "fedproto"

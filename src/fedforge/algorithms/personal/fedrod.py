@@ -24,7 +24,6 @@ import torch
 
 from fedforge.algorithms.defaults import defaults_from
 from fedforge.algorithms.personal.base import NAME, PersonalAlgorithm, Phase
-from fedforge.algorithms.personal.batch import StepBatch, step_batch
 from fedforge.algorithms.personal.split import head_names
 from fedforge.algorithms.personal.stateful import (
     BatchPersonal,
@@ -36,6 +35,7 @@ from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import at_round, local_step
 from fedforge.core.schedules import ScheduleLike, as_schedule
 from fedforge.core.tree import Params
+from fedforge.protocol.step_batch import StepBatch, step_batch
 
 ABSENT = -1e4
 """log n_c of a class the client has no sample of: its softmax share is exactly zero (the

@@ -14,16 +14,28 @@ the global one after one SGD step of ``α`` on its own training data (at evaluat
 
 from __future__ import annotations
 
+import torch
+
 from fedforge.algorithms.defaults import defaults_from
 from fedforge.algorithms.personal.base import PersonalAlgorithm, Phase
-from fedforge.algorithms.personal.batch import parts_of, step_batch
 from fedforge.algorithms.personal.stateful import BatchPersonal, stepping
 from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import at_round, local_step
 from fedforge.core.schedules import ScheduleLike, as_schedule
+from fedforge.protocol.step_batch import step_batch
 from fedforge.server.optimizers import server_sgd
 
 VARIANTS = ("fo", "hf")
+
+
+def parts_of(weights: torch.Tensor, parts: int) -> list[torch.Tensor]:
+    """``weights`` [B] cut into ``parts`` consecutive, disjoint slices of the batch (the
+    other positions zero): Per-FedAvg's D, D' (and D'') from one batch."""
+    size = weights.shape[-1]
+    pos = torch.arange(size, device=weights.device)
+    bounds = [(size * j) // parts for j in range(parts + 1)]
+    return [weights * ((pos >= lo) & (pos < hi)).to(weights.dtype)
+            for lo, hi in zip(bounds[:-1], bounds[1:])]
 
 
 def _per_fedavg(name: str, variant: str, local_lr: ScheduleLike, beta: ScheduleLike,

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 from fedforge.algorithms.defaults import defaults_from
 from fedforge.algorithms.personal.base import NAME, PersonalAlgorithm, Phase
-from fedforge.algorithms.personal.batch import step_batch
 from fedforge.algorithms.personal.stateful import (
     BatchPersonal,
     clone,
@@ -29,6 +28,7 @@ from fedforge.client.optimizers import local_optimizer
 from fedforge.client.transforms import at_round, local_step
 from fedforge.core.schedules import ScheduleLike, as_schedule
 from fedforge.core.tree import Params
+from fedforge.protocol.step_batch import step_batch
 
 
 @dataclass(frozen=True)

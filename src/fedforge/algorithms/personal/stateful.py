@@ -14,11 +14,11 @@ from typing import ClassVar
 
 import torch
 
-from fedforge.algorithms.base import FinalizeInputs, Part
 from fedforge.algorithms.personal.base import NAME, Personal, PersonalAlgorithm, Train
 from fedforge.client.transforms import RoundContext, Transform
 from fedforge.core.schedules import ScheduleLike
 from fedforge.core.tree import Params
+from fedforge.protocol.algorithm import FinalizeInputs, Part
 from fedforge.server.optimizers import server_sgd
 
 StepFn = Callable[[Params, dict, Params, RoundContext], tuple[Params, dict]]
