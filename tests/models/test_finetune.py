@@ -94,19 +94,25 @@ def _leaves(model) -> dict:
 
 
 def _nonzero_b(params: dict, seed: int = 3) -> dict:
-    """B = 0 at PEFT's init makes LoRA a no-op; a random B makes the rounds test it."""
+    """B = 0 at PEFT's init makes LoRA a no-op; a random B makes the rounds test it. The
+    head's init (std 0.02) would pass the adapters gradients of 1e-6, below any tolerance: a
+    head of scale 2 moves them by 1e-4 to 1e-2 a round."""
     g = torch.Generator().manual_seed(seed)
-    return {k: 0.3 * torch.randn(v.shape, generator=g) if k.endswith("lora_B") else v
-            for k, v in params.items()}
+    scale = {"lora_B": 0.3, "classifier.weight": 2.0}
+    return {k: next((s * torch.randn(v.shape, generator=g) for end, s in scale.items()
+                     if k.endswith(end)), v) for k, v in params.items()}
 
 
-def reference_fedavg(folder: Path, start: dict, rounds: int, lr: float, x, y, idx, w) -> dict:
+def reference_fedavg(folder: Path, start: dict, rounds: int, lr: float, x, y, idx, w,
+                     fixed: dict | None = None) -> dict:
     """FedAvg over LoRA written plainly: the transformers model with each adapter added by a
-    forward hook, plain autograd SGD per client, deltas averaged by sample counts."""
+    forward hook, plain autograd SGD per client, deltas averaged by sample counts. ``fixed``:
+    adapter factors used as they are and never trained (FFA-LoRA's A)."""
     hf = transformers.AutoModelForSequenceClassification.from_pretrained(folder).eval()
     scaling = ADAPTERS["lora_alpha"] / ADAPTERS["r"]
 
     def logits(p: dict, tokens: torch.Tensor) -> torch.Tensor:
+        p = {**(fixed or {}), **p}
         hooks = []
         for name, module in hf.named_modules():
             if name.endswith(("query", "value")):
@@ -142,8 +148,8 @@ def reference_fedavg(folder: Path, start: dict, rounds: int, lr: float, x, y, id
     return params
 
 
-def _engine_rounds(model, engine, start: dict, rounds: int, lr: float, x, y, idx, w) -> dict:
-    algorithm = build_algorithm("fedavg", local_lr=lr)
+def engine_run(algorithm, model, engine, start: dict, rounds: int, x, y, idx, w):
+    """``rounds`` rounds of ``algorithm`` over every client: (global leaves, client store)."""
     params, state = dict(start), algorithm.server_init(start)
     store = ClientStore(idx.shape[0], algorithm.client_init(params))
     sizes = w.sum((1, 2))
@@ -152,7 +158,12 @@ def _engine_rounds(model, engine, start: dict, rounds: int, lr: float, x, y, idx
             algorithm, engine, classification_loss(model), params, state, store,
             torch.arange(idx.shape[0]), x, y, idx, w, round_=t, seed=0,
             agg_weights=sizes / sizes.sum())
-    return params
+    return params, store
+
+
+def _engine_rounds(model, engine, start: dict, rounds: int, lr: float, x, y, idx, w) -> dict:
+    algorithm = build_algorithm("fedavg", local_lr=lr)
+    return engine_run(algorithm, model, engine, start, rounds, x, y, idx, w)[0]
 
 
 def test_two_fedavg_rounds_over_lora_equal_a_hand_rolled_reference(bert):

@@ -9,7 +9,9 @@ exactly what is trained, so every engine, algorithm, client store, checkpoint an
   and ``<module>.lora_B`` [out, r] of each target linear (:mod:`.lora`, PEFT's settings), and
   a classification head (``hf.classifier.*`` or ``hf.score.*``). The names end in
   ``lora_A``/``lora_B``, so parameter patterns select them: ``*.lora_B`` personal with ``A``
-  shared (FedSA-LoRA), or ``*.lora_A`` left untrained (FFA-LoRA).
+  shared (FedSA-LoRA, the method ``fedsa_lora``). ``freeze_a = true`` keeps each ``A`` at its
+  seeded first value, held beside the base and not a leaf, so it is neither trained, stored
+  per client nor sent (FFA-LoRA).
 * ``mode = "full"``: every parameter of the model is a leaf (full fine-tuning).
 
 ``precision = "bf16"`` holds the frozen base in bfloat16, once, while the leaves (the
@@ -124,7 +126,7 @@ class FineTuned(nn.Module):
     def __init__(self, input_shape: Sequence[int], num_classes: int, path: str = "",
                  task: str = "classification", mode: str = "lora",
                  adapters: dict[str, Any] | None = None, precision: str = "float32",
-                 gradient_checkpointing: bool = False) -> None:
+                 gradient_checkpointing: bool = False, freeze_a: bool = False) -> None:
         super().__init__()
         del input_shape  # any length up to the model's positions
         if not path:
@@ -145,6 +147,8 @@ class FineTuned(nn.Module):
             self.lora_config = _lora_config(adapters)
         elif adapters:
             raise ConfigError("model.options.adapters: set only with mode = 'lora'")
+        if freeze_a and mode != "lora":
+            raise ConfigError("model.options.freeze_a: set only with mode = 'lora'")
         src = resolve_source(path)
         full_path = str(src.path)
         self.path, self.task, self.mode = full_path, task, mode
@@ -155,13 +159,19 @@ class FineTuned(nn.Module):
                                bool(gradient_checkpointing))
         base = self._held.module
         self.pad_id, self.checkpointing = base.pad_id, bool(gradient_checkpointing)
-        self.leaf_names = list(self._held.leaves)
+        self.fixed: dict[str, torch.Tensor] = {}  # frozen adapter factors (freeze_a): not leaves
+        frozen_a = [n for n in self._held.leaves if freeze_a and n.endswith(".lora_A")]
+        self.leaf_names = [n for n in self._held.leaves if n not in frozen_a]
         # the base's dropout layers (shared, no tensors), so the engines see them and key
         # their masks per client as every zoo model's
         self.dropouts = nn.ModuleList(m for m in base.modules()
                                       if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0)
-        for name in self.leaf_names:
-            _set_leaf(self, name, _initial(base, name))
+        for name in self._held.leaves:  # in the base's order: the same draws either way
+            value = _initial(base, name)
+            if name in frozen_a:
+                self.fixed[name] = value
+            else:
+                _set_leaf(self, name, value)
 
     @property
     def base(self) -> PretrainedModel:
@@ -171,6 +181,7 @@ class FineTuned(nn.Module):
     def _apply(self, fn: Any, recurse: bool = True) -> FineTuned:
         super()._apply(fn, recurse)
         self._held.module._apply(fn, recurse)  # the one base follows the model's device
+        self.fixed = {n: fn(v) for n, v in self.fixed.items()}
         return self
 
     def modules(self) -> Iterator[nn.Module]:
@@ -187,6 +198,7 @@ class FineTuned(nn.Module):
 
     def forward(self, tokens: torch.Tensor, all_positions: bool = False) -> torch.Tensor:
         leaves = {n: functools.reduce(getattr, n.split("."), self) for n in self.leaf_names}
+        leaves.update(self.fixed)
         if not self.checkpointing:
             return _run(self._held.module, all_positions, tokens, leaves)
         if torch._C._are_functorch_transforms_active():
@@ -207,6 +219,7 @@ class FineTuned(nn.Module):
         if self.mode != "lora":
             raise ConfigError("export: only a mode = 'lora' model has an adapter to export")
         adapters = {n: params[n].detach().float().cpu() for n in self.leaf_names}
+        adapters.update({n: v.detach().float().cpu() for n, v in self.fixed.items()})
         export_peft(folder, self.path, self.lora_config, adapters, self.task,
                     self.num_classes if self.task == "classification" else None)
 
