@@ -367,7 +367,7 @@ def list_datasets(plugin: Plugins = None) -> None:
     from fedforge.data import DATASETS
 
     print_table("datasets", ("name", "description"), sorted(DATASETS.items()),
-                 highlight=True, bold_first=True)
+                highlight=True, bold_first=True)
 
 
 @app.command("models")
