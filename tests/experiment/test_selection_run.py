@@ -121,3 +121,11 @@ def test_a_population_run_refuses_a_sampler():
     with pytest.raises(ConfigError, match=r"^server\.sampler: 'oort' keeps a record per "
                                           r"client, and 'synthetic_population' generates"):
         validate(raw)
+
+
+def test_the_flower_bridge_refuses_a_sampler():
+    common = pytest.importorskip("fedforge.flower.common")
+    cfg = load_config(ROOT / "examples/quickstart.toml", [*BASE, "server.sampler=oort"])
+    with pytest.raises(ConfigError, match=r"^server\.sampler: the Flower bridge samples nodes "
+                                          r"uniformly; run 'oort' with `fedforge run`$"):
+        common.experiment(cfg)

@@ -12,6 +12,7 @@ import torch
 from fedforge.core.tree import flatten_dict, unflatten_dict
 from fedforge.engine import classification_loss
 from fedforge.engine.loop import LoopEngine
+from fedforge.errors import ConfigError
 from fedforge.experiment.config import RunConfig
 from fedforge.experiment.population_checks import refuse_population
 from fedforge.experiment.runner import Experiment
@@ -34,6 +35,9 @@ def experiment(cfg: RunConfig) -> tuple[Experiment, Callable]:
     key = json.dumps(cfg.model_dump(mode="json"), sort_keys=True, default=str)
     if key not in _EXPERIMENTS:
         refuse_population(cfg.data.dataset, "the Flower bridge")
+        if cfg.server.sampler != "uniform":  # its strategies sample the nodes themselves
+            raise ConfigError(f"server.sampler: the Flower bridge samples nodes uniformly; "
+                              f"run {cfg.server.sampler!r} with `fedforge run`")
         exp = Experiment.from_config(cfg)
         exp.engine = LoopEngine()  # one client per call: the reference engine
         _EXPERIMENTS[key] = (exp, classification_loss(exp.network, cfg.engine.precision))
