@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from fedforge.data import load_dataset
+from fedforge.engine.evaluate import evaluate
 from fedforge.experiment.config import RunConfig
-from fedforge.experiment.evaluate import evaluate
 from fedforge.experiment.rundir import write_bytes, write_text
 from fedforge.models import build_model, num_parameters
 

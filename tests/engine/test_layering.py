@@ -12,6 +12,11 @@ a higher layer is still a dependency on it). Importing ``fedforge.a.b`` also run
 still on main, each with the file that has to change; an entry that is no longer needed
 fails the test, so the lists only shrink.
 
+The picture of the layers in ``docs/architecture.md`` is read back and must equal ``LAYERS``.
+No module names a concrete client store, scheduler or driver class (``DiskClientStore``,
+``AsyncScheduler``, ...) in an ``isinstance`` or ``type(x) is`` check outside the folder that
+defines it: a caller asks the protocol, never which class it holds.
+
 The last test imports the lower layers in a child interpreter where ``fedforge.experiment``
 cannot be imported at all, which catches what the source text cannot (an ``importlib`` call).
 """
@@ -20,11 +25,13 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "fedforge"
+DOC = SRC.parents[1] / "docs" / "architecture.md"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("core", "errors"),  # pytrees, schedules, the client store, config text; the exceptions
@@ -224,6 +231,90 @@ def test_the_contract_sees_lazy_and_relative_imports():
     bad, _ = _upward({"fedforge.sim.clock": dict.fromkeys(found, 1)})
     assert [b.split(" from ")[1] for b in bad] == ["a layer above (experiment)",
                                                    "its own layer (robust)"]
+
+
+def doc_layers(text: str) -> tuple[tuple[str, ...], ...]:
+    """The layer picture under ``## Layers``, bottom to top: one line of names a layer
+    (``·`` or ``,`` between them, a parenthesis a comment), ``│`` the stairs between."""
+    block = text.split("\n## Layers\n", 1)[1].split("```\n", 2)[1]
+    rows = []
+    for line in block.splitlines():
+        names = line.split("(", 1)[0].strip()
+        if names and names != "│":
+            rows.append(tuple(n.strip() for n in re.split(r"[·,]", names)))
+    return tuple(reversed(rows))
+
+
+def test_the_architecture_picture_is_the_layer_list():
+    text = DOC.read_text(encoding="utf-8")
+    assert doc_layers(text) == LAYERS, "docs/architecture.md's layer picture differs from LAYERS"
+    swapped = text.replace("  study\n", "  @@\n").replace("  experiment\n", "  study\n")
+    assert doc_layers(swapped.replace("  @@\n", "  experiment\n")) != LAYERS  # it can fail
+
+
+CONCRETE = re.compile(r"(Store|Scheduler|Driver)$")
+"""A class so named, and not a ``Protocol``, is a concrete store, scheduler or driver."""
+
+
+def _name(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    return node.attr if isinstance(node, ast.Attribute) else None
+
+
+def concrete_classes(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """class name -> the packages (folders under ``fedforge``) that define it."""
+    out: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if (isinstance(node, ast.ClassDef) and CONCRETE.search(node.name)
+                    and "Protocol" not in {_name(b) for b in node.bases}):
+                out.setdefault(node.name, set()).add(_unit(module))
+    return out
+
+
+def _checked_names(node: ast.AST) -> list[str]:
+    """The class names an ``isinstance``/``issubclass`` call or a ``type(x) is C`` compares
+    against."""
+    if isinstance(node, ast.Call) and _name(node.func) in ("isinstance", "issubclass"):
+        if len(node.args) < 2:
+            return []
+        arg = node.args[1]
+        parts = arg.elts if isinstance(arg, ast.Tuple) else [arg]
+        return [n for n in map(_name, parts) if n]
+    if (isinstance(node, ast.Compare) and isinstance(node.left, ast.Call)
+            and _name(node.left.func) == "type"):
+        return [n for n in map(_name, node.comparators) if n]
+    return []
+
+
+def class_checks(source: str, module: str, classes: dict[str, set[str]]) -> list[str]:
+    """``module``'s checks on a concrete class defined outside its folder."""
+    return [f"{module} (line {node.lineno}) checks isinstance on {name}"
+            for node in ast.walk(ast.parse(source))
+            for name in _checked_names(node)
+            if name in classes and _unit(module) not in classes[name]]
+
+
+def test_no_module_asks_which_store_or_scheduler_it_holds():
+    modules = _modules()
+    classes = concrete_classes(modules)
+    assert {"ClientStore", "DiskClientStore", "ShardedDiskClientStore", "AsyncScheduler",
+            "SyncScheduler", "RoundsDriver", "TasksDriver"} <= set(classes)
+    assert "StateStore" not in classes and "Scheduler" not in classes  # the protocols
+    bad = [b for module, path in sorted(modules.items())
+           for b in class_checks(path.read_text(encoding="utf-8"), module, classes)]
+    assert bad == [], "\n".join(bad)
+
+
+def test_the_class_check_sees_isinstance_and_type():
+    classes = concrete_classes(_modules())
+    source = ("def f(s, t):\n    if isinstance(s, (int, store.DiskClientStore)):\n"
+              "        return type(t) is AsyncScheduler\n    return isinstance(s, StateStore)\n")
+    assert class_checks(source, "fedforge.experiment.drivers", classes) == [
+        "fedforge.experiment.drivers (line 2) checks isinstance on DiskClientStore",
+        "fedforge.experiment.drivers (line 3) checks isinstance on AsyncScheduler"]
+    assert class_checks("isinstance(s, DiskClientStore)", "fedforge.core.store", classes) == []
 
 
 CHILD = """

@@ -217,7 +217,7 @@ def test_float64_run_aggregates_with_float64_weights():
 
 
 def test_evaluation_runs_without_dropout():
-    from fedforge.experiment.evaluate import predict
+    from fedforge.engine.evaluate import predict
 
     model = _model()
     params = {k: v.detach() for k, v in model.named_parameters()}

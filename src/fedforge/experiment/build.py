@@ -29,6 +29,7 @@ from fedforge.engine import (
     build_job_engine,
     classification_loss,
 )
+from fedforge.engine.evaluate import evaluate
 from fedforge.experiment.config import (
     AlgorithmConfig,
     ConfigError,
@@ -37,7 +38,6 @@ from fedforge.experiment.config import (
     algorithm_kwargs,
     check_participation,
 )
-from fedforge.experiment.evaluate import evaluate
 from fedforge.experiment.personal_eval import personal_data
 from fedforge.models import build_model
 from fedforge.models.init_from import init_network

@@ -39,6 +39,7 @@ from fedforge.engine.distributed import (
     make_client_store,
     world_size,
 )
+from fedforge.engine.evaluate import evaluate, population_metrics
 from fedforge.engine.local import set_matmul_precision
 from fedforge.engine.round import federated_round
 from fedforge.experiment.adapters import export_adapters, exports_adapters
@@ -51,7 +52,6 @@ from fedforge.experiment.build import (
 )
 from fedforge.experiment.checkpoint import last_checkpoint_note
 from fedforge.experiment.config import RunConfig
-from fedforge.experiment.evaluate import evaluate, population_metrics
 from fedforge.experiment.metrics import MetricsWriter
 from fedforge.experiment.partition_stats import save_partition_stats
 from fedforge.experiment.personal_eval import evaluate_personal

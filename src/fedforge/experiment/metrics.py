@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from fedforge.experiment.config import RunConfig
 
 TEST_METRIC = "test_accuracy"
-"""The key every evaluation writes (fedforge.experiment.evaluate): it marks evaluated records."""
+"""The key every evaluation writes (fedforge.engine.evaluate): it marks evaluated records."""
 
 PER_CLIENT = "per_client"
 """A record's per-client columns (fedforge.experiment.personal_eval), moved out of the log."""

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 
 from fedforge.core.tree import Params, upcast
 from fedforge.data.loaders import is_population
+from fedforge.engine.evaluate import predict
 from fedforge.errors import ConfigError
-from fedforge.experiment.evaluate import predict
 from fedforge.sim.cost import CostModel
 from fedforge.sim.rounds import SyncRoundClock
 from fedforge.sim.samplers import build_sampler

@@ -22,9 +22,9 @@ from fedforge.core.tree import Params, flatten_dict, tree_map, tree_nbytes
 from fedforge.data.batching import client_batches
 from fedforge.data.federated import gather_round_indices
 from fedforge.engine.base import CohortInputs
+from fedforge.engine.evaluate import evaluate
 from fedforge.experiment.build import sample_round
 from fedforge.experiment.config import RunConfig
-from fedforge.experiment.evaluate import evaluate
 from fedforge.experiment.runner import Experiment
 from fedforge.flower.common import (
     NUM_EXAMPLES,

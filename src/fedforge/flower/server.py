@@ -19,9 +19,9 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from fedforge.core.tree import Params, flatten_dict, unflatten_dict
+from fedforge.engine.evaluate import evaluate
 from fedforge.experiment.build import round_generator, sample_round
 from fedforge.experiment.config import RunConfig
-from fedforge.experiment.evaluate import evaluate
 from fedforge.experiment.runner import Experiment
 from fedforge.flower.checks import (
     check_metrics,
