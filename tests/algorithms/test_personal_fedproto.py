@@ -136,3 +136,64 @@ def test_refusals_name_the_field():
     params = {k: torch.tensor(v) for k, v in INIT.items()}
     with pytest.raises(ValueError, match="fedproto: the model's head must be one linear layer"):
         alg.server_init(params)
+
+
+def _nearest_reference(p, protos, present, x):
+    """The paper's inference in NumPy: argmin_j ||h(x) − C_j||² over the present classes."""
+    h = x @ p["0.weight"].T + p["0.bias"]
+    dist = ((h[:, None, :] - protos[None]) ** 2).sum(-1)
+    return np.where(present[None] > 0, dist, np.inf).argmin(1)
+
+
+def test_nearest_prototype_accuracy_is_the_papers_inference_rule():
+    """After three rounds, each client's accuracy by the nearest present global prototype of
+    its own model's features, on samples its head gets wrong at times: not the head's
+    accuracy, and class 2, its prototype dropped, is never predicted."""
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 3)).double()
+    alg = build_algorithm("fedproto", local_lr=LR, lam=LAM, client_optimizer="sgd")
+    alg.bind_model(model)
+    params, state = _fedforge("samples", "loop")[-1]
+    _, protos, present = reference()[-1]
+    present = present.copy()
+    present[2] = 0.0  # a class the server has no prototype of is never predicted
+    parts = {"fedproto": {"protos": torch.tensor(protos), "present": torch.tensor(present)}}
+    spec = alg.personal.evaluated_at(parts)
+    models = {k: torch.tensor(np.stack([state[f"personal/{k}"][c] for c in range(3)]))
+              for k in INIT}
+    indices = [torch.arange(9), torch.tensor([2, 4, 5]), torch.tensor([], dtype=torch.long)]
+    got = spec.accuracies(model, models, torch.tensor(X), torch.tensor(Y), indices)
+    acc = got["prototype_accuracy"].numpy()
+    for c, idx in enumerate(indices[:2]):
+        mine = {k: v[c].numpy() for k, v in models.items()}
+        pred = _nearest_reference(mine, protos, present, X[idx.numpy()])
+        assert acc[c] == pytest.approx((pred == Y[idx.numpy()]).mean())
+        assert 2 not in pred
+    assert acc[2] == 0.0  # no test samples
+    assert acc[1] == pytest.approx(1 / 3)  # of classes 1, 2, 2 only the class-1 one is right
+    with_all = alg.personal.evaluated_at(
+        {"fedproto": {"protos": torch.tensor(protos), "present": torch.ones(3)}})
+    everyone = with_all.accuracies(model, models, torch.tensor(X), torch.tensor(Y), indices)
+    assert not np.array_equal(everyone["prototype_accuracy"].numpy(), acc)
+    none_yet = alg.personal.evaluated_at(
+        {"fedproto": {"protos": torch.zeros(3, 2), "present": torch.zeros(3)}})
+    assert none_yet.accuracies(model, models, torch.tensor(X), torch.tensor(Y), indices) == {}
+
+
+def test_a_run_reports_both_accuracies(tmp_path):
+    """The head's accuracy and the nearest prototype's, summarised and per client."""
+    from pathlib import Path
+
+    from fedforge.experiment.config import load_config
+    from fedforge.experiment.runner import run_experiment
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_config(root / "examples/quickstart.toml", [
+        "algorithm.name=fedproto", "model.name=mlp", "model.options.hidden=[8]", "rounds=2",
+        "eval.every=2", "client.local_epochs=null", "client.local_steps=2"])
+    records = run_experiment(cfg, tmp_path / "run", progress=False)
+    last = records[-1]
+    for stat in ("mean", "weighted", "p10", "worst"):
+        assert 0.0 <= last[f"prototype_accuracy_{stat}"] <= 1.0
+    assert last["prototype_accuracy_mean"] != last["personal_accuracy_mean"]
+    columns = np.load(tmp_path / "run" / "client_metrics.npz")
+    assert columns["prototype_accuracy"].shape == columns["personal_accuracy"].shape

@@ -4,7 +4,9 @@ Each evaluated round of the personalised protocol adds one row per client: ``rou
 ``client``, ``held_out``, ``samples`` (its held-out test samples), and the accuracy and mean
 cross-entropy of its personalised model (``personal_accuracy``, ``personal_loss``) and of the
 global model (``global_accuracy``, ``global_loss``) on them; a clustered method (IFCA, CFL)
-adds ``cluster``, each client's cluster at that round (-1: none yet, and held-out clients).
+adds ``cluster``, each client's cluster at that round (-1: none yet, and held-out clients);
+FedProto adds ``prototype_accuracy``, its personal model's accuracy by the nearest global
+prototype.
 The file is columnar (one numpy
 array per column, ``numpy.load`` reads it) and rewritten whole, atomically, at each
 evaluated round by the run's log writer, which on resume keeps the rows of the rounds the
@@ -24,8 +26,9 @@ from fedforge.experiment.rundir import write_bytes
 FILE = "client_metrics.npz"
 COLUMNS = ("round", "client", "held_out", "samples", "personal_accuracy", "personal_loss",
            "global_accuracy", "global_loss")
-OPTIONAL = ("cluster",)
-"""Columns only some methods have: a clustered method's cluster of each client (-1: none)."""
+OPTIONAL = ("cluster", "prototype_accuracy")
+"""Columns only some methods have: a clustered method's cluster of each client (-1: none),
+FedProto's nearest-prototype accuracy."""
 
 
 class ClientColumns(dict):

@@ -167,8 +167,10 @@ def evaluate_clients(model: nn.Module, algorithm: Algorithm, loss_fn: LossFn,
     acc, loss, sizes = client_scores(model, models, tests.x, tests.y, own, True, batch_size)
     glob, gloss, _ = client_scores(model, global_params, tests.x, tests.y, own, False,
                                    batch_size)
+    extra = {} if algorithm.personal is None else algorithm.personal.accuracies(
+        model, models, tests.x, tests.y, own)  # e.g. FedProto's nearest prototype
     return {"personal": acc, "personal_loss": loss, "global": glob, "global_loss": gloss,
-            "sizes": sizes}
+            "sizes": sizes, **extra}
 
 
 def personalised(algorithm: Algorithm, loss_fn: LossFn, global_params: Params,
@@ -217,6 +219,8 @@ def evaluate_personal(model: nn.Module, algorithm: Algorithm, loss_fn: LossFn,
         got = {k: torch.cat(v) for k, v in parts.items()}
         out.update(summarise(f"{prefix}personal_accuracy", got["personal"], got["sizes"]))
         out.update(summarise(f"{prefix}global_accuracy", got["global"], got["sizes"]))
+        for key in (k for k in got if k.endswith("_accuracy")):  # a method's own rules
+            out.update(summarise(f"{prefix}{key}", got[key], got["sizes"]))
         columns.append(_columns(ids, bool(prefix), got))
     if columns:
         out[PER_CLIENT] = ClientColumns({k: np.concatenate([c[k] for c in columns])

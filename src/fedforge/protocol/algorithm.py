@@ -282,6 +282,12 @@ class PersonalSpec(Protocol):
     def client_columns(self, states: dict, count: int) -> dict[str, torch.Tensor]:
         """Extra columns of the per-client metrics file (a clustered method's cluster)."""
 
+    def accuracies(self, model: torch.nn.Module, models: Params, x: torch.Tensor,
+                   y: torch.Tensor, indices: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``{name}_accuracy`` ``[C]`` of the clients' stacked ``models`` on ``x[indices[c]]``
+        by the method's own inference rule, beside the head's (FedProto's nearest
+        prototype)."""
+
 
 class LocalObjective(Protocol):
     """A local loss other than the run's, which reads the round's context besides the step's

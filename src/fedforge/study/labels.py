@@ -49,7 +49,10 @@ _PERSONAL_SOURCES = {
     "personal": "personalised model, each client's held-out data",
     "global": "global model, each client's held-out data",
     "held_out_personal": "held-out clients' fine-tuned model, their own held-out data",
-    "held_out_global": "global model, held-out clients' own held-out data"}
+    "held_out_global": "global model, held-out clients' own held-out data",
+    "prototype": "personalised model's features, nearest global prototype (FedProto)",
+    "held_out_prototype": "held-out clients' fine-tuned model's features, nearest global "
+                          "prototype (FedProto)"}
 
 
 METRICS: dict[str, Metric] = {
@@ -65,7 +68,9 @@ METRICS: dict[str, Metric] = {
                                         source=_PERSONAL_SOURCES[who])
        for who, label in (("personal", "personal"), ("global", "global model's"),
                           ("held_out_personal", "held-out clients' personal"),
-                          ("held_out_global", "global model's held-out-client"))
+                          ("held_out_global", "global model's held-out-client"),
+                          ("prototype", "nearest-prototype"),
+                          ("held_out_prototype", "held-out clients' nearest-prototype"))
        for stat, what in (("mean", "mean over clients"), ("weighted", "sample-weighted mean"),
                           ("p10", "10th percentile of clients"), ("worst", "worst client"))},
     # one client's numbers (client_metrics.npz): the columns the summaries above are taken over
@@ -73,6 +78,8 @@ METRICS: dict[str, Metric] = {
                                 source=_PERSONAL_SOURCES["personal"]),
     "global_accuracy": Metric("global model's accuracy", None, True, bounds=UNIT,
                               source=_PERSONAL_SOURCES["global"]),
+    "prototype_accuracy": Metric("nearest-prototype accuracy", None, True, bounds=UNIT,
+                                 source=_PERSONAL_SOURCES["prototype"]),
     "personal_loss": Metric("personal loss", None, False, bounds=NONNEGATIVE,
                             source=_PERSONAL_SOURCES["personal"]),
     "global_loss": Metric("global model's loss", None, False, bounds=NONNEGATIVE,

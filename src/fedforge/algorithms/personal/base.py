@@ -138,6 +138,11 @@ class Personal:
         states (empty for held-out clients): none here."""
         return {}
 
+    def accuracies(self, model: torch.nn.Module, models: Params, x: torch.Tensor,
+                   y: torch.Tensor, indices: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Accuracies by the method's own inference rules beside the head's: none here."""
+        return {}
+
     def with_head(self, head: Sequence[str] | None) -> Personal:
         """This spec under another split (``[model] head``; ``None`` keeps it)."""
         return self if head is None else replace(self, head=tuple(head))

@@ -18,7 +18,7 @@ clients that hold class j (``"clients"``: the official code's ``proto_aggregatio
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import torch
@@ -117,9 +117,42 @@ def _local_step(part: Prototypes, lam: float, opt):
 
 @dataclass(frozen=True)
 class ProtoSpec(Personal):
-    """The whole model is the client's own; its local step reads the step's batch."""
+    """The whole model is the client's own; its local step reads the step's batch. Bound to
+    the server's prototypes (:meth:`evaluated_at`), it also scores the paper's inference."""
 
     step_batch: ClassVar[bool] = True
+    protos: torch.Tensor | None = field(default=None, compare=False, repr=False)  # [K, d]
+    present: torch.Tensor | None = field(default=None, compare=False, repr=False)  # [K]
+
+    def evaluated_at(self, parts: dict) -> ProtoSpec:
+        server = parts[NAME]
+        return replace(self, protos=server["protos"], present=server["present"])
+
+    @torch.no_grad()
+    def accuracies(self, model: torch.nn.Module, models: Params, x: torch.Tensor,
+                   y: torch.Tensor, indices: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``prototype_accuracy``: the paper's inference, the class of the global prototype
+        nearest to ``f(x)`` (a class without one is never predicted); none while the server
+        has no prototype."""
+        if self.protos is None or not bool(self.present.any()):
+            return {}
+        acc = torch.zeros(len(indices), dtype=torch.float64)
+        training = model.training
+        model.eval()
+        try:
+            for c, idx in enumerate(indices):
+                if len(idx):
+                    mine = {k: v[c] for k, v in models.items()}
+                    f = features_and_logits(model, head_weight(mine, self.head), mine, x[idx])[0]
+                    acc[c] = (self.nearest(f) == y[idx]).double().mean().cpu()
+        finally:
+            model.train(training)
+        return {"prototype_accuracy": acc}
+
+    def nearest(self, features: torch.Tensor) -> torch.Tensor:
+        """``[B]`` the class of the present prototype nearest to each row of ``features``."""
+        dist = ((features.unsqueeze(1) - self.protos.to(features.dtype)) ** 2).sum(-1)
+        return dist.masked_fill(self.present.unsqueeze(0) <= 0, float("inf")).argmin(-1)
 
 
 @defaults_from("fedproto")
@@ -128,7 +161,8 @@ def fedproto(local_lr: ScheduleLike, lam: float, weights: str, client_optimizer:
              max_grad_norm: ScheduleLike | None, nar: bool, head: Sequence[str] | None
              ) -> PersonalAlgorithm:
     """FedProto: personal whole models trained on CE + λ·prototype distance; only class
-    prototypes travel. Evaluation uses each client's own model and head."""
+    prototypes travel. Evaluation uses each client's own model and head, and beside it the
+    nearest global prototype (the paper's inference, ``prototype_accuracy_*``)."""
     if lam < 0:
         raise ValueError(f"algorithm.lam: expected lam >= 0, got {lam}")
     if weights not in WEIGHTS:
