@@ -273,3 +273,17 @@ def test_cli_lists_every_method_with_kind_and_params(monkeypatch):
     assert fedast.exit_code == 0 and "async.variance_window" in fedast.output
     bad = runner.invoke(app, ["algorithms", "--params", "fedsgd"])
     assert bad.exit_code == 2 and "unknown method" in bad.output
+
+
+def test_the_readme_states_the_number_of_distinct_methods():
+    """The README's count is every accepted method with its variants folded in; a new
+    method (or variant) fails here until the README (or ``VARIANT_OF``) says so."""
+    import re
+
+    from fedforge.algorithms.methods import VARIANT_OF, all_methods, distinct_methods
+
+    assert set(VARIANT_OF) <= set(all_methods())
+    assert set(VARIANT_OF.values()) <= set(distinct_methods())  # a variant of a method
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    stated = re.search(r"\*\*(\d+) distinct methods\*\*", readme)
+    assert stated and int(stated.group(1)) == len(distinct_methods())

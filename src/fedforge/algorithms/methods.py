@@ -38,6 +38,24 @@ def method_kind(name: str) -> str:
     raise ValueError(f"unknown method {name!r}; expected one of {sorted(all_methods())}")
 
 
+VARIANT_OF: dict[str, str] = {
+    "fedyogi": "fedadam", "fedadagrad": "fedadam",  # FedOpt (Reddi et al. 2021), one paper
+    "fa_nt": "fadamgc",  # FAdamGC without tracking, its paper's ablation
+    "fedptr_s": "fedptr",
+    "per_fedavg_hf": "per_fedavg_fo",
+    "fedavg_ft": "fedavg",  # FedAvg, then fine-tuning at evaluation
+    "fedast_static": "fedast", "fedast_uniform": "fedast", "fedast_nobuffer": "fedast",
+    "sync_st_nosm": "sync_st",
+}
+"""Methods that are variants of another, counted once with it, as FL-bench counts methods
+(the README's count of distinct methods, :func:`distinct_methods`)."""
+
+
+def distinct_methods() -> list[str]:
+    """Every method the CLI accepts, its variants folded into the method they vary."""
+    return [name for name in all_methods() if name not in VARIANT_OF]
+
+
 def all_methods() -> dict[str, str]:
     """Every method the CLI accepts -> its kind (algorithms first, then multi-task ones, then
     the client samplers)."""
