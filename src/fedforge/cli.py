@@ -207,7 +207,7 @@ def sweep(
     settings = SweepSettings(
         config, out, list(overrides or []), space, sampler, trials, jobs, metric, direction,
         prune, resume, validation_fraction, seed, final, list(plugin or []),
-        allow_config_plugins, data_root)
+        allow_config_plugins, data_root, allow_processes=True)
     with failing(ValueError, OSError, ImportError):
         result = run_sweep(settings, log=lambda line: console.print(
             line, highlight=False, markup=False, soft_wrap=True))

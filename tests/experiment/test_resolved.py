@@ -71,3 +71,19 @@ def test_explicit_aggregation_overrides_the_algorithm():
     _, _, _, agg, _ = sample_round(exp, 1)
     assert torch.all(agg == agg[0])
 
+
+
+def test_the_defaults_of_a_multitask_run_are_written_out():
+    """A multi-task config naming no method and no checkpoint period resolves to FedAST and
+    2000 client updates; one task, to 10 rounds; a period it names is kept."""
+    cfg = load_config(ROOT / "examples/fedast_cpu_2tasks.toml",
+                      ["method=null", "checkpoint.every=null"])
+    assert cfg.method is None and cfg.method_name == "fedast"
+    resolved = resolve_config(cfg)
+    assert (resolved.method, resolved.checkpoint.every) == ("fedast", 2000)
+    kept = resolve_config(load_config(ROOT / "examples/fedast_cpu_2tasks.toml",
+                                      ["method=sync_st", "checkpoint.every=7"]))
+    assert (kept.method, kept.checkpoint.every) == ("sync_st", 7)
+    single = load_config(QUICK, ["checkpoint.every=null"])
+    assert resolve_config(single).checkpoint.every == 10
+    assert single.checkpoint.period(multitask=True) == 2000

@@ -161,3 +161,26 @@ def test_kill_9_mid_sweep_resumes_without_rerunning_finished_trials(tmp_path):
     assert {r["state"] for r in rows} == {"complete"}
     history = (out / "trials" / "1" / "config.history.jsonl").read_text().splitlines()
     assert [json.loads(h)["mode"] for h in history][-1] in ("resume", "fresh")
+
+
+def test_sweep_trials_take_the_worker_pool_compare_takes(tmp_path, monkeypatch):
+    """``fedforge sweep`` lets ``auto`` use the procs engine's workers, as ``fedforge compare``
+    does; run_experiment's own default (no processes) stays for Python callers."""
+    from types import SimpleNamespace
+
+    from fedforge.experiment import runner
+    from fedforge.study import sweep
+
+    asked = []
+    monkeypatch.setattr(sweep, "run_sweep", lambda s, log: asked.append(s)
+                        or SimpleNamespace(best=None))
+    result = CliRunner().invoke(app, ["sweep", str(QUICK), "--out", str(tmp_path / "s")])
+    assert result.exit_code == 0, result.output
+    assert asked[0].allow_processes and not sweep.SweepSettings(QUICK, tmp_path).allow_processes
+    runs = []
+    monkeypatch.setattr(runner, "run_experiment",
+                        lambda cfg, out, **kw: runs.append(kw["allow_processes"]) or [])
+    for allow in (True, False):
+        task = sweep.TrialTask(0, 0, {}, tmp_path, "test_accuracy", False, False, False, allow)
+        sweep._run(None, tmp_path / "trial", task)
+    assert runs == [True, False]

@@ -1,17 +1,18 @@
 """Per-client state on disk: a population far larger than memory, paid for by the cohort.
 
-:class:`DiskClientStore` has :class:`fedforge.core.store.ClientStore`'s interface. A
-client's state is one row of bytes (every leaf of the algorithm's one-client template, one
-after the other). Rows live in fixed-size files ``live_NNNNN.rows`` in the store's folder,
-read and written at each row's offset (positioned I/O, served by the operating system's page
-cache); a row gets a slot there the first time its client is written (:meth:`scatter`), and
-an index of 4 bytes per client maps a client id to its slot. A client
-never written has no slot, costs no bytes and reads as the template. A round reads and
-writes only its cohort's rows. Nothing is mapped into the process, so its resident memory
-is the cohort's rows whatever the population; the files open at once cover at most
-``cache_mb`` (the least recently used are closed). Memory-mapping the files was measured
-1.6x slower per round (SCAFFOLD, 10 000 clients, cohort 1000): a cohort spread over many
-files remapped them every round and faulted every page in again.
+:class:`DiskClientStore` implements :class:`fedforge.core.store.StateStore`, as the memory
+store :class:`~fedforge.core.store.ClientStore` does. A client's state is one row of bytes
+(every leaf of the algorithm's one-client template, one after the other). Rows live in
+fixed-size files ``live_NNNNN.rows`` in the store's folder, read and written at each row's
+offset (positioned I/O, served by the operating system's page cache); a row gets a slot
+there the first time its client is written (:meth:`scatter`), and an index of 4 bytes per
+client maps a client id to its slot. A client never written has no slot, costs no bytes and
+reads as the template. A round reads and writes only its cohort's rows. Nothing is mapped
+into the process, so its resident memory is the cohort's rows whatever the population; the
+files open at once cover at most ``cache_mb`` (the least recently used are closed).
+Memory-mapping the files was measured 1.6x slower per round (SCAFFOLD, 10 000 clients,
+cohort 1000): a cohort spread over many files remapped them every round and faulted every
+page in again.
 
 Checkpoints cost what changed. :meth:`commit` writes the rows written since the last commit
 into one segment file, ``segment_AAAAA_BBBBB.safetensors`` (the versions it covers, ids and

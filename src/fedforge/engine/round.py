@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from fedforge.core.store import ClientStore
+from fedforge.core.store import StateStore
 from fedforge.core.tree import Params
 from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput
 from fedforge.engine.local import LossFn
@@ -35,7 +35,7 @@ def federated_round(
     loss_fn: LossFn,
     params: Params,
     server_state: ServerState,
-    store: ClientStore,
+    store: StateStore,
     client_ids: torch.Tensor,
     x_all: torch.Tensor,
     y_all: torch.Tensor,

@@ -250,14 +250,15 @@ def resolve_run(cfg: RunConfig) -> tuple[RunConfig, Algorithm | None]:
     if cfg.multitask:
         tasks = [t.model_copy(update={"algorithm": resolve_algorithm(t.algorithm)[0]})
                  for t in cfg.tasks]
-        every = cfg.checkpoint.every or 2000  # total client updates
+        every = cfg.checkpoint.period(multitask=True)  # total client updates
         return cfg.model_copy(update={
-            "tasks": tasks, "method": cfg.method or "fedast",
+            "tasks": tasks, "method": cfg.method_name,
             "checkpoint": cfg.checkpoint.model_copy(update={"every": every})}), None
     table, algorithm = resolve_algorithm(cfg.algorithm, algorithm_kwargs(cfg))
     server = cfg.server.model_copy(
         update={"aggregation": cfg.server.aggregation or algorithm.aggregation})
-    checkpoint = cfg.checkpoint.model_copy(update={"every": cfg.checkpoint.every or 10})
+    checkpoint = cfg.checkpoint.model_copy(
+        update={"every": cfg.checkpoint.period(multitask=False)})
     return cfg.model_copy(update={"algorithm": table, "server": server,
                                   "checkpoint": checkpoint}), algorithm
 

@@ -213,6 +213,11 @@ class CheckpointConfig(_Section):
     every: int | None = Field(default=None, ge=1)
     keep: int = Field(default=2, ge=1)
 
+    def period(self, multitask: bool) -> int:
+        """The period in effect: ``every``, else the default of the run's kind (written here
+        once; ``resolve_config`` records it in config.resolved.toml)."""
+        return self.every or (2000 if multitask else 10)
+
 
 class AttackConfig(_Section):
     """Simulated Byzantine clients (fedforge.robust.attacks); ``kind = "none"`` is honest."""
@@ -439,10 +444,15 @@ class MultiTaskConfig(BaseRunConfig):
     max_time: float | None = Field(default=None, gt=0)  # simulated seconds
     max_updates: int | None = Field(default=None, ge=1)  # total client updates
 
+    @property
+    def method_name(self) -> str:
+        """The method in effect: ``method``, else FedAST (the one place of that default)."""
+        return self.method or "fedast"
+
     @model_validator(mode="after")
     def _method_fills_task_clients(self) -> MultiTaskConfig:
         """A task's client keys it leaves unset take the method's defaults."""
-        defaults = task_client_defaults(self.method or "fedast")
+        defaults = task_client_defaults(self.method_name)
         for i, t in enumerate(self.tasks):
             unset = {k: v for k, v in defaults.items() if k not in t.client.model_fields_set}
             if unset:
@@ -843,7 +853,7 @@ def _check_tasks(cfg: MultiTaskConfig) -> None:
     from fedforge.protocol.algorithm import check_support  # noqa: PLC0415
     from fedforge.schedulers.serves import check_model_mixing, driver_serves  # noqa: PLC0415
 
-    method = cfg.method or "fedast"
+    method = cfg.method_name
     driver, serves = driver_serves(method)
     for i, t in enumerate(cfg.tasks):
         where = f"tasks[{i}]"

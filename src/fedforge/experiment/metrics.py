@@ -131,7 +131,7 @@ def run_summary(cfg: RunConfig, history: list[dict], out: Path) -> str | None:
         summary = out / "summary.json"
         if not summary.is_file():
             return None
-        return (f"{cfg.method or 'fedast'} on {len(cfg.tasks)} tasks -> {out}\n"
+        return (f"{cfg.method_name} on {len(cfg.tasks)} tasks -> {out}\n"
                 f"{summary.read_text()}")
     evals = evaluated(history)
     if not evals:

@@ -73,6 +73,9 @@ class Part:
     """A stateful add-on; subclasses override what they need. Default: stateless."""
 
     name: str = "part"
+    # models' worth of uploads a client sends beside its delta, for an algorithm whose model
+    # travels (SCAFFOLD's dc: 1; a scalar: 0); message_nbytes adds them to the delta's bytes
+    uplink_models: float = 0.0
 
     def client_init(self, params: Params) -> dict:
         """Per-client persistent state, for one client (the store stacks it)."""
@@ -525,7 +528,7 @@ class Algorithm:
                     int(sum(p.upload_nbytes(params, server_state["parts"][p.name])
                             for p in self.parts)))
         down = tree_nbytes(params) + tree_nbytes(self.broadcast(server_state))
-        extra = sum(getattr(p, "uplink_models", 0.0) for p in self.parts)
+        extra = sum(p.uplink_models for p in self.parts)
         if self.codec is not None:  # the delta's exact encoded size (values + indices + seeds)
             return down, int(self.codec.nbytes(params, round_) + tree_nbytes(params) * extra)
         up = tree_nbytes(params) * (1 + extra)

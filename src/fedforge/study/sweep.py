@@ -300,6 +300,9 @@ class SweepSettings:
     plugins: list[str] = field(default_factory=list)
     allow_plugins: bool = False
     data_root: Path | None = None
+    # as for compare: `auto` may run a trial on the procs engine's worker pool (within the
+    # trial's share of the cores); run_experiment's own default is False
+    allow_processes: bool = False
 
     KEPT = ("space", "sampler", "metric", "direction", "prune", "validation_fraction", "seed")
 
@@ -457,6 +460,7 @@ class TrialTask:
     resume: bool
     allow_plugins: bool
     prune: bool
+    allow_processes: bool = False
 
 
 def run_trial(task: TrialTask) -> dict[str, Any]:
@@ -496,7 +500,8 @@ def _run(cfg: RunConfig, folder: Path, task: TrialTask) -> None:
 
     watch = observe_rounds(_pruner(task)) if task.prune else nullcontext()
     with watch:
-        run_experiment(cfg, folder, resume=task.resume, progress=False)
+        run_experiment(cfg, folder, resume=task.resume, progress=False,
+                       allow_processes=task.allow_processes)
 
 
 def _pruner(task: TrialTask) -> Callable[[int, dict], None]:
@@ -712,7 +717,8 @@ def _drive(study: Any, s: SweepSettings, params: list[Param], total: int,
                 else:
                     trial, resume, to_ask = study.ask(dists), False, to_ask - 1
                 task = TrialTask(trial.number, trial._trial_id, dict(trial.params), s.out,  # noqa: SLF001
-                                 s.metric, resume, s.allow_plugins, s.prune)
+                                 s.metric, resume, s.allow_plugins, s.prune,
+                                 s.allow_processes)
                 running[pool.submit(run_trial, task)] = trial
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
@@ -794,7 +800,8 @@ def run_final(s: SweepSettings, best: dict, log: Callable[[str], None]) -> dict:
         f"{_values_text(values)}; training it on all the training data for the test score")
     folder = subfolder(s.out, BEST)
     try:
-        records = run_experiment(cfg, folder, resume=True, progress=False)
+        records = run_experiment(cfg, folder, resume=True, progress=False,
+                                 allow_processes=s.allow_processes)
     except ResumeConfigError:
         raise SweepError(
             f"{folder}: holds the final run of another setting, which a sweep never replaces; "
