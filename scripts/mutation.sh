@@ -133,7 +133,7 @@ tests_for() {
            "tests/privacy/test_personal_privacy.py" \
            "-k 'not extending_snippet and not fedbn_config and not quickstart'" ;;
     src/fedforge/algorithms/clustered.py | src/fedforge/algorithms/clustered_spec.py)
-      echo "tests/algorithms/test_clustered.py" ;;  # IFCA and CFL (the resumed runs are slow)
+      echo "tests/algorithms/test_clustered.py tests/algorithms/test_clustered_exact.py" ;;
     src/fedforge/algorithms/*)
       echo "tests/algorithms -k 'not fedptr and not backbone'" ;;
     src/fedforge/experiment/personal_eval.py)  # the pFL evaluation (held-out data per client)

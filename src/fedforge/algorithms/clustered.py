@@ -26,6 +26,7 @@ round, so a new cluster's clients start from their parent's model once.
 
 from __future__ import annotations
 
+import copy
 import time
 
 import numpy as np
@@ -56,7 +57,7 @@ def fresh_models(model: torch.nn.Module, params: Params, count: int, seed: int
     cluster models start apart, as the official code's separately built models."""
     out = []
     for j in range(count):
-        clone = _copy(model)
+        clone = copy.deepcopy(model)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(np.random.SeedSequence([seed, j]).generate_state(1)[0]))
             for m in clone.modules():
@@ -72,12 +73,6 @@ def fresh_models(model: torch.nn.Module, params: Params, count: int, seed: int
     return out
 
 
-def _copy(model: torch.nn.Module) -> torch.nn.Module:
-    import copy  # noqa: PLC0415
-
-    return copy.deepcopy(model)
-
-
 class ClusterModels(Part):
     """The M cluster models (server state, broadcast), each client's cluster (client state)
     and the per-cluster mean of the trained models; :meth:`assign` says who goes where."""
@@ -85,7 +80,7 @@ class ClusterModels(Part):
     name = CLUSTERS
     prepares = True
 
-    def __init__(self, num_models: int, seed: int) -> None:
+    def __init__(self, num_models: int, seed: int = 0) -> None:
         self.num_models, self.seed, self.model = num_models, seed, None
 
     def bind_model(self, model: torch.nn.Module) -> None:
@@ -213,7 +208,7 @@ def bipartition(distance: np.ndarray) -> np.ndarray:
         link[a, a] = np.inf
         link = np.delete(np.delete(link, b, 0), b, 1)
     other = np.zeros(len(distance), dtype=bool)
-    other[groups[1] if 0 in groups[0] else groups[0]] = True
+    other[groups[1]] = True  # groups merge into the lower index: groups[0] holds member 0
     return other
 
 
@@ -233,7 +228,7 @@ class Bipartition(ClusterModels):
 
     def __init__(self, max_clusters: int, eps1: float, eps2: float, warmup_rounds: int
                  ) -> None:
-        super().__init__(max_clusters, 0)
+        super().__init__(max_clusters)
         self.eps1, self.eps2, self.warmup = eps1, eps2, warmup_rounds
 
     def initial(self, params: Params) -> list[Params]:

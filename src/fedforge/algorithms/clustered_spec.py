@@ -24,8 +24,7 @@ START = "cluster_start"
 
 def one_hot(index: torch.Tensor, count: int, dtype: torch.dtype) -> torch.Tensor:
     """``[..., count]`` with 1 at ``index`` (a float index; -1 gives all zeros)."""
-    slots = torch.arange(count, device=index.device, dtype=index.dtype)
-    return (index.unsqueeze(-1) == slots).to(dtype)
+    return (index.unsqueeze(-1) == torch.arange(count, device=index.device)).to(dtype)
 
 
 def pick(models: Params, which: int | torch.Tensor, fallback: Params | None = None) -> Params:
