@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 _NAMES = {"machine_line": "report", "record_results": "results", "run_info": "results"}
 """A public name -> the module of ``fedforge.bench`` it is loaded from."""
-__all__ = ["machine_line", "record_results", "run_info"]
+__all__ = list(_NAMES)
 
 if TYPE_CHECKING:
     from fedforge.bench.report import machine_line  # noqa: F401
