@@ -48,10 +48,10 @@ from fedforge.core.config_io import (
 from fedforge.errors import ConfigError, field_part, format_error, got, shorten
 from fedforge.experiment.options import check_builders, partition_option_names
 from fedforge.experiment.population_checks import check_population_run, check_population_task
-from fedforge.experiment.selection import check_sampler
 from fedforge.models import head_patterns
 from fedforge.privacy.checks import check_privacy
 from fedforge.privacy.config import PrivacyConfig
+from fedforge.schedulers.client_selection import check_sampler
 from fedforge.sim.population import FEDAST_SPEED_CLASSES
 
 

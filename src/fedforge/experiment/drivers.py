@@ -56,7 +56,6 @@ from fedforge.experiment.metrics import MetricsWriter
 from fedforge.experiment.partition_stats import save_partition_stats
 from fedforge.experiment.personal_eval import evaluate_personal
 from fedforge.experiment.progress import RoundProgress, setup_step
-from fedforge.experiment.selection import Selection
 from fedforge.experiment.state import UPDATES, RunState
 from fedforge.protocol.algorithm import (
     PREP_SAMPLES,
@@ -65,6 +64,7 @@ from fedforge.protocol.algorithm import (
     SERVER_PREP_SECONDS,
 )
 from fedforge.robust.divergence import DivergenceError, log_event
+from fedforge.schedulers.client_selection import Selection
 from fedforge.schedulers.fedast import ASYNC_METHODS
 from fedforge.schedulers.jobs import TaskExecutor
 from fedforge.schedulers.multitask_sync import StoreFactory
