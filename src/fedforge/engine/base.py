@@ -9,7 +9,7 @@ not the cohort. ``LoopEngine`` uses chunks of one client without vmap (the refer
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple, TypeVar
 
 import torch
@@ -183,45 +183,56 @@ class ChunkedEngine:
         inputs: CohortInputs,
         chunk: int,
     ) -> CohortOutput:
-        num_clients = inputs.sample_idx.shape[0]
-        mean_delta = None  # shaped like the first chunk's deltas (or codec messages)
-        upload_sum: dict | None = None
-        states, metrics, deltas = [], [], []
-        for start in range(0, num_clients, chunk):
+        outs = [(sl, self.local_update(algorithm, loss_fn, masked)(*args))
+                for sl, masked, args in self.chunk_calls(x_all, y_all, inputs, chunk)]
+        return fold_chunks(inputs, outs, self.keep_deltas)
+
+    def chunk_calls(self, x_all: torch.Tensor, y_all: torch.Tensor, inputs: CohortInputs,
+                    chunk: int) -> Iterator[tuple[slice, bool, tuple]]:
+        """The cohort's chunks as ``(clients, masked, arguments of the chunk function)``, one
+        at a time (memory is bounded by the chunk); batched seeds
+        (:mod:`fedforge.engine.seed_batch`) run the same chunks."""
+        for start in range(0, inputs.sample_idx.shape[0], chunk):
             sl = slice(start, start + chunk)
             idx, ws = self.trim_steps(inputs.sample_idx[sl], inputs.weights[sl])
             masked = bool((ws.sum(-1) == 0).any())
-            fn = self.local_update(algorithm, loss_fn, masked)
-            out: LocalResult = fn(
-                inputs.global_params,
-                inputs.broadcast,
-                tree_index(inputs.client_states, sl),
+            yield sl, masked, (
+                inputs.global_params, inputs.broadcast, tree_index(inputs.client_states, sl),
                 tree_index(inputs.info, sl),
                 x_all[idx],  # [c, steps, batch, ...]
                 y_all[idx],  # [c, steps, batch]
-                ws,
-            )
-            w = inputs.agg_weights[sl]  # [c]
-            chunk_mean = tree_map(
-                lambda d, w=w: torch.tensordot(w.to(d.dtype), d, dims=1), out.delta)
-            mean_delta = (chunk_mean if mean_delta is None
-                          else tree_map2(torch.add, mean_delta, chunk_mean))
-            chunk_uploads = tree_map(lambda u: u.sum(0), out.uploads)
-            if upload_sum is None:
-                upload_sum = chunk_uploads
-            else:
-                upload_sum = tree_map2(torch.add, upload_sum, chunk_uploads)
-            states.append(out.client_state)
-            metrics.append(out.metrics)
-            if self.keep_deltas:
-                deltas.append(out.delta)
-        if mean_delta is None:  # empty cohort
-            mean_delta = tree_map(torch.zeros_like, inputs.global_params)
-        mean_uploads = tree_map(lambda u: u / num_clients, upload_sum or {})
-        return CohortOutput(
-            mean_delta,
-            mean_uploads,
-            _cat(states),
-            _cat(metrics),
-            _cat(deltas) if self.keep_deltas else None,
-        )
+                ws)
+
+
+def fold_chunks(inputs: CohortInputs, outs: Sequence[tuple[slice, LocalResult]],
+                keep_deltas: bool) -> CohortOutput:
+    """The cohort's output from its chunks' results, in order: the deltas' weighted sum, the
+    uploads' mean, the states, metrics and (``keep_deltas``) deltas concatenated."""
+    mean_delta = None  # shaped like the first chunk's deltas (or codec messages)
+    upload_sum: dict | None = None
+    states, metrics, deltas = [], [], []
+    for sl, out in outs:
+        w = inputs.agg_weights[sl]  # [c]
+        chunk_mean = tree_map(
+            lambda d, w=w: torch.tensordot(w.to(d.dtype), d, dims=1), out.delta)
+        mean_delta = (chunk_mean if mean_delta is None
+                      else tree_map2(torch.add, mean_delta, chunk_mean))
+        chunk_uploads = tree_map(lambda u: u.sum(0), out.uploads)
+        if upload_sum is None:
+            upload_sum = chunk_uploads
+        else:
+            upload_sum = tree_map2(torch.add, upload_sum, chunk_uploads)
+        states.append(out.client_state)
+        metrics.append(out.metrics)
+        if keep_deltas:
+            deltas.append(out.delta)
+    if mean_delta is None:  # empty cohort
+        mean_delta = tree_map(torch.zeros_like, inputs.global_params)
+    mean_uploads = tree_map(lambda u: u / inputs.sample_idx.shape[0], upload_sum or {})
+    return CohortOutput(
+        mean_delta,
+        mean_uploads,
+        _cat(states),
+        _cat(metrics),
+        _cat(deltas) if keep_deltas else None,
+    )

@@ -1,0 +1,179 @@
+"""Several runs' cohorts in one vmapped computation: seeds trained as a batch.
+
+Runs of one config that differ only in ``seed`` each keep their own driver: its sampling,
+RNG streams, client store, server state, evaluation, log and checkpoints. Only the local
+rounds are shared. Each run's engine is a :class:`BatchMember` of one :class:`CohortBatch`;
+its ``run_cohort`` hands the cohort in and waits, and once every run still training has
+handed one in, the batch trains them all.
+
+Why the results equal separate runs bit for bit: each run's cohort is cut into the chunks
+its own :class:`~fedforge.engine.vmap.VmapEngine` would cut, the chunk function is that
+engine's, and chunks of equal shape from different runs are stacked under one more
+``vmap`` (the runs' axis), so every client's computation is the same batched kernel on the
+same values, one more batch dimension wide. Each run's chunks are then folded into its
+output by the same code as a separate run's (:func:`~fedforge.engine.base.fold_chunks`).
+Chunks whose shapes no other run shares train on their own.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from fedforge.core.tree import tree_index, tree_stack
+from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput, fold_chunks
+from fedforge.engine.local import LocalResult, LossFn
+from fedforge.engine.randomness import check_random_layers
+from fedforge.engine.vmap import VmapEngine
+from fedforge.protocol.algorithm import Algorithm
+
+
+def batch_refusal(engine: ChunkedEngine) -> str | None:
+    """Why ``engine``'s cohorts cannot join a batch of seeds, or ``None`` if they can."""
+    if type(engine) is not VmapEngine:
+        return f"the {engine.name!r} engine does not vmap its cohorts (engine.name = 'vmap' does)"
+    if engine.compile:
+        return "compiled chunks (engine.compile) are not stacked across seeds"
+    if engine.plans is not None:
+        return "batched convolutions (engine.conv) plan per chunk shape, not across seeds"
+    return None
+
+
+@dataclass
+class _Request:
+    engine: VmapEngine
+    algorithm: Algorithm
+    loss_fn: LossFn
+    x_all: torch.Tensor
+    y_all: torch.Tensor
+    inputs: CohortInputs
+    keep_deltas: bool
+    result: CohortOutput | BaseException | None = None
+    calls: list = field(default_factory=list)  # (slice, masked, args) per chunk
+
+
+class CohortBatch:
+    """The meeting point of ``members`` runs: a cohort handed in waits until every run still
+    training has handed one in (or left), then all of them train together."""
+
+    def __init__(self, members: int) -> None:
+        self._cond = threading.Condition()
+        self._active = members
+        self._pending: list[_Request] = []
+        self._busy = False
+        self._stacked: dict[int, Callable] = {}
+        self.calls = 0  # vmapped calls made (a batch of S equal chunks is one)
+
+    def member(self, engine: ChunkedEngine) -> BatchMember:
+        """The engine a run uses to join the batch, training as ``engine`` would."""
+        refusal = batch_refusal(engine)
+        if refusal is not None:
+            raise ValueError(f"batched seeds: {refusal}")
+        return BatchMember(self, engine)
+
+    def leave(self) -> None:
+        """A run has finished (or failed): the others no longer wait for it."""
+        with self._cond:
+            self._active -= 1
+            self._cond.notify_all()
+
+    def submit(self, request: _Request) -> CohortOutput:
+        with self._cond:
+            self._pending.append(request)
+            while request.result is None:
+                if not self._busy and len(self._pending) >= self._active:
+                    self._train_pending()
+                else:
+                    self._cond.wait()
+        if isinstance(request.result, BaseException):
+            raise request.result
+        return request.result
+
+    def _train_pending(self) -> None:
+        """Train every pending cohort (called holding the lock; released meanwhile)."""
+        batch, self._pending, self._busy = self._pending, [], True
+        self._cond.release()
+        try:
+            try:
+                outputs: list = self.train(batch)
+            except Exception as exc:  # noqa: BLE001 (each run raises it in its own thread)
+                outputs = [exc] * len(batch)
+        finally:
+            self._cond.acquire()
+            self._busy = False
+        for request, out in zip(batch, outputs, strict=True):
+            request.result = out
+        self._cond.notify_all()
+
+    def train(self, requests: list[_Request]) -> list[CohortOutput]:
+        """The requests' cohorts, each cut into its own engine's chunks; equal chunks of
+        different runs in one vmapped call."""
+        groups: dict[tuple, list[tuple[_Request, int]]] = {}
+        for request in requests:
+            inputs, engine = request.inputs, request.engine
+            num = inputs.sample_idx.shape[0]
+            chunk = max(1, min(engine.chunk_size(inputs, request.x_all), num))
+            if engine.max_chunk is not None:  # as run_chunked: lowered after out-of-memory
+                chunk = min(chunk, engine.max_chunk)
+            request.calls = list(engine.chunk_calls(request.x_all, request.y_all, inputs, chunk))
+            for k, (_, masked, args) in enumerate(request.calls):
+                groups.setdefault(_shape_key(masked, args), []).append((request, k))
+        results: dict[tuple[int, int], LocalResult] = {}
+        for items in groups.values():
+            for (request, k), out in zip(items, self._train_group(items), strict=True):
+                results[id(request), k] = out
+        return [fold_chunks(r.inputs, [(sl, results[id(r), k])
+                                       for k, (sl, _, _) in enumerate(r.calls)], r.keep_deltas)
+                for r in requests]
+
+    def _train_group(self, items: list[tuple[_Request, int]]) -> list[LocalResult]:
+        first, k = items[0]
+        masked = first.calls[k][1]
+        fn = first.engine.local_update(first.algorithm, first.loss_fn, masked)
+        self.calls += 1
+        if len(items) == 1:
+            return [fn(*first.calls[k][2])]
+        if id(fn) not in self._stacked:  # the runs' axis over the chunk function's arguments
+            self._stacked[id(fn)] = torch.func.vmap(fn, in_dims=0)
+        args = [tree_stack(list(group)) for group in
+                zip(*(request.calls[j][2] for request, j in items), strict=True)]
+        out = self._stacked[id(fn)](*args)
+        return [LocalResult(*(tree_index(part, r) for part in out)) for r in range(len(items))]
+
+
+def _shape_key(masked: bool, args: tuple) -> tuple:
+    """What chunks must share to be stacked: the chunk function and every argument's
+    structure, shapes and dtypes."""
+    leaves, spec = torch.utils._pytree.tree_flatten(args)
+    return masked, str(spec), tuple((tuple(x.shape), x.dtype, x.device) for x in leaves)
+
+
+class BatchMember(ChunkedEngine):
+    """One run's engine in a :class:`CohortBatch`: trains as its own vmapped engine would,
+    its cohorts stacked with the other runs'."""
+
+    def __init__(self, batch: CohortBatch, engine: VmapEngine) -> None:
+        super().__init__(keep_deltas=engine.keep_deltas)
+        self.batch, self.inner = batch, engine
+        self.name = engine.name
+
+    def run_cohort(self, algorithm: Algorithm, loss_fn: LossFn, x_all: torch.Tensor,
+                   y_all: torch.Tensor, inputs: CohortInputs) -> CohortOutput:
+        check_random_layers(loss_fn, self.name)
+        return self.batch.submit(_Request(self.inner, algorithm, loss_fn, x_all, y_all, inputs,
+                                          self.keep_deltas))
+
+    def chunk_size(self, inputs: CohortInputs, x_all: torch.Tensor) -> int:
+        return self.inner.chunk_size(inputs, x_all)
+
+    def state_dict(self) -> dict:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.inner.load_state_dict(state)
+
+    def report(self) -> dict:
+        return self.inner.report()
