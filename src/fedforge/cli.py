@@ -240,6 +240,8 @@ def reproduce(
         "for); the report reads every committed seed")] = None,
     conditions: Annotated[str | None, typer.Option(
         "--conditions", help="run only these conditions (comma-separated names)")] = None,
+    batch_seeds: Annotated[bool, typer.Option("--batch-seeds", help="train each condition's "
+        "missing seeds as one vmapped batch where they can (the same numbers)")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
     plugin: Plugins = None,
     data_root: DataRootOption = None,
@@ -253,7 +255,8 @@ def reproduce(
     setup(plugin, data_root)
     with failing(ValueError, OSError, FloatingPointError):
         done = command(name, scale=scale, report_only=report_only, runs=runs, data=data,
-                       out=out, seeds=seeds, conditions=conditions, progress=not quiet)
+                       out=out, seeds=seeds, conditions=conditions, progress=not quiet,
+                       batch_seeds=batch_seeds)
     if isinstance(done, str):  # --scale paper: the commands, not run
         console.print(done, highlight=False, soft_wrap=True)
     else:

@@ -12,6 +12,7 @@ wall-clock ones and every final model equal the separate runs' bit for bit.
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -52,17 +53,30 @@ def run_seeds(cfgs: Sequence[RunConfig], out_dirs: Sequence[str | Path], *,
     """Run ``cfgs`` (one config, several seeds) into ``out_dirs`` -> each run's records.
 
     Where they can train as a batch (:func:`batch_refusal`) they do, and their metrics and
-    models equal separate runs' bit for bit; otherwise they run one after the other."""
-    if len(cfgs) != len(out_dirs):
-        raise ValueError(f"out_dirs: {len(out_dirs)} folders for {len(cfgs)} runs")
-    if batch_refusal(cfgs) is not None:
+    models equal separate runs' bit for bit; otherwise they run one after the other. The
+    first run's error, if any, is raised once every run has ended."""
+    if (refusal := batch_refusal(cfgs)) is not None:
+        warnings.warn(f"seeds run one by one: {refusal}", stacklevel=2)
         return [run_experiment(c, d, resume=resume, overwrite=overwrite, progress=False)
                 for c, d in zip(cfgs, out_dirs, strict=True)]
+    outcomes = train_seeds(cfgs, out_dirs, resume=resume, overwrite=overwrite)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return outcomes
+
+
+def train_seeds(cfgs: Sequence[RunConfig], out_dirs: Sequence[str | Path], *,
+                resume: bool = False, overwrite: bool = False) -> list:
+    """The batch itself (``batch_refusal(cfgs)`` must be ``None``) -> per run its records,
+    or the exception it ended with (a diverged run ends alone; the others go on)."""
+    if len(cfgs) != len(out_dirs):
+        raise ValueError(f"out_dirs: {len(out_dirs)} folders for {len(cfgs)} runs")
     batch = CohortBatch(len(cfgs))
     with ThreadPoolExecutor(max_workers=len(cfgs), thread_name_prefix="seed") as pool:
         futures = [pool.submit(_member_run, batch, c, Path(d), resume, overwrite)
                    for c, d in zip(cfgs, out_dirs, strict=True)]
-        return [f.result() for f in futures]
+        return [f.exception() or f.result() for f in futures]
 
 
 def _member_run(batch: CohortBatch, cfg: RunConfig, out_dir: Path, resume: bool,

@@ -62,11 +62,13 @@ def reproduce(
     data: Path | None = None, out: Path | None = None, report_only: bool = False,
     progress: bool = True, allow_processes: bool = False,
     seeds: tuple[int, ...] | None = None, conditions: tuple[str, ...] | None = None,
+    batch_seeds: bool = False,
 ) -> Path:
     """Run the grid (unless ``report_only``) and write the report; -> the report page.
     ``allow_processes``: as for :func:`fedforge.run_experiment` (the command passes True).
     ``seeds`` / ``conditions``: run only these (the seeds the power rule asks for, or the
-    conditions not run yet); the report reads every committed seed.
+    conditions not run yet); the report reads every committed seed. ``batch_seeds``: each
+    condition's missing seeds train as one batch where they can (docs/reproducing.md).
 
     Defaults: runs in ``<root>/runs/reproduce``, raw metrics in ``<root>/docs/data`` (where
     a source checkout commits them), the page and figures in :func:`default_out`."""
@@ -83,7 +85,8 @@ def reproduce(
         _check_data(spec, data)
     else:
         run_grid(replace(spec, seeds=seeds or spec.seeds), root=root, runs=runs, data=data,
-                 progress=progress, allow_processes=allow_processes, only=conditions)
+                 progress=progress, allow_processes=allow_processes, only=conditions,
+                 batch_seeds=batch_seeds)
     return write_report(spec, data, out, command=f"fedforge reproduce {spec.name}")
 
 
@@ -104,7 +107,7 @@ def report_all(data: Path, out: Path) -> Path:
 
 def command(name: str, *, scale: str, report_only: bool, runs: Path, data: Path,
             out: Path | None, seeds: str | None, conditions: str | None,
-            progress: bool) -> Path | str:
+            progress: bool, batch_seeds: bool = False) -> Path | str:
     """``fedforge reproduce NAME``: the report page written, or (``scale="paper"``) the text
     of the paper-scale commands. ``all`` rewrites every page and the summary from the raw
     metrics only. A bad option or an unknown name is a ``ValueError`` naming it."""
@@ -124,6 +127,6 @@ def command(name: str, *, scale: str, report_only: bool, runs: Path, data: Path,
                          progress=progress, allow_processes=True,
                          seeds=parse_seeds(seeds) if seeds else None,
                          conditions=tuple(c.strip() for c in conditions.split(","))
-                         if conditions else None)
+                         if conditions else None, batch_seeds=batch_seeds)
     except KeyError as exc:  # an unknown reproduction or --conditions name
         raise ValueError(exc.args[0]) from None

@@ -20,6 +20,7 @@ from pathlib import Path
 from fedforge.experiment.config import RunConfig, load_config
 from fedforge.experiment.rundir import write_bytes
 from fedforge.experiment.runner import run_experiment
+from fedforge.experiment.seed_batch import batch_refusal, train_seeds
 from fedforge.reproduce.spec import Condition, Reproduction
 from fedforge.robust.divergence import log_event
 from fedforge.study.compare import comparison_configs
@@ -131,7 +132,7 @@ def _capacity(cfg: RunConfig) -> int:
 def run_grid(
     spec: Reproduction, *, root: Path, runs: Path, data: Path, progress: bool = True,
     log: Callable[[str], None] = print, allow_processes: bool = False,
-    only: tuple[str, ...] | None = None,
+    only: tuple[str, ...] | None = None, batch_seeds: bool = False,
 ) -> dict[str, int]:
     """Run what is missing; -> counts ``{"skipped", "ran", "diverged", "total"}``.
     ``allow_processes``: whether ``engine.name = "auto"`` may start worker processes.
@@ -139,7 +140,9 @@ def run_grid(
     A run stopped by non-finite values is an outcome, not a failure of the grid: its metrics
     up to the divergence are kept, ``seed<k>.diverged.json`` records the round, and the grid
     goes on (rerunning it would diverge again: every run is deterministic). ``only``: the
-    conditions to run (default: all)."""
+    conditions to run (default: all). ``batch_seeds``: train each condition's missing seeds
+    as one batch where they can (:mod:`fedforge.experiment.seed_batch`; the same numbers as
+    one by one), saying why where they cannot."""
     counts = {"skipped": 0, "ran": 0, "diverged": 0, "total": 0}
     plan = [step for step in grid_plan(spec, root, runs) if only is None or step[0].name in only]
     from_data = [not out.exists() and committed(data, spec, cond.name, cfg)
@@ -149,6 +152,8 @@ def run_grid(
                 for known, (_, cfg, out) in zip(from_data, plan)]
     if spec.prepare is not None and not all(finished):  # nothing to run, nothing to prepare
         spec.prepare(root)
+    todo = [step for step, known, done in zip(plan, from_data, finished) if not (known or done)]
+    batched = _run_batches(spec, todo, log) if batch_seeds else {}
     for (cond, cfg, out), known, done in zip(plan, from_data, finished):
         counts["total"] += 1
         dest = data_path(data, spec, cond.name, cfg.seed)
@@ -160,8 +165,12 @@ def run_grid(
         else:
             log(f"[reproduce {spec.name}] {cond.name} seed {cfg.seed} -> {out}")
             try:
-                run_experiment(cfg, out, resume=out.exists(), progress=progress,
-                               allow_processes=allow_processes)
+                if out in batched:  # trained already, with the condition's other seeds
+                    if isinstance(batched[out], BaseException):
+                        raise batched[out]
+                else:
+                    run_experiment(cfg, out, resume=out.exists(), progress=progress,
+                                   allow_processes=allow_processes)
             except FloatingPointError as err:  # DivergenceError or a non-finite loss
                 log(f"[reproduce {spec.name}] {cond.name} seed {cfg.seed} diverged: {err}")
                 if divergence_stop(out) is None:  # the loss check stops without an event
@@ -186,6 +195,32 @@ def run_grid(
             _put(data, summary_path(data, spec, cond.name, cfg.seed),
                  json.dumps(summary, indent=1))
     return counts
+
+
+def _run_batches(spec: Reproduction, todo: list[tuple[Condition, RunConfig, Path]],
+                 log: Callable[[str], None]) -> dict[Path, object]:
+    """Each condition's missing seeds as one batch -> per run folder its outcome (records or
+    the exception); a condition whose seeds cannot be batched is left out, saying why.
+    ``engine.name = "auto"`` trains on the vmapped engine, the one a batch stacks."""
+    outcomes: dict[Path, object] = {}
+    for name in dict.fromkeys(cond.name for cond, _, _ in todo):
+        steps = [(cfg, out) for cond, cfg, out in todo if cond.name == name]
+        cfgs = [vmapped(cfg) for cfg, _ in steps]
+        if (refusal := batch_refusal(cfgs)) is not None:
+            log(f"[reproduce {spec.name}] {name}: seeds run one by one: {refusal}")
+            continue
+        seeds = ",".join(str(cfg.seed) for cfg in cfgs)
+        log(f"[reproduce {spec.name}] {name} seeds {seeds} as one batch")
+        dirs = [out for _, out in steps]
+        outcomes.update(zip(dirs, train_seeds(cfgs, dirs, resume=True), strict=True))
+    return outcomes
+
+
+def vmapped(cfg: RunConfig) -> RunConfig:
+    """``cfg`` on the vmapped engine where it leaves the choice to ``auto``."""
+    if cfg.multitask or cfg.engine.name != "auto":
+        return cfg
+    return cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"name": "vmap"})})
 
 
 def _put(data: Path, path: Path, payload: str | bytes) -> None:
