@@ -151,6 +151,10 @@ tests_for() {
     src/fedforge/schedulers/fedast.py)
       echo "tests/schedulers/test_allocation.py tests/schedulers/test_allocation_code.py" \
            "tests/sim/test_population.py" ;;
+    src/fedforge/sim/selection.py | src/fedforge/sim/oort.py | src/fedforge/sim/samplers.py)
+      echo "tests/sim/test_selection.py" ;;  # the samplers by hand (their runs: below)
+    src/fedforge/experiment/selection.py)  # a sampler fed from the round driver
+      echo "tests/experiment/test_selection_run.py" ;;
     src/fedforge/sim/*)
       echo "tests/sim" ;;
     src/fedforge/schedulers/*)
