@@ -129,3 +129,19 @@ def test_the_flower_bridge_refuses_a_sampler():
     with pytest.raises(ConfigError, match=r"^server\.sampler: the Flower bridge samples nodes "
                                           r"uniformly; run 'oort' with `fedforge run`$"):
         common.experiment(cfg)
+
+
+@pytest.mark.parametrize("sampler", ["power_of_choice", "oort"])
+def test_loop_and_vmap_select_the_same_cohorts(tmp_path, rounds_seen, sampler):
+    """The engines train to float tolerance, so a sampler reading their losses picks the
+    same clients under both, and the runs agree."""
+    runs = {}
+    for engine in ("loop", "vmap"):
+        rounds_seen.clear()
+        cfg = load_config(ROOT / "examples/quickstart.toml",
+                          [*BASE, "algorithm.name=scaffold", f"server.sampler={sampler}",
+                           "rounds=4", f"engine.name={engine}"])
+        records = run_experiment(cfg, tmp_path / engine, progress=False)
+        runs[engine] = ([r["ids"] for r in rounds_seen], records[-1]["test_accuracy"])
+    assert runs["loop"][0] == runs["vmap"][0]
+    assert runs["loop"][1] == pytest.approx(runs["vmap"][1], abs=1e-5)
