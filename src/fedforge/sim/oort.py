@@ -50,26 +50,21 @@ def normalise(values: np.ndarray, clip_bound: float) -> tuple[float, float, floa
 
 
 def speed_penalty(durations: np.ndarray, preferred: float, alpha: float) -> np.ndarray:
-    """``(T / d_i)^α`` where a client is slower than ``T``, else 1."""
-    slow = durations > preferred
-    out = np.ones_like(durations, dtype=np.float64)
-    out[slow] = (preferred / np.maximum(1e-4, durations[slow])) ** alpha
-    return out
+    """``(T / d_i)^α`` where a client is slower than ``T``, else 1 (``d_i`` at least 1e-4 s,
+    as the code guards it)."""
+    return np.where(durations > preferred,
+                    (preferred / np.maximum(1e-4, durations)) ** alpha, 1.0)
 
 
-def weighted_draw(ids: np.ndarray, weights: np.ndarray, k: int, total_floor: float,
+def weighted_draw(ids: np.ndarray, weights: np.ndarray, k: int,
                   rng: np.random.Generator) -> np.ndarray:
-    """``k`` of ``ids`` without replacement, with probability ``w / max(floor, sum w)`` (the
-    code's ``np.random.choice``); ids of weight 0 only once the others are taken."""
-    if k <= 0:
-        return ids[:0]
-    w = np.asarray(weights, dtype=np.float64)
-    positive = np.flatnonzero(w > 0)
-    if len(positive) <= k:  # every weighted id, then the rest by weight order
-        rest = np.setdiff1d(np.arange(len(ids)), positive)
+    """``k`` of ``ids`` without replacement, with probability ``w / sum w`` (the code's
+    ``np.random.choice``); when at most ``k`` have a weight, those, then the others in order."""
+    positive = np.flatnonzero(weights > 0)
+    if len(positive) <= k:
+        rest = np.flatnonzero(weights <= 0)
         return ids[np.concatenate([positive, rest])[:k]]
-    p = w / max(total_floor, float(w.sum()))
-    return rng.choice(ids, size=k, replace=False, p=p / p.sum())
+    return rng.choice(ids, size=k, replace=False, p=weights / weights.sum())
 
 
 class Oort:
@@ -95,7 +90,7 @@ class Oort:
         n = num_clients
         self.reward, self.duration = np.zeros(n), np.zeros(n)
         self.last_round, self.count = np.zeros(n, np.int64), np.zeros(n, np.int64)
-        self.successful = np.zeros(n, np.int64)  # reported since the last pacer call
+        self.successful = np.zeros(n, bool)  # reported since the last pacer call
         self.exploit_history, self.explore_history = np.zeros(0), np.zeros(0)
         self.exploit_clients = self.explore_clients = np.zeros(0, np.int64)
         self.exploration = float(options["exploration_factor"])
@@ -106,12 +101,11 @@ class Oort:
 
     def _register(self, pool: Pool) -> None:
         """The code's ``register_client``: reward = samples, duration = expected seconds."""
-        k = len(pool.sizes)
-        self.reward[:k], self.duration[:k] = pool.samples, pool.durations
+        self.reward[:], self.duration[:] = pool.samples, pool.durations
         self.registered = 1.0
 
     def _mean_util(self, clients: np.ndarray) -> float:
-        ok = clients[self.successful[clients] > 0]
+        ok = clients[self.successful[clients]]
         return float(self.reward[ok].sum()) / (1e-4 + len(ok))
 
     def pacer(self, round_: int) -> None:
@@ -120,7 +114,7 @@ class Oort:
                                          self._mean_util(self.explore_clients))
         self.exploit_history = np.append(self.exploit_history,
                                          self._mean_util(self.exploit_clients))
-        self.successful[:] = 0
+        self.successful[:] = False
         step, delta = self.opt["pacer_step"], self.opt["pacer_delta"]
         if round_ >= 2 * step and round_ % step == 0:
             last = float(self.exploit_history[-2 * step:-step].sum())
@@ -149,7 +143,7 @@ class Oort:
         self.pacer(round_)
         if self.round_threshold < 100.0:  # T: a percentile of every client's duration
             d = np.sort(self.duration)
-            self.preferred = float(d[min(int(len(d) * self.round_threshold / 100.0), len(d) - 1)])
+            self.preferred = float(d[int(len(d) * self.round_threshold / 100.0)])
         else:
             self.preferred = math.inf
         score = self.scores(round_, feasible)
@@ -157,20 +151,23 @@ class Oort:
         self.exploration = max(self.exploration * self.opt["exploration_decay"],
                                self.exploration_min)
         exploit_len = min(int(m * (1.0 - self.exploration)), len(scored))
-        exploit = scored[:0]
-        if len(scored):
-            ranked = scored[np.lexsort((scored, -score[scored]))]
-            cut = score[ranked[min(exploit_len, len(ranked) - 1)]] * self.opt["cut_off_util"]
-            above = ranked[score[ranked] >= cut]
-            exploit = weighted_draw(above, score[above], exploit_len, 1e-4, rng)
+        exploit = self._exploit(scored, score, exploit_len, rng)
         explore = self._explore(feasible, m - len(exploit), rng)
         self.exploit_clients, self.explore_clients = exploit, explore
         chosen = np.concatenate([exploit, explore])
-        missing = m - len(chosen)
-        if missing > 0:  # too few candidates of either kind: fill uniformly
-            rest = np.setdiff1d(feasible, chosen)
-            chosen = np.concatenate([chosen, rng.permutation(rest)[:missing]])
-        return np.sort(chosen)
+        rest = np.setdiff1d(feasible, chosen)  # too few of either kind: fill uniformly
+        return np.sort(np.concatenate([chosen, rng.permutation(rest)[:m - len(chosen)]]))
+
+    def _exploit(self, scored: np.ndarray, score: np.ndarray, k: int,
+                 rng: np.random.Generator) -> np.ndarray:
+        """``k`` drawn ∝ score among those scoring at least ``cut_off_util`` x the score of
+        the ``k``-th best's successor (the last one's when all are taken)."""
+        if k == 0:
+            return scored[:0]
+        ranked = scored[np.lexsort((scored, -score[scored]))]
+        cut = score[ranked[min(k, len(ranked) - 1)]] * self.opt["cut_off_util"]
+        above = ranked[score[ranked] >= cut]
+        return weighted_draw(above, score[above], k, rng)
 
     def _explore(self, feasible: np.ndarray, room: int, rng: np.random.Generator) -> np.ndarray:
         unexplored = feasible[self.count[feasible] == 0]
@@ -179,10 +176,9 @@ class Oort:
             return unexplored
         init = self.reward[unexplored] * speed_penalty(self.duration[unexplored],
                                                        self.preferred, self.opt["round_penalty"])
-        n = min(len(unexplored), max(room, 0))
-        top = np.lexsort((unexplored, -init))[:min(int(self.opt["sample_window"] * n),
-                                                   len(unexplored))]
-        return weighted_draw(unexplored[top], init[top], n, 1e-4, rng)
+        n = min(len(unexplored), room)
+        top = np.lexsort((unexplored, -init))[:int(self.opt["sample_window"] * n)]
+        return weighted_draw(unexplored[top], init[top], n, rng)
 
     def observe(self, round_: int, feedback: Feedback) -> None:
         ids = feedback.ids
@@ -190,7 +186,7 @@ class Oort:
         self.duration[ids] = feedback.durations
         self.last_round[ids] = round_
         self.count[ids] += 1
-        self.successful[ids] = 1
+        self.successful[ids] = True
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         state = {k: torch.from_numpy(np.array(getattr(self, k))) for k in _ARRAYS}

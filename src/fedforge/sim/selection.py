@@ -99,8 +99,7 @@ def draw_by_size(sizes: np.ndarray, d: int, rng: np.random.Generator) -> np.ndar
     has = np.flatnonzero(sizes > 0)
     if d >= len(has):
         return rng.permutation(has)
-    p = sizes[has].astype(np.float64)
-    return rng.choice(has, size=d, replace=False, p=p / p.sum())
+    return rng.choice(has, size=d, replace=False, p=sizes[has] / sizes[has].sum())
 
 
 def top_by(values: np.ndarray, ids: np.ndarray, m: int) -> np.ndarray:
@@ -147,7 +146,7 @@ class PowerOfChoice:
         if self.variant == "rpow-d":
             loss = self.last_loss[candidates]
         else:
-            loss = np.asarray(pool.losses(candidates, self.batch, rng), dtype=np.float64)
+            loss = pool.losses(candidates, self.batch, rng)
         return top_by(loss, candidates, m)
 
     def observe(self, round_: int, feedback: Feedback) -> None:
