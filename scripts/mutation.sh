@@ -132,6 +132,8 @@ tests_for() {
       echo "tests/algorithms/test_personal_*.py tests/algorithms/test_defaults.py" \
            "tests/privacy/test_personal_privacy.py" \
            "-k 'not extending_snippet and not fedbn_config and not quickstart'" ;;
+    src/fedforge/algorithms/moon.py)  # MOON's three-round reference and its refusals
+      echo "tests/algorithms/test_moon.py" ;;
     src/fedforge/algorithms/clustered.py | src/fedforge/algorithms/clustered_spec.py)
       echo "tests/algorithms/test_clustered.py tests/algorithms/test_clustered_exact.py" ;;
     src/fedforge/algorithms/*)

@@ -10,7 +10,8 @@ SGD); the server averages the models with weights n_i / Σ n_i over the cohort.
 
 Round 1 trains clients 0 and 2, round 2 clients 1 and 2 (client 1 for the first time, with no
 negative; client 2's second step is padding), round 3 all: client 0's previous model in
-round 3 is its round-1 model, not round 2's global one.
+round 3 is its round-1 model, not round 2's global one. Two batches are partly padding (one
+and two samples of three), so the means are over the real samples only.
 """
 
 import numpy as np
@@ -37,8 +38,8 @@ SIZES = np.array([2.0, 3.0, 4.0])  # n_i: the server's weights
 # per round: cohort and each client's [steps, batch] sample indices (-1: padding)
 SCHEDULE = [
     ([0, 2], [[[0, 1, 2], [2, 0, 1]], [[6, 7, 8], [8, 6, 7]]]),
-    ([1, 2], [[[3, 4, 5], [5, 3, 4]], [[7, 8, 6], [-1, -1, -1]]]),
-    ([1, 2, 0], [[[4, 5, 3], [3, 5, 4]], [[6, 8, 7], [7, 6, 8]], [[2, 1, 0], [1, 0, 2]]]),
+    ([1, 2], [[[3, 4, 5], [5, -1, -1]], [[7, 8, 6], [-1, -1, -1]]]),
+    ([1, 2, 0], [[[4, 5, 3], [3, 5, 4]], [[6, 8, 7], [7, 6, -1]], [[2, 1, 0], [1, 0, 2]]]),
 ]
 
 
@@ -147,6 +148,14 @@ def test_the_stored_previous_model_is_the_last_local_model():
     assert not _close(prev, glob1)
     assert np.array_equal(after1["moon/trained"], [1.0, 0.0, 1.0])
     assert np.array_equal(after2["moon/trained"], [1.0, 1.0, 1.0])
+    assert all(v.dtype == np.float64 for v in after2.values())  # the model's dtype
+
+
+def test_an_unbound_model_is_refused_in_one_line():
+    alg = build_algorithm("moon")
+    with pytest.raises(ValueError, match=r"^moon: call algorithm.bind_model\(model\) first "
+                                         r"\(the runner does\)$"):
+        _run_one(alg)
 
 
 @pytest.mark.parametrize("wrong", [{"negative": False}, {"tau": 1.0}, {"swap": True},
