@@ -155,10 +155,10 @@ tests_for() {
            "tests/sim/test_population.py" ;;
     src/fedforge/sim/selection.py | src/fedforge/sim/oort.py | src/fedforge/sim/samplers.py)
       echo "tests/sim/test_selection.py" ;;  # the samplers by hand (their runs: below)
-    src/fedforge/experiment/selection.py)  # a sampler fed from the round driver
-      echo "tests/experiment/test_selection_run.py" ;;
     src/fedforge/sim/*)
       echo "tests/sim" ;;
+    src/fedforge/schedulers/client_selection.py)  # a sampler fed from the round driver
+      echo "tests/experiment/test_selection_run.py" ;;
     src/fedforge/schedulers/*)
       echo "tests/sim tests/schedulers --ignore=tests/schedulers/test_jobs.py" ;;
     src/fedforge/engine/round.py)
