@@ -443,3 +443,17 @@ def test_power_of_choice_state_round_trip():
                                          r"'last_loss' \(written by another sampler\?\); "
                                          r"choose another --out or pass --overwrite$"):
         b.load_state_dict({})
+
+
+def test_full_exploration_exploits_nobody_and_weightless_ids_come_once():
+    """ε = 1 with explored clients: int(m x 0) = 0 are exploited, the cohort is explored. A
+    draw of 3 from weights (0.5, 0, 0) takes the weighted id, then the others, no repeats."""
+    oort = _oort(4, exploration_factor=1.0, exploration_decay=1.0, exploration_min=1.0)
+    oort.registered = 1.0
+    oort.reward[:], oort.duration[:] = [5.0, 4.0, 9.0, 8.0], 1.0
+    oort.count[:2], oort.last_round[:2] = 1, 1
+    assert oort.select(2, 2, _pool([9] * 4), selection_rng(0, 2)).tolist() == [2, 3]
+    assert oort.exploit_clients.tolist() == []
+    ids = np.array([7, 8, 9])
+    assert weighted_draw(ids, np.array([0.5, 0.0, 0.0]), 3, selection_rng(0, 1)).tolist() == [
+        7, 8, 9]
