@@ -10,7 +10,8 @@ import torch
 
 from fedforge.core.store import ClientStore
 from fedforge.engine import LoopEngine, VmapEngine
-from fedforge.engine.round import federated_round
+from fedforge.engine.draw import RoundDraw
+from fedforge.engine.round import RoundSetup, federated_round
 
 
 def quadratic_loss(params, x, y, w):
@@ -28,7 +29,7 @@ def make_clients(rows: list[list[float]]):
 
 
 def run_rounds(algorithm, rows, w0, rounds=1, steps=1, engine=None, num_clients=None,
-               client_ids=None):
+               client_ids=None, robust=None):
     """Full participation of the given clients, each doing ``steps`` steps on its one sample."""
     engine = engine or LoopEngine()
     x_all, y_all = make_clients(rows)
@@ -41,10 +42,9 @@ def run_rounds(algorithm, rows, w0, rounds=1, steps=1, engine=None, num_clients=
     weights = torch.ones(sample_idx.shape, dtype=torch.float64)
     history = []
     for _ in range(rounds):
-        params, server_state, cohort = federated_round(
-            algorithm, engine, quadratic_loss, params, server_state, store, ids, x_all, y_all,
-            sample_idx, weights,
-        )
+        setup = RoundSetup(algorithm, engine, quadratic_loss, store, x_all, y_all, robust=robust)
+        params, server_state, cohort = federated_round(setup, params, server_state,
+                                                       RoundDraw(ids, sample_idx, weights))
         history.append((params, server_state, cohort))
     return params, server_state, store, history
 

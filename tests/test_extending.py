@@ -23,7 +23,8 @@ from fedforge.core.store import ClientStore
 from fedforge.data import PARTITIONERS, DatasetError, load_dataset
 from fedforge.data import loaders as dataset_registry
 from fedforge.engine import LoopEngine, VmapEngine
-from fedforge.engine.round import federated_round
+from fedforge.engine.draw import RoundDraw
+from fedforge.engine.round import RoundSetup, federated_round
 from fedforge.experiment.config import ConfigError, load_config
 from fedforge.models import MODELS
 from fedforge.protocol.algorithm import check_support
@@ -71,9 +72,9 @@ def one_round(algorithm, engine, sample_counts=None):
     sample_idx = torch.tensor([[[0], [0]], [[1], [1]]])  # [C, steps, batch]
     weights = torch.tensor([[[1.0], [0.0]], [[1.0], [1.0]]], dtype=torch.float64)
     agg = torch.tensor([0.25, 0.75], dtype=torch.float64)
-    new, _, cohort = federated_round(algorithm, engine, quadratic, params, state, store,
-                                     torch.arange(2), x_all, y_all, sample_idx, weights,
-                                     agg_weights=agg, sample_counts=sample_counts)
+    draw = RoundDraw(torch.arange(2), sample_idx, weights, agg, counts=sample_counts)
+    new, _, cohort = federated_round(RoundSetup(algorithm, engine, quadratic, store, x_all, y_all),
+                                     params, state, draw)
     return new["w"], cohort
 
 
@@ -169,20 +170,19 @@ def test_skipped_client_leaves_the_others_weights_summing_to_one():
     sample_idx = torch.tensor([[[0], [0]], [[1], [1]], [[2], [2]]])
     weights = torch.tensor([[[1.0], [0.0]], [[1.0], [1.0]], [[1.0], [1.0]]],
                            dtype=torch.float64)
-    _, _, cohort = federated_round(
-        algo, LoopEngine(), quadratic, params, algo.server_init(params),
-        ClientStore(3, algo.client_init(params)), torch.arange(3), x_all,
-        torch.zeros(3, dtype=torch.long), sample_idx, weights,
-        agg_weights=torch.full((3,), 1 / 3, dtype=torch.float64),
-        sample_counts=torch.tensor([1, 3, 4]), divergence="skip_client")
-    assert cohort.metrics["skipped_clients"].tolist() == [2]
+    setup = RoundSetup(algo, LoopEngine(), quadratic, ClientStore(3, algo.client_init(params)),
+                       x_all, torch.zeros(3, dtype=torch.long), divergence="skip_client")
+    draw = RoundDraw(torch.arange(3), sample_idx, weights,
+                     torch.full((3,), 1 / 3, dtype=torch.float64), counts=torch.tensor([1, 3, 4]))
+    _, _, cohort = federated_round(setup, params, algo.server_init(params), draw)
+    assert cohort.metrics.skipped_clients.tolist() == [2]
     assert float(cohort.mean_uploads["weighted_steps"]["tau"]) == pytest.approx(1.75)
 
 
 def test_weighted_uploads_need_counts_and_a_driver_that_serves_them():
     algo = Algorithm("probe", local_optimizer("sgd", 0.5), server_sgd(1.0),
                      parts=(WeightedStepsUpload(),))
-    with pytest.raises(ValueError, match="'probe'.*sample_counts="):
+    with pytest.raises(ValueError, match="RoundDraw.counts: .*'probe'"):
         one_round(algo, LoopEngine())
     params = {"w": torch.zeros(2)}
     assert "weighted_uploads" in algo.needs(params)

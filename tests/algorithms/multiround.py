@@ -24,7 +24,8 @@ import torch
 from fedforge.core.store import ClientStore
 from fedforge.core.tree import flatten_dict
 from fedforge.engine import LoopEngine
-from fedforge.engine.round import federated_round
+from fedforge.engine.draw import RoundDraw
+from fedforge.engine.round import RoundSetup, federated_round
 from tests.quadratic import quadratic_loss
 
 A = np.array([1.0, 3.0, 2.0, 0.5, 1.5])
@@ -79,10 +80,11 @@ def run(algorithm, schedule=SCHEDULE, seed: int = 0, engine=None,
         for c, k in enumerate(steps):
             weights[c, :k] = 1.0
         info = algorithm.round_info(len(ids), gen)
+        counts = None if sample_counts is None else torch.tensor(sample_counts)[ids_t]
+        draw = RoundDraw(ids_t, sample_idx, weights, info=info, counts=counts, round=t)
         params, server_state, _ = federated_round(
-            algorithm, engine, quadratic_loss, params, server_state, store, ids_t, x_all, y_all,
-            sample_idx, weights, info=info, round_=t,
-            sample_counts=None if sample_counts is None else torch.tensor(sample_counts)[ids_t])
+            RoundSetup(algorithm, engine, quadratic_loss, store, x_all, y_all), params,
+            server_state, draw)
         clients = {k: v.numpy().copy() for k, v in
                    flatten_dict(store.gather(torch.arange(N))).items()}
         ev = getattr(algorithm, "eval_params", None)

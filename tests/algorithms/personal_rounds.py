@@ -16,7 +16,8 @@ import torch
 from fedforge.core.store import ClientStore
 from fedforge.core.tree import flatten_dict
 from fedforge.engine import LoopEngine, VmapEngine
-from fedforge.engine.round import federated_round
+from fedforge.engine.draw import RoundDraw
+from fedforge.engine.round import RoundSetup, federated_round
 
 # quadratic samples [a, b1, b2]: loss a/2 ||u - b||² with u the model's output
 ROWS = np.array([[1.0, 1.0, 0.0], [2.0, 0.5, -1.0], [0.5, -1.0, 2.0],   # client 0
@@ -62,8 +63,8 @@ def run(algorithm, loss, params, x_all, y_all, schedule, engine=None):
     out = []
     for t, (ids, idx, weights) in enumerate(schedule, start=1):
         params, server_state, _ = federated_round(
-            algorithm, engine, loss, params, server_state, store, ids, x_all, y_all, idx,
-            weights, round_=t)
+            RoundSetup(algorithm, engine, loss, store, x_all, y_all), params, server_state,
+            RoundDraw(ids, idx, weights, round=t))
         stored = flatten_dict(store.gather(torch.arange(n)))
         state = {k: v.numpy().copy() for k, v in stored.items()}
         out.append(({k: v.numpy().copy() for k, v in params.items()}, state))

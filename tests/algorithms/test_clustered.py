@@ -16,7 +16,8 @@ import torch
 from fedforge.algorithms import build_algorithm
 from fedforge.core.store import ClientStore
 from fedforge.engine import LoopEngine, VmapEngine
-from fedforge.engine.round import federated_round
+from fedforge.engine.draw import RoundDraw
+from fedforge.engine.round import RoundSetup, federated_round
 from tests.quadratic import quadratic_loss
 
 A = np.array([1.0, 2.0, 1.5, 1.0, 0.5])
@@ -63,8 +64,8 @@ def run(algo, schedule, engine=None, theta0=None):
         for c, k in enumerate(steps):
             weights[c, :k] = 1.0
         params, server_state, _ = federated_round(
-            algo, engine, quadratic_loss, params, server_state, store, ids_t, x_all, y_all,
-            sample_idx, weights, info={}, round_=t)
+            RoundSetup(algo, engine, quadratic_loss, store, x_all, y_all), params, server_state,
+            RoundDraw(ids_t, sample_idx, weights, round=t))
         states = store.gather(torch.arange(N))
         spec = algo.evaluated_at(server_state).personal
         personal = torch.func.vmap(spec.client_params, in_dims=(None, 0))(params, states)

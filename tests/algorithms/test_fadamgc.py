@@ -13,7 +13,8 @@ import torch
 from fedforge.algorithms import build_algorithm
 from fedforge.algorithms.fadamgc import num_tracking, sample_tracking
 from fedforge.core.store import ClientStore
-from fedforge.engine.round import federated_round
+from fedforge.engine.draw import RoundDraw
+from fedforge.engine.round import RoundSetup, federated_round
 from tests.quadratic import ENGINES, quadratic_loss
 
 F64 = torch.float64
@@ -48,9 +49,8 @@ def run(algo, rows, w0, *, masks, steps, num_clients=None, per_client=1, engine=
     for mask in masks:
         info = None if mask is None else {"tracking": torch.tensor(mask)}
         params, server_state, _ = federated_round(
-            algo, eng, quadratic_loss, params, server_state, store, ids, x_all, y_all,
-            sample_idx, weights, info=info,
-        )
+            RoundSetup(algo, eng, quadratic_loss, store, x_all, y_all), params, server_state,
+            RoundDraw(ids, sample_idx, weights, info=info))
     return params, server_state, store
 
 
@@ -386,8 +386,9 @@ def _round_loop(algo, rows, ids, masks, *, num_clients, per_client=2, steps=2, e
             [[[i * per_client + k % per_client] for k in range(steps)] for i in cohort_ids])
         weights = torch.ones(sample_idx.shape, dtype=F64)
         params, server_state, cohort = federated_round(
-            algo, ENGINES[engine](), quadratic_loss, params, server_state, store, cids, x_all,
-            y_all, sample_idx, weights, info={"tracking": torch.tensor(mask)})
+            RoundSetup(algo, ENGINES[engine](), quadratic_loss, store, x_all, y_all), params,
+            server_state, RoundDraw(cids, sample_idx, weights,
+                                    info={"tracking": torch.tensor(mask)}))
         cohorts.append(cohort)
     return params, server_state, store, cohorts
 
@@ -405,7 +406,7 @@ def test_full_gradient_init_by_hand(name):
     assert store.state["tracking"]["ready"].tolist() == [1.0, 1.0]
     assert store.state["tracking"]["count"].tolist() == [0.0, 0.0]
     # the two samples per client are charged to the clock (prep samples), once
-    assert cohort.metrics["prep_samples"].tolist() == [2.0, 2.0]
+    assert cohort.metrics.prep_samples.tolist() == [2.0, 2.0]
     diag = algo.server_metrics(server_state, store.state)
     assert diag["tracking_joined"] == 2.0
     assert diag["tracking_init_bytes_up"] == 2 * 2 * 8  # two float64 2-vectors
@@ -421,8 +422,8 @@ def test_full_gradient_init_is_lazy_and_keeps_y_the_mean_of_y_i(engine):
         engine=engine)
     yi = store.state["tracking"]["y"]["w"]
     torch.testing.assert_close(yi[1], torch.tensor([-1.0, -4.0], dtype=F64))  # at x¹
-    assert cohorts[1].metrics["prep_samples"].tolist() == [2.0]
-    assert cohorts[2].metrics["prep_samples"].tolist() == [0.0, 0.0]  # nobody pays twice
+    assert cohorts[1].metrics.prep_samples.tolist() == [2.0]
+    assert cohorts[2].metrics.prep_samples.tolist() == [0.0, 0.0]  # nobody pays twice
     torch.testing.assert_close(server_state["parts"]["tracking"]["y"]["w"], yi.mean(0))
     assert store.state["tracking"]["count"].tolist() == [1.0, 0.0]
 
@@ -457,10 +458,11 @@ def test_tracking_diagnostics_by_hand():
     weights = torch.ones(sample_idx.shape, dtype=F64)
     out = []
     for _ in range(2):
+        draw = RoundDraw(ids, sample_idx, weights, info={"tracking": torch.tensor([True, True])})
         params, server_state, cohort = federated_round(
-            algo, ENGINES["loop"](), quadratic_loss, params, server_state, store, ids, x_all,
-            y_all, sample_idx, weights, info={"tracking": torch.tensor([True, True])})
-        out.append(cohort.metrics["parts"])
+            RoundSetup(algo, ENGINES["loop"](), quadratic_loss, store, x_all, y_all), params,
+            server_state, draw)
+        out.append(cohort.metrics.parts)
     assert out[0]["tracking_corr_norm"].tolist() == [0.0, 0.0]
     root = 9.25 ** 0.5
     torch.testing.assert_close(out[1]["tracking_corr_norm"], _t([root, root]))

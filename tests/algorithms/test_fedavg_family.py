@@ -72,7 +72,8 @@ def test_scaffold_second_round_uses_correction():
     algo1 = build_algorithm("scaffold", local_lr=0.1)
     from fedforge.core.store import ClientStore
     from fedforge.engine import LoopEngine
-    from fedforge.engine.round import federated_round
+    from fedforge.engine.draw import RoundDraw
+    from fedforge.engine.round import RoundSetup, federated_round
     from tests.quadratic import make_clients, quadratic_loss
 
     params, server_state, cohort = hist[0]
@@ -81,8 +82,9 @@ def test_scaffold_second_round_uses_correction():
                                                            dtype=torch.float64)
     x_all, y_all = make_clients(ROWS)
     ids = torch.tensor([0])
-    out = federated_round(algo1, LoopEngine(), quadratic_loss, params, server_state, store, ids,
-                          x_all, y_all, torch.zeros(1, 1, 1, dtype=torch.long),
-                          torch.ones(1, 1, 1, dtype=torch.float64))
+    draw = RoundDraw(ids, torch.zeros(1, 1, 1, dtype=torch.long),
+                     torch.ones(1, 1, 1, dtype=torch.float64))
+    out = federated_round(RoundSetup(algo1, LoopEngine(), quadratic_loss, store, x_all, y_all),
+                          params, server_state, draw)
     torch.testing.assert_close(out.params["w"], torch.tensor([0.11425, 0.5865],
                                                              dtype=torch.float64))

@@ -94,7 +94,8 @@ def test_multi_round_partial_participation_matches_numpy(rule):
     """3 clients, 2 sampled per round (ids vary), 3 local steps, 4 rounds."""
     from fedforge.core.store import ClientStore
     from fedforge.engine import LoopEngine
-    from fedforge.engine.round import federated_round
+    from fedforge.engine.draw import RoundDraw
+    from fedforge.engine.round import RoundSetup, federated_round
     from tests.quadratic import make_clients, quadratic_loss
 
     rows = [[1.0, 2.0, 0.0], [2.0, 0.0, 4.0], [0.5, -1.0, 1.0]]
@@ -107,19 +108,10 @@ def test_multi_round_partial_participation_matches_numpy(rule):
     for ids in schedule:
         ids_t = torch.tensor(ids)
         sample_idx = ids_t.view(-1, 1, 1).expand(-1, 3, 1).clone()
+        draw = RoundDraw(ids_t, sample_idx, torch.ones(sample_idx.shape, dtype=torch.float64))
         params, server, _ = federated_round(
-            algo,
-            LoopEngine(),
-            quadratic_loss,
-            params,
-            server,
-            store,
-            ids_t,
-            x_all,
-            y_all,
-            sample_idx,
-            torch.ones(sample_idx.shape, dtype=torch.float64),
-        )
+            RoundSetup(algo, LoopEngine(), quadratic_loss, store, x_all, y_all), params, server,
+            draw)
     ref = _reference(rule, rows, schedule, 3, [0.5, -0.5], 0.1, 0.3, 3)
     # 1e-7: the step count K is a float32 tensor inside the engine
     np.testing.assert_allclose(params["w"].numpy(), ref, rtol=1e-7, atol=1e-9)

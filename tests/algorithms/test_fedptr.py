@@ -11,7 +11,8 @@ from fedforge.client.transforms import RoundContext
 from fedforge.core.store import ClientStore
 from fedforge.core.tree import flatten_dict, tree_nbytes
 from fedforge.engine import LoopEngine, VmapEngine, classification_loss
-from fedforge.engine.round import federated_round
+from fedforge.engine.draw import RoundDraw
+from fedforge.engine.round import RoundSetup, federated_round
 from fedforge.experiment.config import apply_overrides, validate
 from fedforge.experiment.runner import run_experiment
 from fedforge.models import build_model
@@ -90,21 +91,9 @@ def _run(algo, engine, rounds=4, ids_per_round=None):
     for r in range(rounds):
         ids = torch.arange(4) if ids_per_round is None else torch.tensor(ids_per_round[r])
         info = algo.round_info(len(ids), torch.Generator().manual_seed(r))
-        params, server, _ = federated_round(
-            algo,
-            engine,
-            loss_fn,
-            params,
-            server,
-            store,
-            ids,
-            x,
-            y,
-            sample_idx[ids],
-            weights[ids],
-            info=info,
-            round_=r + 1,
-        )
+        draw = RoundDraw(ids, sample_idx[ids], weights[ids], info=info, round=r + 1)
+        params, server, _ = federated_round(RoundSetup(algo, engine, loss_fn, store, x, y),
+                                            params, server, draw)
         history.append(params)
     return params, server, store, history
 

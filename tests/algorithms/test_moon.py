@@ -23,8 +23,9 @@ from fedforge.algorithms import build_algorithm
 from fedforge.core.store import ClientStore
 from fedforge.core.tree import flatten_dict
 from fedforge.engine import LoopEngine, VmapEngine
+from fedforge.engine.draw import RoundDraw
 from fedforge.engine.local import classification_loss
-from fedforge.engine.round import federated_round
+from fedforge.engine.round import RoundSetup, federated_round
 from tests.algorithms.personal_rounds import batches
 
 X = np.array([[1.0, 0.5], [0.2, -1.0], [-0.7, 0.3], [0.4, 0.9], [-1.2, 0.1], [0.6, -0.4],
@@ -116,8 +117,8 @@ def _fedforge(engine=LoopEngine, **hparams):
     for t, (ids, idx, weights) in enumerate(batches(SCHEDULE), start=1):
         sizes = torch.tensor(SIZES)[ids]
         params, state, _ = federated_round(
-            alg, engine(), classification_loss(model), params, state, store, ids, x, y, idx,
-            weights, round_=t, agg_weights=sizes / sizes.sum())
+            RoundSetup(alg, engine(), classification_loss(model), store, x, y), params, state,
+            RoundDraw(ids, idx, weights, sizes / sizes.sum(), round=t))
         out.append(({k: v.numpy().copy() for k, v in params.items()},
                     {k: v.numpy().copy() for k, v in
                      flatten_dict(store.gather(torch.arange(3))).items()}))
@@ -190,6 +191,6 @@ def _run_one(alg):
     model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 3)).double()
     params = {k: torch.tensor(v) for k, v in INIT.items()}
     ids, idx, weights = batches(SCHEDULE)[0]
-    federated_round(alg, LoopEngine(), classification_loss(model), params,
-                    alg.server_init(params), ClientStore(3, alg.client_init(params)), ids,
-                    torch.tensor(X), torch.tensor(Y), idx, weights, round_=1)
+    setup = RoundSetup(alg, LoopEngine(), classification_loss(model),
+                       ClientStore(3, alg.client_init(params)), torch.tensor(X), torch.tensor(Y))
+    federated_round(setup, params, alg.server_init(params), RoundDraw(ids, idx, weights))

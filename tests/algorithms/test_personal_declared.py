@@ -11,7 +11,8 @@ from fedforge.algorithms import ALGORITHMS, build_algorithm
 from fedforge.algorithms.personal import Personal
 from fedforge.core.store import ClientStore
 from fedforge.engine import LoopEngine
-from fedforge.engine.round import federated_round
+from fedforge.engine.draw import RoundDraw
+from fedforge.engine.round import RoundSetup, federated_round
 from fedforge.protocol.algorithm import Algorithm
 
 PARAMS = {"net.0.weight": torch.full((2, 2), 0.1), "net.0.bias": torch.zeros(2),
@@ -48,10 +49,9 @@ def test_personalised_methods_declare_what_their_round_uses():
             continue
         assert "uploads" not in needs, alg.name
         store = ClientStore(2, alg.client_init(PARAMS))
-        _, _, cohort = federated_round(
-            alg, LoopEngine(), loss, PARAMS, alg.server_init(PARAMS), store,
-            torch.tensor([0, 1]), x, torch.zeros(6, dtype=torch.long), idx,
-            torch.ones(2, 2, 2), round_=1)
+        setup = RoundSetup(alg, LoopEngine(), loss, store, x, torch.zeros(6, dtype=torch.long))
+        _, _, cohort = federated_round(setup, PARAMS, alg.server_init(PARAMS),
+                                       RoundDraw(torch.tensor([0, 1]), idx, torch.ones(2, 2, 2)))
         assert not cohort.mean_uploads, alg.name  # nothing besides the delta is sent
         assert ("client_state" in needs) == (not store.empty), alg.name
 

@@ -23,7 +23,8 @@ from fedforge.client.transforms import RoundContext, chain, local_step
 from fedforge.core.store import ClientStore
 from fedforge.core.tree import flatten_dict
 from fedforge.engine import LoopEngine, VmapEngine
-from fedforge.engine.round import federated_round
+from fedforge.engine.draw import RoundDraw
+from fedforge.engine.round import RoundSetup, federated_round
 from tests.algorithms.multiround import SCHEDULE, A, B, K, N
 
 LR = 0.1
@@ -60,8 +61,8 @@ def run(algorithm, engine=None):
         for c, k in enumerate(steps):
             weights[c, :k] = 1.0
         params, server_state, _ = federated_round(
-            algorithm, engine, loss, params, server_state, store, ids_t, x_all, y_all,
-            sample_idx, weights, round_=t)
+            RoundSetup(algorithm, engine, loss, store, x_all, y_all), params, server_state,
+            RoundDraw(ids_t, sample_idx, weights, round=t))
         state = {k: v.numpy().copy()
                  for k, v in flatten_dict(store.gather(torch.arange(N))).items()}
         out.append((params["body"].numpy().copy(), params["head"].numpy().copy(), state))

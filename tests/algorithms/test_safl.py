@@ -13,7 +13,8 @@ from fedforge.algorithms import build_algorithm
 from fedforge.client.optimizers import local_optimizer
 from fedforge.core.store import ClientStore
 from fedforge.engine import LoopEngine
-from fedforge.engine.round import federated_round
+from fedforge.engine.draw import RoundDraw
+from fedforge.engine.round import RoundSetup, federated_round
 from fedforge.protocol.algorithm import Algorithm
 from fedforge.server.optimizers import server_adam
 from tests.quadratic import ENGINES, make_clients, quadratic_loss, run_rounds
@@ -135,8 +136,8 @@ def test_safl_two_rounds_by_hand():
     ids = torch.arange(3)
     idx, ws = ids.view(-1, 1, 1).clone(), torch.ones(3, 1, 1, dtype=torch.float64)
     for t, want in [(1, x1), (2, x2)]:
-        params, state, _ = federated_round(algo, LoopEngine(), quadratic_loss, params, state,
-                                           store, ids, x_all, y_all, idx, ws, round_=t)
+        setup = RoundSetup(algo, LoopEngine(), quadratic_loss, store, x_all, y_all)
+        params, state, _ = federated_round(setup, params, state, RoundDraw(ids, idx, ws, round=t))
         np.testing.assert_allclose(params["w"].numpy(), want, rtol=1e-6, err_msg=f"round {t}")
 
 

@@ -16,7 +16,8 @@ from fedforge.bench.pfl_speed_run import ProxSGD, plain_ditto_sum
 from fedforge.cli import app
 from fedforge.core.store import ClientStore
 from fedforge.engine import LoopEngine, VmapEngine, classification_loss
-from fedforge.engine.round import federated_round
+from fedforge.engine.draw import RoundDraw
+from fedforge.engine.round import RoundSetup, federated_round
 from fedforge.models import build_model
 
 LR, LAM, CLIENTS, STEPS, BATCH = 0.1, 0.7, 3, 2, 4
@@ -46,9 +47,10 @@ def _fedforge_round(name, engine, model, x, y, idx, **hp):
     algo = build_algorithm(name, local_lr=LR, **hp)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     store = ClientStore(CLIENTS, algo.client_init(params))
-    res = federated_round(algo, engine, classification_loss(model, "fp32"), params,
-                          algo.server_init(params), store, torch.arange(CLIENTS), x, y, idx,
-                          torch.ones(idx.shape, dtype=torch.float64))
+    setup = RoundSetup(algo, engine, classification_loss(model, "fp32"), store, x, y)
+    res = federated_round(setup, params, algo.server_init(params),
+                          RoundDraw(torch.arange(CLIENTS), idx,
+                                    torch.ones(idx.shape, dtype=torch.float64)))
     personal = store.gather(torch.arange(CLIENTS)).get("personal", {})
     return res.params, personal
 

@@ -16,7 +16,7 @@ from fedforge.algorithms import ALGORITHMS, build_algorithm
 from fedforge.core.store import ClientStore
 from fedforge.core.tree import flatten_dict, tree_leaves
 from fedforge.engine.local import classification_loss
-from fedforge.engine.round import federated_round
+from fedforge.engine.round import RoundSetup, federated_round
 from fedforge.experiment.build import sample_round
 from fedforge.experiment.config import load_config
 from fedforge.experiment.runner import Experiment
@@ -51,17 +51,16 @@ def test_every_tensor_of_a_float64_run_is_float64(float64_default, name):
     store = ClientStore(exp.data.num_clients, exp.algorithm.client_init(params))
     assert exp.data.train_x.dtype == torch.float64
     for t in (1, 2):
-        ids, idx, weights, agg, info = sample_round(exp, t)
-        assert agg.dtype == weights.dtype == torch.float64
-        params, state, cohort = federated_round(
-            exp.algorithm, exp.engine, loss_fn, params, state, store, ids, exp.data.train_x,
-            exp.data.train_y, idx, weights, agg_weights=agg, info=info, round_=t,
-            sample_counts=exp.client_sizes[ids.cpu()])  # n_i: FedNova's weighted uploads
+        draw = sample_round(exp, t)  # with n_i: FedNova's weighted uploads
+        assert draw.agg_weights.dtype == draw.weights.dtype == torch.float64
+        setup = RoundSetup(exp.algorithm, exp.engine, loss_fn, store, exp.data.train_x,
+                           exp.data.train_y)
+        params, state, cohort = federated_round(setup, params, state, draw)
         seen = {
             "params": _floats(params), "server": _floats(dict(state)),
             "clients": _floats(store.state), "delta": _floats(cohort.mean_delta),
             "uploads": _floats(cohort.mean_uploads),
-            "metrics": _floats({k: cohort.metrics[k] for k in ("loss", "steps")}),
+            "metrics": _floats({"loss": cohort.metrics.loss, "steps": cohort.metrics.steps}),
         }
         leaks = {k: sorted({str(d) for d in v if d != torch.float64}) for k, v in seen.items()}
         assert not any(leaks.values()), f"{name}, round {t}: {leaks}"

@@ -20,8 +20,9 @@ import torch
 from fedforge.algorithms import build_algorithm
 from fedforge.core.store import ClientStore
 from fedforge.engine import LoopEngine, VmapEngine, classification_loss
+from fedforge.engine.draw import RoundDraw
 from fedforge.engine.randomness import keyed_layers
-from fedforge.engine.round import federated_round
+from fedforge.engine.round import RoundSetup, federated_round
 from fedforge.models import MODELS, build_model
 from tests.models.test_models import CASES
 
@@ -51,9 +52,9 @@ def _run(name: str, engine) -> dict:
     loss_fn = classification_loss(model)
     for t in (1, 2):
         torch.manual_seed(100 * t)  # the global generator must not matter
-        params, state, _ = federated_round(algorithm, engine, loss_fn, params, state, store,
-                                           torch.arange(CLIENTS), x, y, idx, w, round_=t,
-                                           seed=5)
+        draw = RoundDraw(torch.arange(CLIENTS), idx, w, round=t).with_keys(5)
+        params, state, _ = federated_round(RoundSetup(algorithm, engine, loss_fn, store, x, y),
+                                           params, state, draw)
     return params
 
 

@@ -138,7 +138,8 @@ def test_the_run_draws_cohorts_from_the_training_ids_only():
     exp = Exp(data)
     seen: set[int] = set()
     for t in (1, 2, 3, 1):
-        ids, idx, _, _, _ = sample_round(exp, t)
+        draw = sample_round(exp, t)
+        ids, idx = draw.client_ids, draw.sample_idx
         assert len(ids) == 20 and int(ids.max()) < 25
         assert torch.equal(ids, sample_clients(25, 20, round_generator(exp.cfg.seed, t)))
         assert int(idx.max()) < len(data.train_y)  # ids into the cohort's samples

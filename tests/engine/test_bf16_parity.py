@@ -8,7 +8,8 @@ import torch
 from fedforge.algorithms import build_algorithm
 from fedforge.core.store import ClientStore
 from fedforge.engine import LoopEngine, ProcessEngine, VmapEngine, classification_loss
-from fedforge.engine.round import federated_round
+from fedforge.engine.draw import RoundDraw
+from fedforge.engine.round import RoundSetup, federated_round
 from fedforge.models import build_model
 from tests.engine.test_parity import CLIENTS, NUM_CLASSES, _data, assert_same_run
 
@@ -23,10 +24,10 @@ def _run(engine, model, algorithm, precision, rounds=2):
     state = algorithm.server_init(params)
     store = ClientStore(CLIENTS + 2, algorithm.client_init(params))
     for r in range(1, rounds + 1):
-        params, state, _ = federated_round(algorithm, engine, loss_fn, params, state, store,
-                                           torch.arange(CLIENTS), x, y, idx, w, round_=r,
-                                           info=algorithm.round_info(
-                                               CLIENTS, torch.Generator().manual_seed(r)))
+        info = algorithm.round_info(CLIENTS, torch.Generator().manual_seed(r))
+        params, state, _ = federated_round(
+            RoundSetup(algorithm, engine, loss_fn, store, x, y), params, state,
+            RoundDraw(torch.arange(CLIENTS), idx, w, info=info, round=r))
     return params, state, store
 
 

@@ -13,9 +13,10 @@ from fedforge.algorithms import ALGORITHMS, algorithm_hparams, build_algorithm
 from fedforge.core.store import ClientStore
 from fedforge.core.tree import flatten_dict
 from fedforge.engine import LoopEngine, VmapEngine, classification_loss
+from fedforge.engine.draw import RoundDraw
 from fedforge.engine.local import autograd_grad_and_value
 from fedforge.engine.randomness import KeyedRandomness
-from fedforge.engine.round import federated_round
+from fedforge.engine.round import RoundSetup, federated_round
 from fedforge.models import build_model
 
 MODELS = {
@@ -54,10 +55,10 @@ def _run(algorithm, engine, model, x, y, sample_idx, weights, rounds=2):
     for r in range(rounds):
         gen = torch.Generator().manual_seed(r)
         info = algorithm.round_info(CLIENTS, gen)
-        params, state, _ = federated_round(
-            algorithm, engine, loss_fn, params, state, store, ids, x, y, sample_idx, weights,
-            info=info, sample_counts=weights.sum((1, 2)),  # n_i: FedNova's weighted uploads
-        )
+        draw = RoundDraw(ids, sample_idx, weights, info=info,
+                         counts=weights.sum((1, 2)))  # n_i: FedNova's weighted uploads
+        params, state, _ = federated_round(RoundSetup(algorithm, engine, loss_fn, store, x, y),
+                                           params, state, draw)
     return params, state, store
 
 

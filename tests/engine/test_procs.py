@@ -22,8 +22,9 @@ from fedforge.algorithms import ALGORITHMS, build_algorithm
 from fedforge.core.store import ClientStore
 from fedforge.engine import LoopEngine, ProcessEngine, build_engine, classification_loss
 from fedforge.engine.base import CohortInputs
+from fedforge.engine.draw import RoundDraw
 from fedforge.engine.procs import default_workers, pickle_for_workers
-from fedforge.engine.round import federated_round
+from fedforge.engine.round import RoundSetup, federated_round
 from fedforge.experiment.config import EngineConfig
 from fedforge.experiment.runner import run_experiment
 from fedforge.models import build_model
@@ -131,7 +132,7 @@ def test_worker_error_carries_its_traceback_and_the_engine_goes_on(engine):
         want = LoopEngine().run_cohort(algorithm, loss_fn, xs, y, inputs)
         got = engine.run_cohort(algorithm, loss_fn, xs, y, inputs)
         torch.testing.assert_close(got.mean_delta, want.mean_delta)
-        torch.testing.assert_close(got.metrics, want.metrics)
+        torch.testing.assert_close(got.metrics.as_dict(), want.metrics.as_dict())
         assert xs.is_shared()
     assert [p.pid for p in engine.processes] == pids
 
@@ -147,9 +148,9 @@ def test_kept_deltas_feed_robust_aggregation(engine):
     def one_round(eng):
         params = _params(model)
         store = ClientStore(CLIENTS, algorithm.client_init(params))
-        return federated_round(algorithm, eng, loss_fn, params, algorithm.server_init(params),
-                               store, torch.arange(CLIENTS), x, y, sample_idx, weights,
-                               robust=robust)
+        setup = RoundSetup(algorithm, eng, loss_fn, store, x, y, robust=robust)
+        return federated_round(setup, params, algorithm.server_init(params),
+                               RoundDraw(torch.arange(CLIENTS), sample_idx, weights))
 
     want = one_round(LoopEngine(keep_deltas=True))
     engine.keep_deltas = True
@@ -160,7 +161,7 @@ def test_kept_deltas_feed_robust_aggregation(engine):
     assert got.cohort.deltas is not None and engine.fallback is None
     torch.testing.assert_close(got.cohort.deltas, want.cohort.deltas)
     torch.testing.assert_close(got.params, want.params)
-    torch.testing.assert_close(got.cohort.metrics, want.cohort.metrics)
+    torch.testing.assert_close(got.cohort.metrics.as_dict(), want.cohort.metrics.as_dict())
 
 
 class _Unpicklable:

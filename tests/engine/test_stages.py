@@ -99,4 +99,4 @@ def test_a_new_capability_is_a_stage():
                             stages)(*args)
     for k in params:
         torch.testing.assert_close(got.delta[k], plain.delta[k] / 2, rtol=0, atol=0)
-    torch.testing.assert_close(got.metrics, plain.metrics, rtol=0, atol=0)
+    torch.testing.assert_close(got.metrics.as_dict(), plain.metrics.as_dict(), rtol=0, atol=0)

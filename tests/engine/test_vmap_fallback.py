@@ -12,7 +12,8 @@ import torch
 from fedforge.algorithms import build_algorithm
 from fedforge.core.store import ClientStore
 from fedforge.engine import VmapEngine, classification_loss
-from fedforge.engine.round import federated_round
+from fedforge.engine.draw import RoundDraw
+from fedforge.engine.round import RoundSetup, federated_round
 from fedforge.models import MODELS, build_model
 from tests.models.test_models import CASES as SMALL
 
@@ -56,9 +57,10 @@ def test_no_vmap_fallback(name):
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            federated_round(algo, VmapEngine(), classification_loss(model), params,
-                            algo.server_init(params), ClientStore(2, {}), torch.arange(2), x, y,
-                            idx, torch.ones(idx.shape))
+            setup = RoundSetup(algo, VmapEngine(), classification_loss(model), ClientStore(2, {}),
+                               x, y)
+            federated_round(setup, params, algo.server_init(params),
+                            RoundDraw(torch.arange(2), idx, torch.ones(idx.shape)))
     finally:
         torch._C._functorch._set_vmap_fallback_warning_enabled(False)
     slow = [str(w.message) for w in caught if "performance drop" in str(w.message)]

@@ -36,12 +36,12 @@ def test_held_out_clients_are_never_drawn_though_they_have_data():
     assert all(len(p) > 0 for p in exp.data.client_indices)  # their data is still theirs
     seen: set[int] = set()
     for t in range(1, 41):
-        ids = sample_round(exp, t)[0]
+        ids = sample_round(exp, t).client_ids
         assert len(ids) == 4
         seen |= set(ids.tolist())
     assert seen == set(range(N - 3))  # every other client is drawn, none held out
     plain = Setup.from_config(_cfg())
-    assert set().union(*(set(sample_round(plain, t)[0].tolist()) for t in range(1, 41))) \
+    assert set().union(*(set(sample_round(plain, t).client_ids.tolist()) for t in range(1, 41))) \
         == set(range(N))
 
 

@@ -88,7 +88,7 @@ def test_private_poisson_cohorts_never_draw_held_out_clients():
     cfg = validate(_raw(server={"clients_per_round": 10}, eval={"clients": 10, "held_out": HELD},
                         privacy={"mode": "central", "noise_multiplier": 1.0, "clip": 1.0}))
     exp = Setup.from_config(cfg)
-    drawn = torch.cat([sample_round(exp, t)[0] for t in range(1, 61)])
+    drawn = torch.cat([sample_round(exp, t).client_ids for t in range(1, 61)])
     assert int(drawn.max()) < N - HELD
     # Poisson at rate q = 10 / (N - HELD) over the clients that train: 60 rounds x 10 expected
     assert abs(len(drawn) - 600) < 4 * (600 * (1 - 10 / (N - HELD))) ** 0.5

@@ -58,7 +58,8 @@ def test_fedavg_weights_by_samples_and_scaffold_uniformly():
     """McMahan et al. weight client deltas by n_i / n; SCAFFOLD averages uniformly."""
     for name, uniform in (("fedavg", False), ("scaffold", True)):
         exp = Experiment.from_config(load_config(QUICK, [f"algorithm.name={name}"]))
-        ids, _, _, agg, _ = sample_round(exp, 1)
+        draw = sample_round(exp, 1)
+        ids, agg = draw.client_ids, draw.agg_weights
         sizes = exp.client_sizes[ids].double()
         want = torch.full_like(sizes, 1 / len(ids)) if uniform else sizes / sizes.sum()
         torch.testing.assert_close(agg.double().cpu(), want, rtol=1e-6, atol=0)
@@ -68,7 +69,7 @@ def test_fedavg_weights_by_samples_and_scaffold_uniformly():
 def test_explicit_aggregation_overrides_the_algorithm():
     cfg = load_config(QUICK, ["server.aggregation=uniform"])
     exp = Experiment.from_config(cfg)
-    _, _, _, agg, _ = sample_round(exp, 1)
+    agg = sample_round(exp, 1).agg_weights
     assert torch.all(agg == agg[0])
 
 

@@ -30,12 +30,10 @@ def rounds_seen(monkeypatch):
     seen: list[dict] = []
     original = drivers.federated_round
 
-    def spy(algorithm, engine, loss_fn, params, server_state, store, client_ids, x, y,
-            sample_idx, weights, **kw):
+    def spy(setup, params, server_state, draw):
         seen.append({"params": {k: v.clone() for k, v in params.items()},
-                     "ids": client_ids.tolist(), "idx": sample_idx, "w": weights})
-        return original(algorithm, engine, loss_fn, params, server_state, store, client_ids,
-                        x, y, sample_idx, weights, **kw)
+                     "ids": draw.client_ids.tolist(), "idx": draw.sample_idx, "w": draw.weights})
+        return original(setup, params, server_state, draw)
 
     monkeypatch.setattr(drivers, "federated_round", spy)
     return seen

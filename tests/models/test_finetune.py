@@ -21,7 +21,8 @@ peft = pytest.importorskip("peft", reason="needs the extra fedforge[pretrained]"
 from fedforge.algorithms import build_algorithm  # noqa: E402
 from fedforge.core.store import ClientStore  # noqa: E402
 from fedforge.engine import LoopEngine, VmapEngine, classification_loss  # noqa: E402
-from fedforge.engine.round import federated_round  # noqa: E402
+from fedforge.engine.draw import RoundDraw  # noqa: E402
+from fedforge.engine.round import RoundSetup, federated_round  # noqa: E402
 from fedforge.errors import ConfigError  # noqa: E402
 from fedforge.experiment.config import load_config  # noqa: E402
 from fedforge.experiment.runner import read_metrics, run_experiment  # noqa: E402
@@ -154,10 +155,11 @@ def engine_run(algorithm, model, engine, start: dict, rounds: int, x, y, idx, w)
     store = ClientStore(idx.shape[0], algorithm.client_init(params))
     sizes = w.sum((1, 2))
     for t in range(1, rounds + 1):
+        draw = RoundDraw(torch.arange(idx.shape[0]), idx, w, sizes / sizes.sum(),
+                         round=t).with_keys(0)
         params, state, _ = federated_round(
-            algorithm, engine, classification_loss(model), params, state, store,
-            torch.arange(idx.shape[0]), x, y, idx, w, round_=t, seed=0,
-            agg_weights=sizes / sizes.sum())
+            RoundSetup(algorithm, engine, classification_loss(model), store, x, y), params,
+            state, draw)
     return params, store
 
 

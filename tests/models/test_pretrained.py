@@ -17,7 +17,8 @@ transformers = pytest.importorskip("transformers", reason="needs the extra fedfo
 from fedforge.algorithms import build_algorithm  # noqa: E402
 from fedforge.core.store import ClientStore  # noqa: E402
 from fedforge.engine import LoopEngine, VmapEngine, classification_loss  # noqa: E402
-from fedforge.engine.round import federated_round  # noqa: E402
+from fedforge.engine.draw import RoundDraw  # noqa: E402
+from fedforge.engine.round import RoundSetup, federated_round  # noqa: E402
 from fedforge.errors import ConfigError  # noqa: E402
 from fedforge.models.pretrained import (  # noqa: E402
     PretrainedModel,
@@ -157,9 +158,9 @@ def test_fedavg_rounds_agree_between_the_loop_and_vmap_engines(tmp_path, dropout
         algorithm = build_algorithm("fedavg", local_lr=0.1)
         params, state = dict(start), algorithm.server_init(start)
         store = ClientStore(clients, algorithm.client_init(params))
-        params, state, _ = federated_round(algorithm, engine, classification_loss(model),
-                                           params, state, store, torch.arange(clients),
-                                           x, y, idx, w, round_=1, seed=0)
+        setup = RoundSetup(algorithm, engine, classification_loss(model), store, x, y)
+        draw = RoundDraw(torch.arange(clients), idx, w, round=1).with_keys(0)
+        params, state, _ = federated_round(setup, params, state, draw)
         out.append(params)
     assert any(not torch.equal(out[0][k], start[k]) for k in start)
     for k in start:

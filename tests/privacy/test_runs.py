@@ -12,7 +12,7 @@ pytest.importorskip("dp_accounting", reason="needs the privacy extra (dp-account
 
 from fedforge.core.store import ClientStore  # noqa: E402
 from fedforge.engine.local import classification_loss  # noqa: E402
-from fedforge.engine.round import federated_round  # noqa: E402
+from fedforge.engine.round import RoundSetup, federated_round  # noqa: E402
 from fedforge.experiment.build import sample_round  # noqa: E402
 from fedforge.experiment.config import ConfigError, EngineConfig, load_config  # noqa: E402
 from fedforge.experiment.runner import Experiment, run_experiment  # noqa: E402
@@ -70,10 +70,9 @@ def _two_rounds(cfg, engine_name: str):
     state = exp.algorithm.server_init(params)
     store = ClientStore(exp.data.num_clients, exp.algorithm.client_init(params))
     for t in (1, 2):
-        ids, idx, weights, agg, info = sample_round(exp, t)
-        params, state, cohort = federated_round(
-            exp.algorithm, engine, loss_fn, params, state, store, ids, exp.data.train_x,
-            exp.data.train_y, idx, weights, agg_weights=agg, info=info, round_=t)
+        setup = RoundSetup(exp.algorithm, engine, loss_fn, store, exp.data.train_x,
+                           exp.data.train_y)
+        params, state, cohort = federated_round(setup, params, state, sample_round(exp, t))
     return params, state, cohort
 
 
@@ -90,7 +89,7 @@ def test_loop_and_vmap_engines_agree(mode):
     for k in loop:
         torch.testing.assert_close(loop[k], vmap[k], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(loop_state["privacy"]["clip"], vmap_state["privacy"]["clip"])
-    torch.testing.assert_close(loop_cohort.metrics["loss"], vmap_cohort.metrics["loss"],
+    torch.testing.assert_close(loop_cohort.metrics.loss, vmap_cohort.metrics.loss,
                                rtol=1e-5, atol=1e-6)
     plain, _, _ = _two_rounds(_cfg("privacy.mode=off"), "loop")
     assert any(not torch.allclose(loop[k], plain[k], atol=1e-4) for k in loop)
@@ -119,7 +118,7 @@ def test_target_epsilon_alone_chooses_sigma():
 
 def test_poisson_cohorts_vary_and_keep_rate_q():
     exp = Experiment.from_config(_cfg("privacy.mode=central", "privacy.noise_multiplier=1.0"))
-    sizes = [len(sample_round(exp, t)[0]) for t in range(1, 301)]
+    sizes = [sample_round(exp, t).size for t in range(1, 301)]
     assert len(set(sizes)) > 3  # the cohort size varies
     assert sum(sizes) / len(sizes) == pytest.approx(4.0, rel=0.1)  # q N = 4 / 12 · 12
 
@@ -142,10 +141,9 @@ def test_float64_runs_stay_float64(float64_default, mode):
     state = exp.algorithm.server_init(params)
     store = ClientStore(exp.data.num_clients, exp.algorithm.client_init(params))
     for t in (1, 2):
-        ids, idx, weights, agg, info = sample_round(exp, t)
-        params, state, cohort = federated_round(
-            exp.algorithm, exp.engine, loss_fn, params, state, store, ids, exp.data.train_x,
-            exp.data.train_y, idx, weights, agg_weights=agg, info=info, round_=t)
+        setup = RoundSetup(exp.algorithm, exp.engine, loss_fn, store, exp.data.train_x,
+                           exp.data.train_y)
+        params, state, cohort = federated_round(setup, params, state, sample_round(exp, t))
     assert {v.dtype for v in params.values()} == {torch.float64}
     assert state["privacy"]["clip"].dtype == torch.float64
     assert {v.dtype for v in cohort.mean_delta.values()} == {torch.float64}
@@ -156,15 +154,15 @@ def test_an_empty_poisson_cohort_still_releases_noise():
     (the model moves) and the accountant counts the round."""
     exp = Experiment.from_config(_cfg("server.clients_per_round=1", "privacy.mode=central",
                                       "privacy.noise_multiplier=1.0"))
-    ids, idx, weights, agg, info = sample_round(exp, 6)
-    assert ids.numel() == 0
+    draw = sample_round(exp, 6)
+    assert draw.size == 0
     loss_fn = classification_loss(exp.network)
     params = exp.initial_params()
     state = exp.algorithm.server_init(params)
     store = ClientStore(exp.data.num_clients, exp.algorithm.client_init(params))
-    new, state, cohort = federated_round(
-        exp.algorithm, exp.engine, loss_fn, params, state, store, ids, exp.data.train_x,
-        exp.data.train_y, idx, weights, agg_weights=agg, info=info, round_=6)
+    setup = RoundSetup(exp.algorithm, exp.engine, loss_fn, store, exp.data.train_x,
+                       exp.data.train_y)
+    new, state, cohort = federated_round(setup, params, state, draw)
     moved = torch.cat([(new[k] - params[k]).flatten() for k in params])
     assert float(moved.std()) == pytest.approx(1.0 * 1.0 / 1.0, rel=0.2)  # σC/(qN), qN = 1
-    assert int(state["privacy"]["rounds"]) == 1 and cohort.metrics["steps"].numel() == 0
+    assert int(state["privacy"]["rounds"]) == 1 and cohort.metrics.steps.numel() == 0

@@ -8,12 +8,14 @@ one parameter NaN (a bad client update whose loss is finite).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 
 from fedforge.engine.base import ChunkedEngine
-from fedforge.engine.round import federated_round
+from fedforge.engine.draw import RoundDraw
+from fedforge.engine.round import RoundSetup, federated_round
 from fedforge.experiment.build import resolve_config, sample_round
 from fedforge.experiment.config import apply_overrides, dump_config, validate
 from fedforge.experiment.runner import Experiment, run_experiment
@@ -41,7 +43,7 @@ def _cfg(*over: str):
 
 def _first_round_with(client: int) -> int:
     exp = Experiment.from_config(_cfg())
-    return next(t for t in range(1, 50) if client in sample_round(exp, t)[0].tolist())
+    return next(t for t in range(1, 50) if client in sample_round(exp, t).client_ids.tolist())
 
 
 @pytest.fixture
@@ -94,16 +96,17 @@ def test_skip_client_drops_it_with_renormalised_weights(tmp_path, poisoned_sampl
     loss_fn = classification_loss(exp.network)
     params = exp.initial_params()
     store = ClientStore(exp.data.num_clients, {}, "cpu")
-    ids, idx, w, agg, info = sample_round(exp, bad_round)
-    res = federated_round(exp.algorithm, exp.engine, loss_fn, params,
-                          exp.algorithm.server_init(params), store, ids, exp.data.train_x,
-                          exp.data.train_y, idx, w, agg_weights=agg, info=info,
-                          round_=bad_round, divergence="skip_client")
+    draw = sample_round(exp, bad_round)
+    setup = RoundSetup(exp.algorithm, exp.engine, loss_fn, store, exp.data.train_x,
+                       exp.data.train_y)
+    res = federated_round(replace(setup, divergence="skip_client"), params,
+                          exp.algorithm.server_init(params), draw)
+    ids = draw.client_ids
     keep = ids != POISONED
     exp.engine.keep_deltas = True
-    ref = federated_round(exp.algorithm, exp.engine, loss_fn, params,
-                          exp.algorithm.server_init(params), store, ids[keep], exp.data.train_x,
-                          exp.data.train_y, idx[keep], w[keep], info=info, round_=bad_round)
+    ref = federated_round(setup, params, exp.algorithm.server_init(params),
+                          RoundDraw(ids[keep], draw.sample_idx[keep], draw.weights[keep],
+                                    info=draw.info, round=bad_round))
     assert int(keep.sum()) == len(ids) - 1
     for k in params:
         torch.testing.assert_close(res.params[k], ref.params[k], rtol=0, atol=0)
@@ -154,7 +157,7 @@ def test_nan_update_is_located_to_client_and_parameter(tmp_path, nan_update_once
     with pytest.raises(DivergenceError) as err:
         run_experiment(_cfg(), tmp_path / "run", progress=False)
     exp = Experiment.from_config(_cfg())
-    first = int(sample_round(exp, 4)[0][0])
+    first = int(sample_round(exp, 4).client_ids[0])
     assert err.value.round == 4
     assert err.value.faults == [(first, "update of 'linear.bias' (1 NaN, 0 Inf)")]
 

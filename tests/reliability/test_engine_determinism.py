@@ -21,9 +21,10 @@ from torch.func import vmap
 from fedforge.algorithms import build_algorithm
 from fedforge.core.store import ClientStore
 from fedforge.engine import LoopEngine, ProcessEngine, VmapEngine, classification_loss
+from fedforge.engine.draw import RoundDraw
 from fedforge.engine.procs import WorkerPool
 from fedforge.engine.randomness import KeyedRandomness, RandomLayerError, client_keys
-from fedforge.engine.round import federated_round
+from fedforge.engine.round import RoundSetup, federated_round
 from fedforge.models import build_model
 
 SHAPE, CLASSES, CLIENTS, STEPS, BATCH, SEED = (3, 16, 16), 10, 5, 2, 4, 11
@@ -55,9 +56,9 @@ def _rounds(engine, model, rounds=range(1, 3), start=None):
         params, state, store = start
     for t in rounds:
         torch.manual_seed(1000 + t)  # the global generator must not matter
-        params, state, _ = federated_round(algorithm, engine, loss_fn, params, state, store,
-                                           torch.arange(CLIENTS), x, y, idx, w, round_=t,
-                                           seed=SEED)
+        draw = RoundDraw(torch.arange(CLIENTS), idx, w, round=t).with_keys(SEED)
+        params, state, _ = federated_round(RoundSetup(algorithm, engine, loss_fn, store, x, y),
+                                           params, state, draw)
     return params, state, store
 
 
@@ -210,9 +211,10 @@ def test_float64_run_aggregates_with_float64_weights():
     algorithm = build_algorithm("fedavg", local_lr=0.1)
     x, y = torch.randn(12, 4, dtype=torch.float64), torch.randint(0, 3, (12,))
     idx, w = torch.arange(12).view(3, 2, 2), torch.ones(3, 2, 2, dtype=torch.float64)
-    federated_round(algorithm, Spy(), classification_loss(model), params,
-                    algorithm.server_init(params), ClientStore(3, algorithm.client_init(params)),
-                    torch.arange(3), x, y, idx, w)
+    setup = RoundSetup(algorithm, Spy(), classification_loss(model),
+                       ClientStore(3, algorithm.client_init(params)), x, y)
+    federated_round(setup, params, algorithm.server_init(params),
+                    RoundDraw(torch.arange(3), idx, w))
     assert seen == [torch.float64]
 
 

@@ -14,7 +14,8 @@ import torch
 from fedforge.algorithms import ALGORITHMS, build_algorithm
 from fedforge.core.store import ClientStore
 from fedforge.engine import LoopEngine
-from fedforge.engine.round import federated_round
+from fedforge.engine.draw import RoundDraw
+from fedforge.engine.round import RoundSetup, federated_round
 from fedforge.experiment.config import ConfigError, load_config
 from fedforge.robust.aggregators import AGGREGATORS
 from tests.algorithms.multiround import W0, A, B, N
@@ -58,10 +59,11 @@ def _one_round(name: str, robust) -> np.ndarray:
     ids = torch.tensor([0, 1, 2])
     idx = ids.view(-1, 1, 1).expand(-1, 2, 1).clone()
     weights = torch.ones(idx.shape, dtype=torch.float64)
-    params, _, _ = federated_round(
-        algorithm, LoopEngine(), quadratic_loss, params, algorithm.server_init(params),
-        ClientStore(N, algorithm.client_init(params)), ids, x, torch.zeros(N, dtype=torch.long),
-        idx, weights, round_=1, robust=robust, sample_counts=torch.ones(3))
+    setup = RoundSetup(algorithm, LoopEngine(), quadratic_loss,
+                       ClientStore(N, algorithm.client_init(params)), x,
+                       torch.zeros(N, dtype=torch.long), robust=robust)
+    params, _, _ = federated_round(setup, params, algorithm.server_init(params),
+                                   RoundDraw(ids, idx, weights, counts=torch.ones(3)))
     return params["w"].numpy()
 
 

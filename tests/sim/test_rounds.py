@@ -32,14 +32,19 @@ def test_resume_state_and_no_mitigation():
 def test_round_from_base_and_keep_clients():
     import torch
 
-    from fedforge.sim.rounds import keep_clients
+    from fedforge.engine.draw import RoundDraw
 
     pop = Population(np.array([1.0, 2.0, 0.5]))
     rc = SyncRoundClock(pop, ConstantDelay(), k=2)
     keep, dt = rc.round_from_base(1, [0, 1, 2], [4.0, 1.0, 2.0])  # finishes 4, 2, 1
     assert keep.tolist() == [1, 2] and dt == pytest.approx(2.0)
-    ids, idx, w, agg, info = keep_clients(
-        keep, torch.tensor([5, 6, 7]), torch.arange(6).view(3, 2), torch.ones(3, 2),
-        torch.tensor([0.5, 0.25, 0.25]), {"track": torch.tensor([True, False, True])})
-    assert ids.tolist() == [6, 7] and idx.tolist() == [[2, 3], [4, 5]]
-    assert agg.tolist() == [0.5, 0.5] and info["track"].tolist() == [False, True]
+    draw = RoundDraw(torch.tensor([5, 6, 7]), torch.arange(6).view(3, 2), torch.ones(3, 2),
+                     torch.tensor([0.5, 0.25, 0.25]), {"track": torch.tensor([True, False, True])},
+                     counts=torch.tensor([10, 20, 30]), round=4).with_keys(3)
+    kept = draw.keep(keep)
+    assert kept.client_ids.tolist() == [6, 7] and kept.sample_idx.tolist() == [[2, 3], [4, 5]]
+    assert kept.agg_weights.tolist() == [0.5, 0.5] and kept.info["track"].tolist() == [False, True]
+    assert kept.counts.tolist() == [20, 30] and kept.round == 4
+    # a kept client's dropout key is its own (seed, round, id) key, whoever else was drawn
+    assert kept.keys.tolist() == kept.with_keys(3).keys.tolist() == draw.keys[1:].tolist()
+    assert kept.keys.tolist() != kept.with_keys(4).keys.tolist()

@@ -30,7 +30,7 @@ import torch
 from fedforge.core.malloc import keep_freed_memory
 from fedforge.engine import classification_loss
 from fedforge.engine.distributed import make_client_store
-from fedforge.engine.round import federated_round
+from fedforge.engine.round import RoundSetup, federated_round
 from fedforge.experiment.build import build_scheduler, build_tasks, sample_round
 from fedforge.experiment.config import load_config
 from fedforge.experiment.runner import Experiment
@@ -81,16 +81,16 @@ def time_sync(path: str, warmup_rounds: int = 4) -> float:
     # no run folder to keep a disk store in: the clients' state in memory, as the sync runs
     store = make_client_store(exp.data.num_clients, exp.algorithm.client_init(params),
                               exp.device, kind="memory")
+    setup = RoundSetup(exp.algorithm, exp.engine, loss_fn, store, exp.data.train_x,
+                       exp.data.train_y)
     n = 0
     t0 = 0.0
     for t in range(1, warmup_rounds + cfg.rounds + 1):
         if t == warmup_rounds + 1:
             t0, n = time.perf_counter(), 0
-        ids, idx, w, agg, info = sample_round(exp, t)
-        params, state, _ = federated_round(
-            exp.algorithm, exp.engine, loss_fn, params, state, store, ids, exp.data.train_x,
-            exp.data.train_y, idx, w, agg_weights=agg, info=info, round_=t)
-        n += len(ids)
+        draw = sample_round(exp, t)
+        params, state, _ = federated_round(setup, params, state, draw)
+        n += draw.size
     return (time.perf_counter() - t0) * 1000.0 / n
 
 

@@ -139,7 +139,8 @@ def run_fedforge(spec: dict, work: Workload, data: Data, clock: Clock
         VmapEngine,
         classification_loss,
     )
-    from fedforge.engine.round import federated_round
+    from fedforge.engine.draw import RoundDraw
+    from fedforge.engine.round import RoundSetup, federated_round
 
     model = initial_model(work)
     engine_name = spec["framework"].partition(":")[2] or "auto"
@@ -154,14 +155,14 @@ def run_fedforge(spec: dict, work: Workload, data: Data, clock: Clock
     state = algo.server_init(params)
     store = ClientStore(work.users, {})
     weights = torch.ones(work.cohort, work.steps, work.batch)
+    setup = RoundSetup(algo, engine, loss_fn, store, data.x, data.y)
     try:
         clock.stamp()
         for t in range(1, rounds + 1):
             ids = cohort_ids(work, t)
             idx = torch.stack([torch.stack(batches(work, u)) for u in ids])
-            res = federated_round(algo, engine, loss_fn, params, state, store,
-                                  torch.tensor(ids), data.x, data.y, idx, weights, round_=t,
-                                  seed=work.seed)
+            draw = RoundDraw(torch.tensor(ids), idx, weights, round=t).with_keys(work.seed)
+            res = federated_round(setup, params, state, draw)
             params, state = res.params, res.server_state
             clock.stamp()
         label = (engine.report().get("engine_auto", "auto") if engine_name == "auto"

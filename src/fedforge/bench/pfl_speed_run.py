@@ -158,7 +158,8 @@ def run_fedforge(spec: dict, work: Workload, data: tuple, clock: Clock) -> dict:
     from fedforge.core.store import ClientStore
     from fedforge.engine import classification_loss
     from fedforge.engine.build import build_engine
-    from fedforge.engine.round import federated_round
+    from fedforge.engine.draw import RoundDraw
+    from fedforge.engine.round import RoundSetup, federated_round
     from fedforge.experiment.config import EngineConfig
 
     x, y, idx = data
@@ -172,11 +173,11 @@ def run_fedforge(spec: dict, work: Workload, data: tuple, clock: Clock) -> dict:
     server = algo.server_init(params)
     store = ClientStore(cohort, algo.client_init(params))
     ids, weights = torch.arange(cohort), torch.ones(idx.shape)
+    setup = RoundSetup(algo, engine, loss_fn, store, x, y)
     try:
         clock.stamp()
         for t in range(1, spec["warmup"] + spec["iterations"] + 1):
-            res = federated_round(algo, engine, loss_fn, params, server, store, ids, x, y,
-                                  idx, weights, round_=t)
+            res = federated_round(setup, params, server, RoundDraw(ids, idx, weights, round=t))
             params, server = res.params, res.server_state
             clock.stamp()
         label = engine.report().get("engine_auto", "auto")

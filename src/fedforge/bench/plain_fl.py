@@ -10,7 +10,7 @@ engines run the same experiment:
   config's seed (every client holds the same samples as in ``fedforge run``);
 * model: fedforge's registry, built after ``torch.manual_seed(seed)`` (the same initial
   weights; ``model.init_from`` is honoured);
-* cohorts and mini-batch order: the draws of ``fedforge.experiment.runner.sample_round``
+* cohorts and mini-batch order: the draws of ``fedforge.experiment.build.sample_round``
   (a generator seeded by ``(seed, round)``, then ``client_batches``), so round ``t`` trains
   the same clients on the same batches in the same order;
 * evaluation: test accuracy on the config's test set every ``eval.every`` rounds and at the

@@ -20,7 +20,8 @@ from fedforge.engine import (
     VmapEngine,
     classification_loss,
 )
-from fedforge.engine.round import RoundResult, federated_round
+from fedforge.engine.draw import RoundDraw
+from fedforge.engine.round import RoundResult, RoundSetup, federated_round
 from fedforge.models import build_model
 
 LR = 0.01
@@ -114,8 +115,9 @@ def fedforge_round(engine, model, x, y, idx, precision: str = "fp32", algo=None,
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     store = ClientStore(idx.shape[0], {})
     weights = torch.ones(idx.shape, device=x.device)
-    return federated_round(algo, engine, loss_fn, params, algo.server_init(params), store,
-                           torch.arange(idx.shape[0]), x, y, idx, weights)
+    return federated_round(RoundSetup(algo, engine, loss_fn, store, x, y), params,
+                           algo.server_init(params),
+                           RoundDraw(torch.arange(idx.shape[0]), idx, weights))
 
 
 def make_engine(engine: str, chunk, compile_=False, cohort: int = 1,

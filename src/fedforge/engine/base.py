@@ -14,7 +14,8 @@ from typing import NamedTuple, TypeVar
 
 import torch
 
-from fedforge.core.tree import Params, PyTree, tree_index, tree_map, tree_map2
+from fedforge.core.tree import Params, PyTree, tree_index, tree_leaves, tree_map, tree_map2
+from fedforge.engine.draw import CohortMetrics
 from fedforge.engine.local import LocalResult, LossFn, local_update_of
 from fedforge.engine.randomness import check_random_layers
 from fedforge.protocol.algorithm import Algorithm
@@ -48,7 +49,7 @@ class CohortOutput(NamedTuple):
     mean_delta: Params  # sum_i agg_w_i * delta_i
     mean_uploads: dict  # uniform mean over the cohort of each part's uploads
     client_states: dict  # stacked new states [C, ...]
-    metrics: dict  # {"loss": [C], "steps": [C]}
+    metrics: CohortMetrics  # per client [C]: loss, steps, diagnostics
     deltas: Params | None  # stacked [C, ...] when ``keep_deltas``
 
 
@@ -56,6 +57,13 @@ def _cat(chunks: list) -> dict:
     if not chunks:
         return {}
     return tree_map(lambda *xs: torch.cat(xs), *chunks) if len(chunks) > 1 else chunks[0]
+
+
+def _cat_metrics(chunks: list[CohortMetrics], like: PyTree) -> CohortMetrics:
+    """The chunks' metrics end to end; a cohort of no clients reports empty ones."""
+    if chunks:
+        return _cat(chunks)
+    return CohortMetrics.empty(next(iter(tree_leaves(like)), torch.zeros(())))
 
 
 def sum_trees(trees: Sequence[PyTree]) -> PyTree:
@@ -80,7 +88,7 @@ def combine_shards(outs: Sequence[CohortOutput], sizes: Sequence[int], keep_delt
         delta_sum if delta_sum is not None else sum_trees([o.mean_delta for o in shards]),
         tree_map(lambda u: u / num, sum_trees(uploads)) if uploads else {},
         _cat([o.client_states for o in shards]),
-        _cat([o.metrics for o in shards]),
+        _cat_metrics([o.metrics for o in shards], delta_sum),
         _cat([o.deltas for o in shards]) if keep_deltas else None,
     )
 
@@ -233,6 +241,6 @@ def fold_chunks(inputs: CohortInputs, outs: Sequence[tuple[slice, LocalResult]],
         mean_delta,
         mean_uploads,
         _cat(states),
-        _cat(metrics),
+        _cat_metrics(metrics, mean_delta),
         _cat(deltas) if keep_deltas else None,
     )

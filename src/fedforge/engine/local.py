@@ -21,6 +21,7 @@ from torch import nn
 
 from fedforge.client.transforms import RoundContext, Transform, clip_statistics, local_step
 from fedforge.core.tree import Params, tree_map2, tree_sub, tree_zeros_like, upcast
+from fedforge.engine.draw import CohortMetrics
 from fedforge.engine.pooling import TiledPoolMode
 from fedforge.engine.stages import (
     Batch,
@@ -42,7 +43,7 @@ class LocalResult(NamedTuple):
     delta: Params  # x^t - x_i (server minus client); the codec's message when one is set
     client_state: dict  # new persistent state of this client
     uploads: dict  # extra tensors averaged over the cohort (by part name)
-    metrics: dict  # {"loss": mean local loss, "steps": steps taken}
+    metrics: CohortMetrics  # this client's row: mean local loss, steps taken, diagnostics
 
 
 PRECISIONS = ("fp32", "bf16", "tf32")
@@ -169,11 +170,9 @@ def make_local_update(optimizer: Transform, loss_grad: GradFn, stages: Chain) ->
         trained = train(start, optimizer, ctx)
         sent = stages.finish(Upload(tree_sub(global_params, trained.params), {}, {}, {}),
                              trained, ctx)
-        metrics = {"loss": trained.loss_sum / trained.steps.clamp_min(1.0),
-                   "steps": trained.steps}
-        diagnostics = {**sent.diagnostics, **clip_statistics(trained.opt_state, trained.steps)}
-        if diagnostics:  # parts' per-client diagnostics, logged as cohort means
-            metrics["parts"] = diagnostics
+        metrics = CohortMetrics(  # parts' per-client diagnostics are logged as cohort means
+            trained.loss_sum / trained.steps.clamp_min(1.0), trained.steps,
+            {**sent.diagnostics, **clip_statistics(trained.opt_state, trained.steps)})
         return LocalResult(sent.delta, sent.client_state, sent.uploads, metrics)
 
     return local_update

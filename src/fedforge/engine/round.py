@@ -3,12 +3,14 @@
 This is the only place that wires the engine, the client store and the algorithm's server
 step together, so the runner, the multi-task drivers, the tests and the benchmarks run the
 same round. It sits in ``engine/`` (not ``experiment/``) so the schedulers in ``sim/`` can
-run rounds without importing the runner.
+run rounds without importing the runner. Its inputs are a :class:`RoundSetup` (what every
+round shares) and a :class:`~fedforge.engine.draw.RoundDraw` (this round's cohort).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
@@ -16,10 +18,20 @@ import torch
 from fedforge.core.store import StateStore
 from fedforge.core.tree import Params
 from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput
+from fedforge.engine.draw import CohortMetrics, RoundDraw
 from fedforge.engine.local import LossFn
-from fedforge.engine.randomness import CLIENT_KEY, client_keys, is_keyed
+from fedforge.engine.randomness import CLIENT_KEY, is_keyed
 from fedforge.engine.screening import check_model, rerun_fn, screen_cohort
-from fedforge.protocol.algorithm import CLIENT_ID, UPLOAD_SCALE, Algorithm, PrepareInputs
+from fedforge.protocol.algorithm import (
+    CLIENT_ID,
+    PREP_SAMPLES,
+    PREP_SECONDS,
+    SERVER_PREP_SAMPLES,
+    SERVER_PREP_SECONDS,
+    UPLOAD_SCALE,
+    Algorithm,
+    PrepareInputs,
+)
 from fedforge.server.chain import Aggregate, ServerState
 
 
@@ -29,105 +41,116 @@ class RoundResult(NamedTuple):
     cohort: CohortOutput
 
 
-def federated_round(
-    algorithm: Algorithm,
-    engine: ChunkedEngine,
-    loss_fn: LossFn,
-    params: Params,
-    server_state: ServerState,
-    store: StateStore,
-    client_ids: torch.Tensor,
-    x_all: torch.Tensor,
-    y_all: torch.Tensor,
-    sample_idx: torch.Tensor,
-    weights: torch.Tensor,
-    *,
-    agg_weights: torch.Tensor | None = None,
-    info: dict | None = None,
-    round_: int = 1,
-    divergence: str | None = None,
-    robust: Callable | None = None,
-    sample_counts: torch.Tensor | None = None,
-    seed: int = 0,
-) -> RoundResult:
-    """Run one round for the sampled ``client_ids``.
+@dataclass(frozen=True)
+class RoundSetup:
+    """What stays the same from round to round: the method, how the cohort runs, the loss,
+    the clients' stored state and the training set; and the run's round policies."""
 
-    Args:
-      sample_idx: ``[C, steps, batch]`` indices into ``x_all``/``y_all``.
-      weights: ``[C, steps, batch]`` sample mask (0 = padding).
-      agg_weights: ``[C]`` weights of the deltas; default uniform ``1/C``.
-      info: per-client round inputs (from ``algorithm.round_info``).
-      round_: the round index t (1-based); broadcast as ``broadcast["round"]`` for schedules.
-      divergence: NaN/Inf policy (``stop | skip_client | rollback``, see
-        :mod:`fedforge.engine.screening`); ``None`` skips the screening.
-      robust: attack + robust aggregator applied to the per-client deltas
-        (:class:`fedforge.robust.RobustRound`; the engine must keep deltas).
-      sample_counts: ``[C]`` the clients' training-sample counts n_i; needed by an algorithm
-        with a part whose uploads are averaged with weights n_i / n (``upload_weights =
-        "num_samples"``).
-      seed: the run's seed; with the round and the client id it keys the client's dropout
-        masks (:mod:`fedforge.engine.randomness`), unless ``info`` carries keys already.
+    algorithm: Algorithm
+    engine: ChunkedEngine
+    loss_fn: LossFn
+    store: StateStore
+    x_all: torch.Tensor  # the training set; RoundDraw.sample_idx indexes it
+    y_all: torch.Tensor
+    divergence: str | None = None  # NaN/Inf policy (stop | skip_client | rollback); None: off
+    robust: Callable | None = None  # attack + robust aggregator on the per-client deltas
+
+
+def federated_round(setup: RoundSetup, params: Params, server_state: ServerState,
+                    draw: RoundDraw) -> RoundResult:
+    """Run round ``draw.round`` for the cohort ``draw``: broadcast, the cohort's local
+    rounds, NaN/Inf screening, robust aggregation, the clients' new states, the server step.
+
+    ``setup.divergence`` screens the cohort (:mod:`fedforge.engine.screening`);
+    ``setup.robust`` (:class:`fedforge.robust.RobustRound`, the engine keeping deltas)
+    replaces the mean delta; ``draw.counts`` are needed by a part whose uploads are averaged
+    with weights n_i / n (``upload_weights = "num_samples"``).
     """
-    num_sampled = int(client_ids.numel())
-    if agg_weights is None:  # in the model's dtype: a float64 run averages in float64
-        agg_weights = torch.full((num_sampled,), 1.0 / max(num_sampled, 1),
-                                 dtype=next(iter(params.values())).dtype, device=x_all.device)
+    algorithm, store, round_ = setup.algorithm, setup.store, draw.round
+    agg_weights = _aggregation_weights(draw, params)
     if (privacy := algorithm.privacy) is not None:  # central DP: 1/(qN)
         agg_weights = privacy.aggregation_weights(agg_weights)
-        if num_sampled == 0:  # an empty Poisson cohort: the server step still runs (noise)
+        if draw.size == 0:  # an empty Poisson cohort: the server step still runs (noise)
             return privacy.empty_round(algorithm, params, server_state, store.num_clients, round_)
-    prep_metrics: dict = {}
+    prep: dict = {}
     if algorithm.prepares:  # server hook sees x^t before the broadcast (FedPTR-S projection)
-        server_state, prep_metrics = algorithm.server_prepare(params, server_state, loss_fn)
+        server_state, prep = algorithm.server_prepare(params, server_state, setup.loss_fn)
     broadcast = {**algorithm.broadcast(server_state),
-                 "round": torch.tensor(float(round_), device=x_all.device)}
-    client_states, info = store.gather(client_ids), info or {}
-    if is_keyed(loss_fn) and CLIENT_KEY not in info:  # dropout: masks of (seed, round, client)
-        info = {**info, CLIENT_KEY: client_keys(seed, round_, client_ids).to(x_all.device)}
-    if algorithm.needs_client_ids:  # a part keeping one server value per client (AFL)
-        info = {**info, CLIENT_ID: client_ids.to(x_all.device)}
-    if algorithm.weights_uploads:  # the scale a num_samples part multiplies its uploads by
-        info = {**info, UPLOAD_SCALE: upload_scale(algorithm, sample_counts, params)}
+                 "round": torch.tensor(float(round_), device=setup.x_all.device)}
+    client_states, info = store.gather(draw.client_ids), _round_info(setup, draw, params)
     if algorithm.prepares:  # eager per-client work before local training (FedPTR's MTT)
-        client_states, info, client_metrics = algorithm.prepare_cohort(PrepareInputs(
-            params, broadcast, client_states, info, loss_fn, x_all, y_all, sample_idx, weights,
-        ))
-        prep_metrics.update(client_metrics)
-    inputs = CohortInputs(
-        global_params=params,
-        broadcast=broadcast,
-        client_states=client_states,
-        info=info,
-        sample_idx=sample_idx,
-        weights=weights,
-        agg_weights=agg_weights,
-    )
-    cohort = engine.run_cohort(algorithm, loss_fn, x_all, y_all, inputs)
-    if divergence is not None:  # NaN/Inf screening; skip_client re-runs the good clients
-        run = rerun_fn(engine, algorithm, loss_fn, x_all, y_all)
-        if UPLOAD_SCALE in info:  # clients skipped: the others' weights sum to one again
-            run = _renormalised(run)
-        cohort, inputs, client_ids, _ = screen_cohort(
-            divergence, cohort, run, inputs, client_ids, round_)
-        num_sampled = int(client_ids.numel())
-    if robust is not None:  # attackers' updates, then median / trimmed mean / Krum / clip
-        cohort = robust(cohort, client_ids, inputs.agg_weights, round_)
-    cohort.metrics.update(prep_metrics)  # prep_s, prep_samples [C]; server_prep_* (0-d)
+        client_states, info, client_prep = algorithm.prepare_cohort(PrepareInputs(
+            params, broadcast, client_states, info, setup.loss_fn, setup.x_all, setup.y_all,
+            draw.sample_idx, draw.weights))
+        prep.update(client_prep)
+    inputs = CohortInputs(params, broadcast, client_states, info, draw.sample_idx,
+                          draw.weights, agg_weights)
+    cohort, inputs, client_ids = _screened(setup, inputs, draw.client_ids, round_)
+    if setup.robust is not None:  # attackers' updates, then median / trimmed mean / Krum / clip
+        cohort = setup.robust(cohort, client_ids, inputs.agg_weights, round_)
+    cohort = cohort._replace(metrics=with_preparation(cohort.metrics, prep))
     store.scatter(client_ids, cohort.client_states)
-    aggregate = Aggregate(cohort.mean_delta, cohort.mean_uploads, num_sampled,
+    aggregate = Aggregate(cohort.mean_delta, cohort.mean_uploads, int(client_ids.numel()),
                           store.num_clients, round_)
     new_params, new_server_state = algorithm.server_step(params, server_state, aggregate)
-    if divergence is not None:
+    if setup.divergence is not None:
         check_model(new_params, round_)
     return RoundResult(new_params, new_server_state, cohort)
+
+
+def _aggregation_weights(draw: RoundDraw, params: Params) -> torch.Tensor:
+    """The draw's delta weights; by default uniform ``1/C`` in the model's dtype (a float64
+    run averages in float64)."""
+    if draw.agg_weights is not None:
+        return draw.agg_weights
+    return torch.full((draw.size,), 1.0 / max(draw.size, 1),
+                      dtype=next(iter(params.values())).dtype, device=draw.sample_idx.device)
+
+
+def _round_info(setup: RoundSetup, draw: RoundDraw, params: Params) -> dict:
+    """The per-client round inputs: the draw's, plus what the loss and the parts need."""
+    algorithm, device, info = setup.algorithm, setup.x_all.device, dict(draw.info)
+    if is_keyed(setup.loss_fn) and CLIENT_KEY not in info:  # dropout: masks of (seed, t, id)
+        keys = draw.keys if draw.keys is not None else draw.with_keys(0).keys
+        info[CLIENT_KEY] = keys.to(device)
+    if algorithm.needs_client_ids:  # a part keeping one server value per client (AFL)
+        info[CLIENT_ID] = draw.client_ids.to(device)
+    if algorithm.weights_uploads:  # the scale a num_samples part multiplies its uploads by
+        info[UPLOAD_SCALE] = upload_scale(algorithm, draw.counts, params)
+    return info
+
+
+def _screened(setup: RoundSetup, inputs: CohortInputs, client_ids: torch.Tensor,
+              round_: int) -> tuple[CohortOutput, CohortInputs, torch.Tensor]:
+    """The cohort's outputs, screened for NaN/Inf under ``setup.divergence``; skip_client
+    re-runs the good clients, so inputs and ids may come back narrowed."""
+    args = (setup.algorithm, setup.loss_fn, setup.x_all, setup.y_all)
+    cohort = setup.engine.run_cohort(*args, inputs)
+    if setup.divergence is None:
+        return cohort, inputs, client_ids
+    run = rerun_fn(setup.engine, *args)
+    if UPLOAD_SCALE in inputs.info:  # clients skipped: the others' weights sum to one again
+        run = _renormalised(run)
+    cohort, inputs, client_ids, _ = screen_cohort(
+        setup.divergence, cohort, run, inputs, client_ids, round_)
+    return cohort, inputs, client_ids
+
+
+def with_preparation(metrics: CohortMetrics, prep: dict) -> CohortMetrics:
+    """``metrics`` with what the preparing parts reported (``PREP_*`` keys) as fields."""
+    if not prep:
+        return metrics
+    return replace(metrics, prep_s=prep.get(PREP_SECONDS), prep_samples=prep.get(PREP_SAMPLES),
+                   server_prep_s=prep.get(SERVER_PREP_SECONDS),
+                   server_prep_samples=prep.get(SERVER_PREP_SAMPLES))
 
 
 def upload_scale(algorithm: Algorithm, sample_counts: torch.Tensor | None,
                  params: Params) -> torch.Tensor:
     """``S n_i / sum_j n_j`` per client, in the model's dtype (see ``UPLOAD_SCALE``)."""
     if sample_counts is None:
-        raise ValueError(f"algorithm {algorithm.name!r} averages part uploads with the "
-                         "clients' sample counts; pass sample_counts= to federated_round")
+        raise ValueError(f"RoundDraw.counts: algorithm {algorithm.name!r} averages part "
+                         "uploads with the clients' sample counts; the draw has none")
     ref = next(iter(params.values()))
     counts = sample_counts.to(ref.device, torch.float64)
     scale = counts * counts.numel() / counts.sum().clamp_min(1.0)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -81,10 +82,10 @@ def screen_cohort(
     """
     if policy not in POLICIES:
         raise ValueError(f"divergence: expected one of {list(POLICIES)}, got {policy!r}")
-    if all_finite((cohort.metrics["loss"], cohort.mean_delta, cohort.mean_uploads)):
+    if all_finite((cohort.metrics.loss, cohort.mean_delta, cohort.mean_uploads)):
         return cohort, inputs, client_ids, []
     full = cohort if cohort.deltas is not None else run(inputs, True)
-    faults = locate_faults(client_ids, full.metrics["loss"], full.deltas)
+    faults = locate_faults(client_ids, full.metrics.loss, full.deltas)
     if not faults:  # only an upload (e.g. a control variate) went non-finite: blame everyone
         faults = [(c, "non-finite upload") for c in client_ids.tolist()]
     if policy != "skip_client":
@@ -99,7 +100,7 @@ def screen_cohort(
                    DivergenceError(round_, faults), keep.numel())
     out = run(sub, cohort.deltas is not None)
     skipped = torch.tensor(sorted(bad), dtype=torch.long)
-    out = out._replace(metrics={**out.metrics, "skipped_clients": skipped})
+    out = out._replace(metrics=replace(out.metrics, skipped_clients=skipped))
     return out, sub, client_ids[keep.to(client_ids.device)], faults
 
 

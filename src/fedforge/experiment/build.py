@@ -29,6 +29,7 @@ from fedforge.engine import (
     build_job_engine,
     classification_loss,
 )
+from fedforge.engine.draw import RoundDraw
 from fedforge.engine.evaluate import evaluate
 from fedforge.experiment.config import (
     AlgorithmConfig,
@@ -190,7 +191,7 @@ def test_scorer(network: torch.nn.Module, data: FederatedDataset, cfg: RunConfig
     return lambda p: evaluate(network, p, data.test_x, data.test_y, cfg.eval.batch_size)
 
 
-def sample_round(exp: Setup, round_: int, chosen: torch.Tensor | None = None):
+def sample_round(exp: Setup, round_: int, chosen: torch.Tensor | None = None) -> RoundDraw:
     """Draw the round's cohort and its mini-batch schedule (deterministic in seed, round);
     ``chosen``: the cohort a sampler picked (``server.sampler``), drawn uniformly if none."""
     cfg, data = exp.cfg, exp.data
@@ -222,7 +223,8 @@ def sample_round(exp: Setup, round_: int, chosen: torch.Tensor | None = None):
     dev = exp.device
     info = {k: v.to(dev) for k, v in info.items()}
     dtype = torch.get_default_dtype()  # the model's dtype: float64 runs stay float64
-    return (client_ids, sample_idx.to(dev), weights.to(dev), agg.to(dev, dtype), info)
+    return RoundDraw(client_ids, sample_idx.to(dev), weights.to(dev), agg.to(dev, dtype), info,
+                     counts=sizes, round=round_).with_keys(cfg.seed)
 
 
 def resolve_algorithm(config: AlgorithmConfig, kwargs: dict | None = None

@@ -39,9 +39,10 @@ from fedforge.engine.distributed import (
     make_client_store,
     world_size,
 )
+from fedforge.engine.draw import CohortMetrics
 from fedforge.engine.evaluate import evaluate, population_metrics
 from fedforge.engine.local import set_matmul_precision
-from fedforge.engine.round import federated_round
+from fedforge.engine.round import RoundSetup, federated_round
 from fedforge.experiment.adapters import export_adapters, exports_adapters
 from fedforge.experiment.build import (
     Setup,
@@ -57,12 +58,6 @@ from fedforge.experiment.partition_stats import save_partition_stats
 from fedforge.experiment.personal_eval import evaluate_personal
 from fedforge.experiment.progress import RoundProgress, setup_step
 from fedforge.experiment.state import UPDATES, RunState
-from fedforge.protocol.algorithm import (
-    PREP_SAMPLES,
-    PREP_SECONDS,
-    SERVER_PREP_SAMPLES,
-    SERVER_PREP_SECONDS,
-)
 from fedforge.robust.divergence import DivergenceError, log_event
 from fedforge.schedulers.client_selection import Selection
 from fedforge.schedulers.fedast import ASYNC_METHODS
@@ -71,7 +66,7 @@ from fedforge.schedulers.multitask_sync import StoreFactory
 from fedforge.schedulers.scatter import ScatteredExecutor, link_executors, serve_jobs, stop_workers
 from fedforge.schedulers.scheduler import Scheduler
 from fedforge.sim.cost import build_cost_model
-from fedforge.sim.rounds import keep_clients, straggler_clock, straggler_round
+from fedforge.sim.rounds import straggler_clock, straggler_round
 
 Show = Callable[[list[dict]], None]
 """Shows a step's records (a progress bar, a printed line)."""
@@ -269,41 +264,38 @@ class RoundsDriver:
         t = s.round + 1
         start, down, up = self.params, self.down, self.up
         chosen = None if self.selection is None else self.selection.choose(t, start, down, up)
-        client_ids, sample_idx, weights, agg, info = sample_round(exp, t, chosen)
+        draw = sample_round(exp, t, chosen)
         if self.stragglers is not None:  # sim.stragglers: only the first k arrivals train
-            keep, round_s = straggler_round(self.stragglers, t, client_ids, weights, self.cost,
-                                            self.down, self.up)
+            keep, round_s = straggler_round(self.stragglers, draw, self.cost, down, up)
             seconds = self.stragglers.last_durations[keep]
-            client_ids, sample_idx, weights, agg, info = keep_clients(
-                keep, client_ids, sample_idx, weights, agg, info)
+            draw = draw.keep(keep)
         elif self.selection is not None:
-            seconds = self.selection.client_seconds(client_ids, weights, down, up)
+            seconds = self.selection.client_seconds(draw.client_ids, draw.weights, down, up)
+        setup = RoundSetup(exp.algorithm, exp.engine, self.loss_fn, self.store,
+                           exp.data.train_x, exp.data.train_y, cfg.divergence, exp.robust)
         self.params, self.server_state, cohort = federated_round(
-            exp.algorithm, exp.engine, self.loss_fn, self.params, self.server_state, self.store,
-            client_ids, exp.data.train_x, exp.data.train_y, sample_idx, weights, agg_weights=agg,
-            info=info, round_=t, divergence=cfg.divergence, robust=exp.robust,
-            sample_counts=exp.client_sizes[client_ids.cpu()], seed=cfg.seed,
-        )
-        if self.selection is not None and len(cohort.metrics["loss"]) == len(client_ids):
-            self.selection.observe(t, start, client_ids, sample_idx, weights,
-                                   cohort.metrics["loss"], seconds)
-        if "skipped_clients" in cohort.metrics:
+            setup, self.params, self.server_state, draw)
+        metrics, client_ids = cohort.metrics, draw.client_ids
+        if self.selection is not None and len(metrics.loss) == len(client_ids):
+            self.selection.observe(t, start, client_ids, draw.sample_idx, draw.weights,
+                                   metrics.loss, seconds)
+        if metrics.skipped_clients is not None:
             log_event(self.folder.out, {"round": t, "policy": "skip_client",
-                                        "skipped": cohort.metrics["skipped_clients"].tolist()})
+                                        "skipped": metrics.skipped_clients.tolist()})
         if exp.algorithm.codec is not None:  # encoded size may vary by round (MARINA)
             self.down, self.up = exp.algorithm.message_nbytes(self.params, self.server_state,
                                                               round_=t)
-        client_steps, server_steps = prep_steps(cohort.metrics, cfg.client.batch_size)
+        client_steps, server_steps = prep_steps(metrics, cfg.client.batch_size)
         sim_time_s = s.sim_time_s + (round_s if self.stragglers is not None else
-                                     self.cost.round_seconds(cohort.metrics["steps"].cpu().numpy()
+                                     self.cost.round_seconds(metrics.steps.cpu().numpy()
                                                              + client_steps, self.down, self.up))
         sim_time_s += server_steps * self.cost.step_time_s  # server work before the broadcast
         self.state = replace(s, round=t, bytes_down=s.bytes_down + self.down * len(client_ids),
                              bytes_up=s.bytes_up + self.up * len(client_ids),
                              sim_time_s=sim_time_s,
-                             prep_s=s.prep_s + prep_seconds(cohort.metrics))
-        trained = cohort.metrics["steps"] > 0  # empty clients report no loss
-        train_loss = (cohort.metrics["loss"][trained].mean().item() if bool(trained.any())
+                             prep_s=s.prep_s + prep_seconds(metrics))
+        trained = metrics.steps > 0  # empty clients report no loss
+        train_loss = (metrics.loss[trained].mean().item() if bool(trained.any())
                       else 0.0)
         if not np.isfinite(train_loss):
             raise FloatingPointError(f"round {t}: training loss is {train_loss} (diverged); "
@@ -343,7 +335,7 @@ class RoundsDriver:
         if exp.algorithm.prepares:  # work around the local rounds, wall seconds
             record["prep_s"] = round(s.prep_s, 3)
         if evaluating:
-            record.update(cohort_means(cohort.metrics.get("parts", {}), trained))
+            record.update(cohort_means(cohort.metrics.parts, trained))
             record.update(exp.algorithm.server_metrics(self.server_state, self.store.state))
             record.update(exp.engine.report())  # auto: its choice and timings, once
             record.update(self._store_report)  # client_store = auto: its choice, once
@@ -445,17 +437,15 @@ def kept_checkpoints(where: Path) -> list[dict] | None:
     return records
 
 
-def prep_seconds(metrics: dict) -> float:
+def prep_seconds(metrics: CohortMetrics) -> float:
     """Wall seconds a round spent on work around the local rounds (clients and server)."""
-    keys = (PREP_SECONDS, SERVER_PREP_SECONDS)
-    return sum(float(metrics[k].sum()) for k in keys if k in metrics)
+    return sum(float(s.sum()) for s in (metrics.prep_s, metrics.server_prep_s) if s is not None)
 
 
-def prep_steps(metrics: dict, batch_size: int) -> tuple[np.ndarray | float, float]:
+def prep_steps(metrics: CohortMetrics, batch_size: int) -> tuple[np.ndarray | float, float]:
     """That work in local-step equivalents (per-sample gradients / batch size) for the
     simulated clock: ``([C] per client, or 0.0; server)``."""
-    client = metrics.get(PREP_SAMPLES)
-    server = metrics.get(SERVER_PREP_SAMPLES)
+    client, server = metrics.prep_samples, metrics.server_prep_samples
     return (0.0 if client is None else client.cpu().numpy() / batch_size,
             0.0 if server is None else float(server) / batch_size)
 

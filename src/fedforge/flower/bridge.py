@@ -2,7 +2,7 @@
 
 The maths stays fedforge's: a client runs the algorithm's pure local update on a one-client
 cohort (the ``LoopEngine`` path) and replies with its delta (or codec message) and its part
-uploads; the server samples the cohort exactly as :func:`fedforge.experiment.runner.sample_round`
+uploads; the server samples the cohort exactly as :func:`fedforge.experiment.build.sample_round`
 and aggregates with the algorithm's own server step (or the configured robust aggregator).
 Flower only carries arrays.
 

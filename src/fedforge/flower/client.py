@@ -54,7 +54,7 @@ def _run_one(exp: Experiment, round_: int, params: Params, broadcast: dict, stat
     out = exp.engine.run_cohort(exp.algorithm, loss_fn, exp.data.train_x, exp.data.train_y,
                                 inputs)
     new_state = tree_map(lambda s: s[0], out.client_states)
-    metrics = {k: float(v[0]) for k, v in flatten_dict(out.metrics).items()
+    metrics = {k: float(v[0]) for k, v in flatten_dict(out.metrics.as_dict()).items()
                if isinstance(v, torch.Tensor) and v.ndim == 1}  # per-client values
     return out.mean_delta, out.mean_uploads, new_state, metrics
 
@@ -67,15 +67,15 @@ def local_train(cfg: RunConfig, round_: int, client_id: int, params: Params, bro
     whose state starts, as in the simulator, from the initial model (FedALA's and Ditto's
     local models are the initial model until the client is first sampled)."""
     exp, _ = experiment(cfg)
-    ids, sample_idx, weights, _, info = sample_round(exp, round_)
-    rows = (ids == client_id).nonzero().flatten()
+    draw = sample_round(exp, round_)
+    rows = (draw.client_ids == client_id).nonzero().flatten()
     if rows.numel() != 1:
         raise ValueError(f"client {client_id} is not in round {round_}'s cohort")
     r = slice(int(rows[0]), int(rows[0]) + 1)
     if state is None:
         state = exp.algorithm.client_init(exp.initial_params())
-    return _run_one(exp, round_, params, broadcast, state, sample_idx[r], weights[r],
-                    {k: v[r] for k, v in info.items()})
+    return _run_one(exp, round_, params, broadcast, state, draw.sample_idx[r], draw.weights[r],
+                    {k: v[r] for k, v in draw.info.items()})
 
 
 def solo_train(cfg: RunConfig, round_: int, client_id: int, params: Params

@@ -145,7 +145,7 @@ def check_supported(exp: Experiment, options: ServerOptions) -> None:
 
 def reply_template(exp: Experiment, view: ServerView) -> dict:
     """Expected reply shapes: a dry run of round 1's first client (fresh state)."""
-    ids = sample_round(exp, 1)[0]
+    ids = sample_round(exp, 1).client_ids
     delta, uploads, _, _ = local_train(exp.cfg, 1, int(ids[0]), view.params, view.broadcast,
                                        None)
     return {"delta": {k: v.cpu() for k, v in flatten_dict(delta).items()},
@@ -316,10 +316,10 @@ def round_targets(exp: Experiment, grid: Grid, nodes: PartitionMap | None, round
                   ) -> list[Target]:
     """This round's cohort: fedforge's sampling (native) or a draw over connected nodes."""
     if nodes is not None:
-        ids, _, _, agg, _ = sample_round(exp, round_)
+        draw = sample_round(exp, round_)
         sizes = exp.client_sizes
-        return [Target(nodes.node_of[c], c, float(agg[i]), int(sizes[c]))
-                for i, c in enumerate(ids.tolist()) if c in nodes.node_of]
+        return [Target(nodes.node_of[c], c, float(draw.agg_weights[i]), int(sizes[c]))
+                for i, c in enumerate(draw.client_ids.tolist()) if c in nodes.node_of]
     connected = sorted(grid.get_node_ids())
     num = min(exp.cfg.server.clients_per_round, len(connected))
     pick = torch.randperm(len(connected), generator=round_generator(exp.cfg.seed, round_))

@@ -20,6 +20,7 @@ import torch
 
 from fedforge.core.tree import Params
 from fedforge.engine.base import CohortOutput
+from fedforge.engine.draw import CohortMetrics
 from fedforge.engine.round import RoundResult
 from fedforge.privacy.accountant import (
     SIGMA_MAX,
@@ -160,7 +161,7 @@ class Mechanism:
                    else {})
         new_params, new_state = algorithm.server_step(
             params, server_state, Aggregate(zeros, uploads, 0, num_clients, round_))
-        cohort = CohortOutput(zeros, {}, {}, {"loss": empty, "steps": empty}, None)
+        cohort = CohortOutput(zeros, {}, {}, CohortMetrics.empty(empty), None)
         return RoundResult(new_params, new_state, cohort)
 
     # --- client side (inside the pure local round) --------------------------------------

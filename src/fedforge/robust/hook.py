@@ -9,7 +9,7 @@ control variates) keep their plain mean.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -46,6 +46,6 @@ class RobustRound:
         deltas = poison_updates(self.attack, deltas, is_attacker,
                                 attack_generator(self.seed, round_))
         mean_delta, info = self.aggregator.aggregate(deltas, agg_weights)
-        metrics = {**cohort.metrics, "attackers": is_attacker.float().to(agg_weights.device)}
-        metrics.update({f"robust_{k}": v for k, v in info.items()})
+        metrics = replace(cohort.metrics, robust=info,
+                          attackers=is_attacker.float().to(agg_weights.device))
         return cohort._replace(mean_delta=mean_delta, deltas=deltas, metrics=metrics)

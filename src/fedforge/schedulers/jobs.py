@@ -84,7 +84,7 @@ def run_jobs(engine: ChunkedEngine, fn: Callable, x_all: torch.Tensor, y_all: to
         return outs
 
     outs = engine.run_chunked(num_jobs, chunk, attempt)
-    losses = [x for o in outs for x in o.metrics["loss"].tolist()]
+    losses = [x for o in outs for x in o.metrics.loss.tolist()]
     return _cat([o.delta for o in outs]), losses, len(outs)
 
 

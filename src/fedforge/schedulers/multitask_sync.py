@@ -33,7 +33,8 @@ import torch
 from fedforge.core.store import StateStore, record_kind
 from fedforge.engine.base import ChunkedEngine
 from fedforge.engine.distributed import make_client_store
-from fedforge.engine.round import federated_round
+from fedforge.engine.draw import RoundDraw
+from fedforge.engine.round import RoundSetup, federated_round
 from fedforge.schedulers.allocation import proportional_split
 from fedforge.schedulers.scheduler import OnEval, load_shared_state, shared_state
 from fedforge.schedulers.task import Task
@@ -155,14 +156,16 @@ class SyncScheduler:
         sample_idx, mask = ex.batch_inputs(fake)  # [C, tau, B], seeded per job
         nd = ex.index_table.shape[0]
         ids = torch.tensor([c % nd for _, c in jobs])
-        params, state, cohort = federated_round(
-            task.algorithm, self.engine, ex.loss_fn, task.server.params,
-            task.server.server_state, self.stores[m], ids, ex.x_all, ex.y_all, sample_idx,
-            mask, round_=task.server.round + 1, seed=self.task_seeds[m])
+        setup = RoundSetup(task.algorithm, self.engine, ex.loss_fn, self.stores[m], ex.x_all,
+                           ex.y_all)
+        draw = RoundDraw(ids, sample_idx, mask, round=task.server.round + 1)
+        params, state, cohort = federated_round(setup, task.server.params,
+                                                task.server.server_state,
+                                                draw.with_keys(self.task_seeds[m]))
         task.server.params, task.server.server_state = params, state
         task.server.round += 1
         self.c += len(jobs)
-        loss = float(cohort.metrics["loss"].mean())
+        loss = float(cohort.metrics.loss.mean())
         if self.first_loss[m] is None:
             self.first_loss[m] = loss
         self.last_loss[m] = loss

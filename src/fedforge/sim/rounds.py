@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedforge.engine.draw import RoundDraw
 from fedforge.sim.clock import EventClock, kth_arrival_round
 from fedforge.sim.delays import DelayLaw, ShiftedExponential
 from fedforge.sim.population import Population
@@ -67,18 +68,6 @@ class SyncRoundClock:
         self.clock.busy_until = np.asarray(state["busy_until"], dtype=np.float64)
 
 
-def keep_clients(keep: np.ndarray, client_ids, sample_idx, weights, agg_weights, info: dict):
-    """The round's inputs restricted to the kept clients; aggregation weights renormalised."""
-    import torch
-
-    k = torch.as_tensor(keep, dtype=torch.long)
-    agg = agg_weights[k.to(agg_weights.device)]
-    agg = agg / agg.sum().clamp_min(1e-30)
-    kd = k.to(sample_idx.device)
-    info = {name: v[k.to(v.device)] for name, v in info.items()}
-    return client_ids[k.to(client_ids.device)], sample_idx[kd], weights[kd], agg, info
-
-
 def straggler_clock(sim, num_clients: int, seed: int,
                     state: dict | None = None) -> SyncRoundClock | None:
     """The runner's straggler clock from the ``sim`` config section (None unless
@@ -94,10 +83,11 @@ def straggler_clock(sim, num_clients: int, seed: int,
     return clock
 
 
-def straggler_round(clock: SyncRoundClock, round_: int, client_ids, weights, cost,
-                    down_bytes: float, up_bytes: float) -> tuple[np.ndarray, float]:
-    """-> (kept positions, round seconds): nominal client time from the cost model (download
-    + steps x step time + upload), scaled by the client's speed class and the delay law."""
-    steps = (weights.sum(-1) > 0).sum(-1).cpu().numpy()  # [C] steps each client really takes
+def straggler_round(clock: SyncRoundClock, draw: RoundDraw, cost, down_bytes: float,
+                    up_bytes: float) -> tuple[np.ndarray, float]:
+    """-> (kept positions into the draw, for :meth:`RoundDraw.keep`; round seconds): nominal
+    client time from the cost model (download + steps x step time + upload), scaled by the
+    client's speed class and the delay law."""
+    steps = (draw.weights.sum(-1) > 0).sum(-1).cpu().numpy()  # [C] steps each really takes
     base = [cost.client_seconds(float(s), down_bytes, up_bytes) for s in steps]
-    return clock.round_from_base(round_, client_ids.cpu().numpy(), base)
+    return clock.round_from_base(draw.round, draw.client_ids.cpu().numpy(), base)
