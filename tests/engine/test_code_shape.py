@@ -16,11 +16,7 @@ MAX_FUNCTION_LINES = 80
 MAX_CLI_LINES = 399
 MAX_EXPERIMENT_LINES = 4499
 
-LONG: dict[str, str] = {
-    # Being rewritten by the round's typed inputs and outputs (issue 52, RoundDraw); remove
-    # this entry when that lands: an entry that is no longer needed fails the test.
-    "fedforge/engine/round.py:federated_round": "19 parameters become a RoundDraw",
-}
+LONG: dict[str, str] = {}
 """``path:function`` -> why it is still longer than the limit."""
 
 
