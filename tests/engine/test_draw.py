@@ -12,7 +12,7 @@ from fedforge.core.store import ClientStore
 from fedforge.engine import LoopEngine, VmapEngine, classification_loss
 from fedforge.engine.draw import CohortMetrics, RoundDraw
 from fedforge.engine.randomness import CLIENT_KEY, client_keys
-from fedforge.engine.round import RoundSetup, federated_round
+from fedforge.engine.round import RoundSetup, federated_round, with_preparation
 from tests.quadratic import make_clients, quadratic_loss
 
 # client i's one sample [a, b]: grad a (w - b); FedAvg, one step of lr 0.5, server lr 1
@@ -95,3 +95,14 @@ def test_cohort_metrics_as_dict_names_only_what_was_reported():
     assert set(got["parts"]) == {"tracking_corr_norm"}
     assert set(CohortMetrics.empty(one).as_dict()) == {"loss", "steps"}
     assert CohortMetrics.empty(torch.ones(2, dtype=torch.float64)).loss.dtype == torch.float64
+
+
+def test_preparation_metrics_land_in_their_own_fields_and_unknown_ones_are_refused():
+    one = torch.ones(2)
+    got = with_preparation(CohortMetrics(one, one), {
+        "prep_s": torch.tensor([1.0, 2.0]), "prep_samples": torch.tensor([3.0, 4.0]),
+        "server_prep_s": torch.tensor(5.0), "server_prep_samples": torch.tensor(6.0)})
+    assert got.prep_s.tolist() == [1.0, 2.0] and got.prep_samples.tolist() == [3.0, 4.0]
+    assert float(got.server_prep_s) == 5.0 and float(got.server_prep_samples) == 6.0
+    with pytest.raises(ValueError, match=r"unknown \['prep_seconds'\]"):
+        with_preparation(CohortMetrics(one, one), {"prep_seconds": one})

@@ -140,6 +140,10 @@ def with_preparation(metrics: CohortMetrics, prep: dict) -> CohortMetrics:
     """``metrics`` with what the preparing parts reported (``PREP_*`` keys) as fields."""
     if not prep:
         return metrics
+    if unknown := sorted(set(prep) - {PREP_SECONDS, PREP_SAMPLES, SERVER_PREP_SECONDS,
+                                      SERVER_PREP_SAMPLES}):
+        raise ValueError(f"prepare_cohort/server_prepare metrics: unknown {unknown}; a part "
+                         "reports prep_s, prep_samples, server_prep_s, server_prep_samples")
     return replace(metrics, prep_s=prep.get(PREP_SECONDS), prep_samples=prep.get(PREP_SAMPLES),
                    server_prep_s=prep.get(SERVER_PREP_SECONDS),
                    server_prep_samples=prep.get(SERVER_PREP_SAMPLES))
