@@ -179,8 +179,9 @@ def test_nearest_prototype_accuracy_is_the_papers_inference_rule():
     assert none_yet.accuracies(model, models, torch.tensor(X), torch.tensor(Y), indices) == {}
 
 
-def test_a_run_reports_both_accuracies(tmp_path):
-    """The head's accuracy and the nearest prototype's, summarised and per client."""
+def test_a_quickstart_run_reports_both_accuracies(tmp_path):
+    """The head's accuracy and the nearest prototype's, summarised and per client (named
+    for the quickstart: the mutation runs' scratch copy holds no examples/)."""
     from pathlib import Path
 
     from fedforge.experiment.config import load_config
