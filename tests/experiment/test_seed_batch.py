@@ -32,8 +32,13 @@ BASE = {
 }
 
 
-def _cfgs(*over):
-    return [validate(apply_overrides(BASE, [f"seed={s}", *over])) for s in SEEDS]
+def _cfgs(*over, base=BASE):
+    return [validate(apply_overrides(base, [f"seed={s}", *over])) for s in SEEDS]
+
+
+# one local epoch: each cohort's number of steps is its largest client's, so the seeds'
+# chunks differ in steps and are padded to the longest with all-zero steps
+EPOCHS = {**BASE, "client": {"batch_size": 8, "local_epochs": 1}}
 
 
 def _model(run: Path) -> list[torch.Tensor]:
@@ -51,13 +56,19 @@ def _same_runs(a: Path, b: Path) -> bool:
     return ra == rb and len(ma) == len(mb) and all(map(torch.equal, ma, mb))
 
 
-@pytest.mark.parametrize("over", [
-    (),  # FedAvg
-    ("algorithm.name=scaffold",),  # per-client control variates in the store
-    ("algorithm.name=ditto",),  # a personalised method: personal models, own evaluation
-])
-def test_a_batch_of_seeds_equals_separate_runs_bit_for_bit(tmp_path, over):
-    cfgs = _cfgs(*over)
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize(("over", "base"), [
+    ((), BASE),  # FedAvg
+    (("algorithm.name=scaffold",), BASE),  # per-client control variates in the store
+    (("algorithm.name=ditto",), BASE),  # a personalised method: personal models, own eval
+    ((), EPOCHS),
+    pytest.param(("algorithm.name=scaffold",), EPOCHS, marks=SLOW),
+    pytest.param(("algorithm.name=ditto",), EPOCHS, marks=SLOW),
+], ids=["fedavg", "scaffold", "ditto", "fedavg-epochs", "scaffold-epochs", "ditto-epochs"])
+def test_a_batch_of_seeds_equals_separate_runs_bit_for_bit(tmp_path, over, base):
+    cfgs = _cfgs(*over, base=base)
     for cfg in cfgs:
         run_experiment(cfg, tmp_path / f"alone{cfg.seed}", progress=False)
     run_seeds(cfgs, [tmp_path / f"batch{s}" for s in SEEDS])
@@ -77,12 +88,13 @@ def test_seeds_sharing_one_rng_stream_differ(tmp_path, monkeypatch):
     assert not _same_runs(tmp_path / "alone1", tmp_path / "batch1")
 
 
-def test_chunks_of_the_seeds_train_in_one_vmapped_call(tmp_path, monkeypatch):
+@pytest.mark.parametrize("base", [BASE, EPOCHS], ids=["steps", "epochs"])
+def test_chunks_of_the_seeds_train_in_one_vmapped_call(tmp_path, monkeypatch, base):
     """Per round one call for the seeds' chunks of 3 and one for their chunks of 1, not
-    two per seed."""
+    two per seed (with epochs too: their chunks differ in steps)."""
     made = []
     monkeypatch.setattr(CohortBatch, "__init__", _recording(CohortBatch.__init__, made))
-    run_seeds(_cfgs("rounds=2"), [tmp_path / f"batch{s}" for s in SEEDS])
+    run_seeds(_cfgs("rounds=2", base=base), [tmp_path / f"batch{s}" for s in SEEDS])
     assert made[0].calls == 2 * 2
 
 
@@ -116,6 +128,7 @@ def test_what_cannot_be_batched_runs_one_by_one_saying_why(tmp_path):
     assert [r["round"] for r in records[2]] == [1, 2]
 
 
+@pytest.mark.slow
 def test_reproduce_batch_seeds_writes_the_same_metrics(tmp_path):
     spec = tiny_spec()
     spec = replace(spec, overrides=(*spec.overrides, "engine.name=vmap"))

@@ -10,7 +10,9 @@ Why the results equal separate runs bit for bit: each run's cohort is cut into t
 its own :class:`~fedforge.engine.vmap.VmapEngine` would cut, the chunk function is that
 engine's, and chunks of equal shape from different runs are stacked under one more
 ``vmap`` (the runs' axis), so every client's computation is the same batched kernel on the
-same values, one more batch dimension wide. Each run's chunks are then folded into its
+same values, one more batch dimension wide. Chunks of different lengths (a cohort runs its
+longest client's steps) are stacked with all-zero steps appended, which the padding stage
+undoes exactly (:func:`_padded`). Each run's chunks are then folded into its
 output by the same code as a separate run's (:func:`~fedforge.engine.base.fold_chunks`).
 Chunks whose shapes no other run shares train on their own.
 """
@@ -119,8 +121,8 @@ class CohortBatch:
             if engine.max_chunk is not None:  # as run_chunked: lowered after out-of-memory
                 chunk = min(chunk, engine.max_chunk)
             request.calls = list(engine.chunk_calls(request.x_all, request.y_all, inputs, chunk))
-            for k, (_, masked, args) in enumerate(request.calls):
-                groups.setdefault(_shape_key(masked, args), []).append((request, k))
+            for k, (_, _, args) in enumerate(request.calls):
+                groups.setdefault(_shape_key(args), []).append((request, k))
         results: dict[tuple[int, int], LocalResult] = {}
         for items in groups.values():
             for (request, k), out in zip(items, self._train_group(items), strict=True):
@@ -131,24 +133,45 @@ class CohortBatch:
 
     def _train_group(self, items: list[tuple[_Request, int]]) -> list[LocalResult]:
         first, k = items[0]
-        masked = first.calls[k][1]
+        chunks = [request.calls[j][2] for request, j in items]
+        steps = {args[-1].shape[1] for args in chunks}
+        # chunks of another length run the masked function (padding steps appended); on a
+        # chunk without padding it computes the same bits (its selects keep every step)
+        masked = len(steps) > 1 or any(request.calls[j][1] for request, j in items)
         fn = first.engine.local_update(first.algorithm, first.loss_fn, masked)
         self.calls += 1
         if len(items) == 1:
-            return [fn(*first.calls[k][2])]
+            return [fn(*chunks[0])]
         if id(fn) not in self._stacked:  # the runs' axis over the chunk function's arguments
             self._stacked[id(fn)] = torch.func.vmap(fn, in_dims=0)
         args = [tree_stack(list(group)) for group in
-                zip(*(request.calls[j][2] for request, j in items), strict=True)]
+                zip(*(_padded(c, max(steps)) for c in chunks), strict=True)]
         out = self._stacked[id(fn)](*args)
         return [LocalResult(*(tree_index(part, r) for part in out)) for r in range(len(items))]
 
 
-def _shape_key(masked: bool, args: tuple) -> tuple:
-    """What chunks must share to be stacked: the chunk function and every argument's
-    structure, shapes and dtypes."""
+def _shape_key(args: tuple) -> tuple:
+    """What chunks must share to be stacked: every argument's structure, shapes and dtypes,
+    but the number of steps (:func:`_padded`)."""
     leaves, spec = torch.utils._pytree.tree_flatten(args)
-    return masked, str(spec), tuple((tuple(x.shape), x.dtype, x.device) for x in leaves)
+    shapes = [tuple(x.shape) for x in leaves]
+    # the last three leaves are the chunk's samples, labels, weights: [c, steps, batch, ...]
+    shapes[-3:] = [(s[0], -1, *s[2:]) for s in shapes[-3:]]
+    return str(spec), tuple(zip(shapes, (x.dtype for x in leaves),
+                                (x.device for x in leaves), strict=True))
+
+
+def _padded(args: tuple, steps: int) -> tuple:
+    """A chunk's arguments with all-zero steps appended up to ``steps``. The padding stage
+    undoes such a step with a select and counts it for nothing (``a = 0``), so the client's
+    result is the same bits; the steps are the last, so no earlier step moves."""
+    *head, xs, ys, ws = args
+    extra = steps - ws.shape[1]
+    if extra == 0:
+        return args
+    pad = [torch.cat([t, t.new_zeros((t.shape[0], extra, *t.shape[2:]))], dim=1)
+           for t in (xs, ys, ws)]
+    return (*head, *pad)
 
 
 class BatchMember(ChunkedEngine):
