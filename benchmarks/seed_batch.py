@@ -42,7 +42,8 @@ def main() -> None:
     overrides = ["engine.name=vmap", *args.overrides]
     cfgs = [load_config(args.config, [*overrides, f"seed={s}"]) for s in range(args.seeds)]
     root = Path(tempfile.mkdtemp(prefix="seed-batch-"))
-    try:
+    try:  # warm-up: the first run in a process pays for imports and first kernel calls
+        run_experiment(cfgs[0].model_copy(update={"rounds": 1}), root / "warm", progress=False)
         for rep in range(args.repeats):
             alone = [root / f"r{rep}" / f"alone{s}" for s in range(args.seeds)]
             batch = [root / f"r{rep}" / f"batch{s}" for s in range(args.seeds)]
