@@ -122,6 +122,8 @@ def test_what_cannot_be_batched_runs_one_by_one_saying_why(tmp_path):
     mixed = [*_cfgs()[:2], validate(apply_overrides(BASE, ["seed=2", "rounds=3"]))]
     assert batch_refusal(mixed) == "the configs differ in more than their seed"
     assert batch_refusal(_cfgs("engine.compile=true")) is not None
+    assert batch_refusal(_cfgs("model.name=transformer_lm")) == (
+        "model 'transformer_lm': batched seeds are checked bit for bit on logreg, mlp only")
     with pytest.warns(UserWarning, match="seeds run one by one: engine.name = 'loop'"):
         records = run_seeds(_cfgs("engine.name=loop", "rounds=2"),
                             [tmp_path / f"loop{s}" for s in SEEDS])
