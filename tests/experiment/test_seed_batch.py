@@ -28,7 +28,8 @@ BASE = {
     "eval": {"every": 2},
     "checkpoint": {"every": 2},
     # chunks of 3 and 1 client: equal chunks of the seeds stacked, and one ragged chunk each
-    "engine": {"name": "vmap", "chunk_size": 3},
+    # one intra-op thread: with more, a stacked chunk's sums split otherwise (refused below)
+    "engine": {"name": "vmap", "chunk_size": 3, "threads": 1},
 }
 
 
@@ -122,6 +123,9 @@ def test_what_cannot_be_batched_runs_one_by_one_saying_why(tmp_path):
     mixed = [*_cfgs()[:2], validate(apply_overrides(BASE, ["seed=2", "rounds=3"]))]
     assert batch_refusal(mixed) == "the configs differ in more than their seed"
     assert batch_refusal(_cfgs("engine.compile=true")) is not None
+    assert batch_refusal(_cfgs("engine.threads=2")) == (
+        "2 intra-op threads split a stacked chunk's sums otherwise than a run's own chunk "
+        "(engine.threads = 1 or OMP_NUM_THREADS=1 batches them)")
     assert batch_refusal(_cfgs("model.name=transformer_lm")) == (
         "model 'transformer_lm': batched seeds are checked bit for bit on logreg, mlp only")
     with pytest.warns(UserWarning, match="seeds run one by one: engine.name = 'loop'"):
@@ -133,7 +137,7 @@ def test_what_cannot_be_batched_runs_one_by_one_saying_why(tmp_path):
 @pytest.mark.slow
 def test_reproduce_batch_seeds_writes_the_same_metrics(tmp_path):
     spec = tiny_spec()
-    spec = replace(spec, overrides=(*spec.overrides, "engine.name=vmap"))
+    spec = replace(spec, overrides=(*spec.overrides, "engine.name=vmap", "engine.threads=1"))
     lines = []
     for name, batched in (("alone", False), ("batch", True)):
         run_grid(spec, root=ROOT, runs=tmp_path / name / "runs", data=tmp_path / name / "data",

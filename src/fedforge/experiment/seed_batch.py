@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fedforge.engine.seed_batch import CohortBatch
+from fedforge.engine.threads import choose_threads
 from fedforge.experiment.build import resolve_run
 from fedforge.experiment.config import RunConfig
 from fedforge.experiment.drivers import Driver, RoundsDriver, run_folder
@@ -45,6 +46,9 @@ def batch_refusal(cfgs: Sequence[RunConfig]) -> str | None:
         return f"engine.name = {first.engine.name!r} does not vmap its cohorts (use 'vmap')"
     if first.engine.compile:
         return "compiled chunks (engine.compile) are not stacked across seeds"
+    if (threads := choose_threads(first.engine.threads).threads) > 1:
+        return (f"{threads} intra-op threads split a stacked chunk's sums otherwise than a "
+                "run's own chunk (engine.threads = 1 or OMP_NUM_THREADS=1 batches them)")
     if first.model.name not in CHECKED_MODELS:
         return (f"model {first.model.name!r}: batched seeds are checked bit for bit on "
                 f"{', '.join(CHECKED_MODELS)} only")
