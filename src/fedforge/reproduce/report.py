@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -687,20 +688,39 @@ def _seed_range(n: int) -> str:
     return "0" if n == 1 else f"0-{n - 1}"
 
 
-def power_section(spec: Reproduction, judged: list[Judgement]) -> list[str]:
-    """What the power rule asks for the primary claims, and the command that runs it."""
+def missing_hours(runs: dict, needed: dict[str, int]) -> float:
+    """Wall hours the missing seeds would take: per condition, the seeds short of
+    ``needed[name]`` times the median wall time of its committed runs."""
+    total = 0.0
+    for name, need in needed.items():
+        walls = [r.history[-1].get("wall_s", math.nan) for r in runs.get(name, {}).values()
+                 if r.history]
+        walls = [w for w in walls if math.isfinite(w)]
+        if walls:
+            total += max(0, need - len(runs[name])) * statistics.median(walls)
+    return total / 3600
+
+
+def power_section(spec: Reproduction, judged: list[Judgement], runs: dict) -> list[str]:
+    """What the power rule asks for the primary claims, what it would cost, and the command
+    that runs it."""
     short = [j for j in judged if j.family != "exploratory" and j.underpowered]
     if not short:
         return []
     need = max(j.needed for j in short)
-    conds = sorted({n for j in short for n in (j.comp.a, j.comp.b)},
-                   key=[c.name for c in spec.conditions].index)
+    needed: dict[str, int] = {}
+    for j in short:
+        for name in (j.comp.a, j.comp.b):
+            needed[name] = max(needed.get(name, 0), j.needed)
+    conds = sorted(needed, key=[c.name for c in spec.conditions].index)
     has = min(j.diff.n for j in short)
+    hours = missing_hours(runs, needed)
+    cost = (f" At the committed runs' median wall time the missing seeds would take about "
+            f"{hours:.1f} hours of the 2-core CPU that ran them." if hours > 0 else "")
     return [f"**Underpowered: {len(short)} of {sum(j.family != 'exploratory' for j in judged)} "
             f"primary comparisons need more seeds than the committed data hold** (the most: "
             f"{need} seeds, the data hold {has}); their verdicts stand as computed, but an "
-            "inconclusive one says little. The seeds the power rule asks for, resumable and "
-            "not run in this session: "
+            f"inconclusive one says little.{cost} The seeds the power rule asks for, resumable: "
             f"`fedforge reproduce {spec.name} --seeds {_seed_range(need)} "
             f"--conditions {','.join(conds)}`. The pilot's spread sets these counts; the page "
             "recomputes them from whatever seeds are committed.", ""]
@@ -760,7 +780,7 @@ def write_report(spec: Reproduction, data: Path, out: Path, *, command: str = ""
              + correction_note(spec), "", *effects_section(spec),
              comparison_table(spec, runs), "",
              "**Verdict.**" if done == total else "**Verdict so far.**", "", *headline(spec, runs),
-             "", *power_section(spec, judged)]
+             "", *power_section(spec, judged, runs)]
     if spec.sensitivity:
         text += ["**Sensitivity to the target (post hoc; the verdict above uses the target "
                  "fixed in advance).** Paired differences in rounds, mean ± 95 % CI, each "
