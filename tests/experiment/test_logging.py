@@ -91,6 +91,55 @@ def test_a_run_names_its_algorithm_and_seed(tmp_path, capsys):
         "fedavg seed 3: round 2/4", "fedavg seed 3: round 4/4"]
 
 
+def _personal(accuracy: list[float], held_out: list[bool], samples: list[int]) -> dict:
+    from fedforge.experiment.client_metrics import ClientColumns
+    from fedforge.experiment.metrics import PER_CLIENT
+
+    return {"test_accuracy": 0.5, "personal_accuracy_mean": 0.61234,
+            "personal_accuracy_p10": 0.25, "personal_accuracy_worst": 0.125,
+            PER_CLIENT: ClientColumns({
+                "client": np.arange(len(accuracy)), "held_out": np.asarray(held_out),
+                "samples": np.asarray(samples), "personal_accuracy": np.asarray(accuracy)})}
+
+
+def test_a_personalised_evaluation_shows_the_per_client_accuracy():
+    out = _File()
+    record = _personal([0.9, 0.125, 0.5, 0.75], [False, False, True, False], [4, 8, 3, 0])
+    with RoundProgress(1, label="ditto seed 0", stream=out) as bar:
+        bar.advance(1, record)
+    # the summaries as recorded; each client's own value, neither the held-out client 2 nor
+    # client 3, which has no test samples (the summaries leave both out too)
+    assert out.getvalue().splitlines()[-1] == (
+        "ditto seed 0: round 1/1 accuracy 0.5000 personal mean 0.6123 p10 0.2500 worst 0.1250 "
+        "clients 0:0.90 1:0.12")
+    many = _personal([0.5] * 11, [False] * 11, [1] * 11)
+    out = _File()
+    with RoundProgress(1, stream=out) as bar:
+        bar.advance(1, many)
+    assert out.getvalue().splitlines()[-1].endswith("worst 0.1250")  # 11 clients: no list
+
+
+def test_a_personalised_run_prints_each_clients_accuracy_and_logs_it_apart(tmp_path, capsys):
+    from fedforge.experiment.client_metrics import FILE, read_columns
+
+    records = run_experiment(load_config(QUICK, [*SHORT, "rounds=2", "data.num_clients=4",
+                                                 "server.clients_per_round=2",
+                                                 "eval.personal=true"]),
+                             tmp_path / "run", progress=True)
+    line = [ln for ln in capsys.readouterr().out.splitlines() if "round 2/2" in ln][0]
+    columns = read_columns(tmp_path / "run" / FILE)
+    last = columns["round"] == 2
+    shown = " ".join(f"{c}:{a:.2f}" for c, a in zip(columns["client"][last].tolist(),
+                                                     columns["personal_accuracy"][last].tolist(),
+                                                     strict=True))
+    record = evaluated(records)[-1]
+    assert (f"personal mean {record['personal_accuracy_mean']:.4f} p10 "
+            f"{record['personal_accuracy_p10']:.4f} worst "
+            f"{record['personal_accuracy_worst']:.4f} clients {shown} wall ") in line
+    assert all("per_client" not in r for r in records)  # the log's records hold none
+    assert '"per_client"' not in (tmp_path / "run" / "metrics.jsonl").read_text()
+
+
 @pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None,
                     reason="tensorboard is not installed (pip install 'fedforge[tensorboard]')")
 def test_tensorboard_scalars_match_the_metrics(tmp_path):

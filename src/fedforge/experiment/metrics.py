@@ -93,14 +93,17 @@ class MetricsWriter:
 
     def write_many(self, records: Iterable[dict]) -> None:
         """Append ``records`` as whole lines with one flush and fsync; their per-client
-        columns (:data:`PER_CLIENT`) go to the per-client file first."""
-        records = list(records)
-        if not records:
+        columns (:data:`PER_CLIENT`) go to the per-client file first. The caller's records
+        keep their columns (the progress line shows them); the log's lines and ``records``
+        hold the rest."""
+        given = list(records)
+        if not given:
             return
-        for record in records:
-            columns = record.pop(PER_CLIENT, None)
+        for record in given:
+            columns = record.get(PER_CLIENT)
             if columns is not None and self.clients is not None:
                 self.clients.append(record["round"], columns)
+        records = [{k: v for k, v in r.items() if k != PER_CLIENT} for r in given]
         if self.remember:
             self.records.extend(records)
         with open(self.path, "a", encoding="utf-8") as f:

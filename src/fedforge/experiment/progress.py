@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, TextIO
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from fedforge.experiment.metrics import is_evaluated
+from fedforge.experiment.metrics import PER_CLIENT, is_evaluated
 from fedforge.experiment.tracking import TensorBoardTracker, Tracker, TrackerFactory, close_all
 
 if TYPE_CHECKING:
@@ -182,7 +182,29 @@ class RoundProgress:
 def _status(record: dict) -> str:
     parts = [f"{k.removeprefix('test_')} {record[k]:.4f}" for k in ("test_accuracy", "test_loss")
              if isinstance(record.get(k), (int, float))]
-    return " ".join(parts)
+    return " ".join(parts + _personal_status(record))
+
+
+SHOWN_CLIENTS = 10  # up to this many evaluated clients, the line shows each one's accuracy
+
+
+def _personal_status(record: dict) -> list[str]:
+    """The per-client accuracy of a personalised evaluation (``eval.personal``): its mean,
+    10th percentile and worst client, and with few clients each client's own value (from the
+    record's per-client columns, clients with test samples only, as the summaries)."""
+    keys = [f"personal_accuracy_{s}" for s in ("mean", "p10", "worst")]
+    if not all(isinstance(record.get(k), (int, float)) for k in keys):
+        return []
+    mean, p10, worst = (record[k] for k in keys)
+    parts = [f"personal mean {mean:.4f} p10 {p10:.4f} worst {worst:.4f}"]
+    columns = record.get(PER_CLIENT)
+    if columns is not None:
+        shown = (~columns["held_out"]) & (columns["samples"] > 0)
+        clients, acc = columns["client"][shown], columns["personal_accuracy"][shown]
+        if 0 < len(clients) <= SHOWN_CLIENTS:
+            parts.append("clients " + " ".join(f"{c}:{a:.2f}" for c, a in
+                                               zip(clients.tolist(), acc.tolist(), strict=True)))
+    return parts
 
 
 def _escape(text: str) -> str:
