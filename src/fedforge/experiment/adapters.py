@@ -19,8 +19,10 @@ CHUNK = 64  # clients read from the store at a time
 
 
 def exports_adapters(network: nn.Module) -> bool:
-    """Whether ``network`` is a pretrained model trained through LoRA adapters."""
-    return getattr(network, "mode", None) == "lora" and hasattr(network, "export_peft")
+    """Whether ``network`` is a pretrained model trained through LoRA adapters (not one whose
+    adapters are folded into its target weights, which no adapter folder can hold)."""
+    return (getattr(network, "mode", None) == "lora" and hasattr(network, "export_peft")
+            and not getattr(network, "fold_adapters", False))
 
 
 def export_adapters(network: nn.Module, algorithm: Algorithm, params: Params,

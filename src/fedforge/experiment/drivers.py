@@ -282,7 +282,7 @@ class RoundsDriver:
         if metrics.skipped_clients is not None:
             log_event(self.folder.out, {"round": t, "policy": "skip_client",
                                         "skipped": metrics.skipped_clients.tolist()})
-        if exp.algorithm.codec is not None:  # encoded size may vary by round (MARINA)
+        if exp.algorithm.nbytes_by_round:  # MARINA's encoded size, FLoRA's stack
             self.down, self.up = exp.algorithm.message_nbytes(self.params, self.server_state,
                                                               round_=t)
         client_steps, server_steps = prep_steps(metrics, cfg.client.batch_size)

@@ -11,7 +11,9 @@ exactly what is trained, so every engine, algorithm, client store, checkpoint an
   ``lora_A``/``lora_B``, so parameter patterns select them: ``*.lora_B`` personal with ``A``
   shared (FedSA-LoRA, the method ``fedsa_lora``). ``freeze_a = true`` keeps each ``A`` at its
   seeded first value, held beside the base and not a leaf, so it is neither trained, stored
-  per client nor sent (FFA-LoRA).
+  per client nor sent (FFA-LoRA). ``fold_adapters = true`` makes each target linear's
+  ``weight`` a leaf too (float32, the run's own copy; the shared base stays as loaded), so
+  an algorithm can fold a round's adapters into it (FLoRA, the method ``flora``).
 * ``mode = "full"``: every parameter of the model is a leaf (full fine-tuning).
 
 ``precision = "bf16"`` holds the frozen base in bfloat16, once, while the leaves (the
@@ -126,7 +128,8 @@ class FineTuned(nn.Module):
     def __init__(self, input_shape: Sequence[int], num_classes: int, path: str = "",
                  task: str = "classification", mode: str = "lora",
                  adapters: dict[str, Any] | None = None, precision: str = "float32",
-                 gradient_checkpointing: bool = False, freeze_a: bool = False) -> None:
+                 gradient_checkpointing: bool = False, freeze_a: bool = False,
+                 fold_adapters: bool = False) -> None:
         super().__init__()
         del input_shape  # any length up to the model's positions
         if not path:
@@ -149,6 +152,9 @@ class FineTuned(nn.Module):
             raise ConfigError("model.options.adapters: set only with mode = 'lora'")
         if freeze_a and mode != "lora":
             raise ConfigError("model.options.freeze_a: set only with mode = 'lora'")
+        if fold_adapters and (mode != "lora" or precision != "float32"):
+            raise ConfigError("model.options.fold_adapters: set only with mode = 'lora' and "
+                              "precision = 'float32' (the target weights become float32 leaves)")
         src = resolve_source(path)
         full_path = str(src.path)
         self.path, self.task, self.mode = full_path, task, mode
@@ -161,12 +167,14 @@ class FineTuned(nn.Module):
         self.pad_id, self.checkpointing = base.pad_id, bool(gradient_checkpointing)
         self.fixed: dict[str, torch.Tensor] = {}  # frozen adapter factors (freeze_a): not leaves
         frozen_a = [n for n in self._held.leaves if freeze_a and n.endswith(".lora_A")]
-        self.leaf_names = [n for n in self._held.leaves if n not in frozen_a]
+        self.fold_adapters = bool(fold_adapters)
+        leaves = _with_targets(self._held.leaves) if fold_adapters else self._held.leaves
+        self.leaf_names = [n for n in leaves if n not in frozen_a]
         # the base's dropout layers (shared, no tensors), so the engines see them and key
         # their masks per client as every zoo model's
         self.dropouts = nn.ModuleList(m for m in base.modules()
                                       if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0)
-        for name in self._held.leaves:  # in the base's order: the same draws either way
+        for name in leaves:  # in the base's order: the same draws either way
             value = _initial(base, name)
             if name in frozen_a:
                 self.fixed[name] = value
@@ -222,6 +230,16 @@ class FineTuned(nn.Module):
         adapters.update({n: v.detach().float().cpu() for n, v in self.fixed.items()})
         export_peft(folder, self.path, self.lora_config, adapters, self.task,
                     self.num_classes if self.task == "classification" else None)
+
+
+def _with_targets(leaves: list[str]) -> list[str]:
+    """``leaves`` with each adapted linear's ``weight`` just before its ``lora_A``."""
+    out = []
+    for name in leaves:
+        if name.endswith(".lora_A"):
+            out.append(name.removesuffix("lora_A") + "weight")
+        out.append(name)
+    return out
 
 
 def _run(base: nn.Module, all_positions: bool, tokens: torch.Tensor,

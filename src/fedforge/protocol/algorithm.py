@@ -121,6 +121,10 @@ class Part:
 
     needs_grad_sum: bool = False
 
+    # True: this part's upload_nbytes / download_nbytes change from round to round (FLoRA's
+    # stack), so the drivers ask again after every server step
+    nbytes_by_round: bool = False
+
     # True: the engine puts each sampled client's id in its round inputs (info[CLIENT_ID]),
     # for a part that keeps one server value per client (AFL's mixture weights)
     needs_client_ids: bool = False
@@ -359,6 +363,12 @@ class Algorithm:
     @property
     def needs_grad_sum(self) -> bool:
         return any(p.needs_grad_sum for p in self.parts)
+
+    @property
+    def nbytes_by_round(self) -> bool:
+        """Whether :meth:`message_nbytes` changes from round to round (a codec's encoded
+        size, a part's own bytes)."""
+        return self.codec is not None or any(p.nbytes_by_round for p in self.parts)
 
     def needs(self, params: Params) -> frozenset[str]:
         """What a driver must serve to run this algorithm (keys of :data:`NEEDS`)."""

@@ -59,6 +59,7 @@ FAIR_CODE = "litian96/fair_flearn"
 IFCA_CODE = "jichan3751/ifca"
 CFL_CODE = "felisat/clustered-federated-learning"
 MOON_CODE = "QinbinLi/MOON"
+FLORA_CODE = "ATP-1010/FederatedLLM"
 
 
 def _sgd_client(lr: Default | None = None) -> dict[str, Default]:
@@ -353,6 +354,21 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Default]] = {
                                  "Sec. 4.1: τ = 0.5)"),
         "head": ours(None, "z is the head's input: [model] head, else the model's last layer "
                            "(the code's 2-layer projection head is not added; docs/baselines.md)"),
+    },
+    "flora": {
+        "local_lr": code(3e-5, f"{FLORA_CODE} main.py: local_learning_rate = 3e-5"),
+        "ranks": code([], f"{FLORA_CODE} main.py: heter = False, every client lora_r (the "
+                          "heterogeneous runs set local_ranks = [64, 32, 16, 16, 8, 8, 4, 4, "
+                          "4, 4], client i its i-th)"),
+        "seed": ours(0, "seeds each round's fresh A (the code draws it from torch's global "
+                        "generator); round 1 starts from the model's own A"),
+        "client_optimizer": code("adam", f"{FLORA_CODE} fed_utils/client.py: "
+                                         "optim='adamw_torch' with the Trainer's weight "
+                                         "decay 0, which is Adam"),
+        "weight_decay": code(0.0, f"{FLORA_CODE} fed_utils/client.py: TrainingArguments "
+                                  "sets none (the Trainer's default 0)"),
+        "max_grad_norm": code(1.0, f"{FLORA_CODE} fed_utils/client.py: TrainingArguments "
+                                   "keeps the Trainer's default max_grad_norm = 1.0"),
     },
     **{  # personalised FL (algorithms/personal, docs/personalised.md)
         "local_only": _sgd_client(),
