@@ -13,10 +13,10 @@ from fedforge.algorithms.fedavg import fedavg, fedavgm, fedprox
 from fedforge.algorithms.feddc import feddc
 from fedforge.algorithms.feddyn import feddyn
 from fedforge.algorithms.fedexp import fedexp
-from fedforge.algorithms.flora import flora
 from fedforge.algorithms.fednova import fednova
 from fedforge.algorithms.fedopt import fedadagrad, fedadam, fedams, fedyogi
 from fedforge.algorithms.fedptr import fedptr, fedptr_s
+from fedforge.algorithms.flora import flora
 from fedforge.algorithms.moon import moon
 from fedforge.algorithms.personal import PERSONAL_ALGORITHMS
 from fedforge.algorithms.scaffold import scaffold
