@@ -11,6 +11,10 @@ For each registered algorithm (a new one is covered without editing this file):
 The multi-task drivers (FedAST, FedBuff, Sync-ST) are ``test_async_registry.py``.
 
 Loop == vmap for every algorithm is ``tests/engine/test_parity.py``.
+
+The suite's model has no LoRA adapters, so FLoRA runs here as FedAvg; its LoRA rounds (resume
+bit for bit, loop = vmap, bytes) need a pretrained model and are
+``tests/models/test_flora_lora.py``.
 """
 
 from __future__ import annotations
