@@ -1,9 +1,10 @@
 """``dataset = "huggingface"``: a local Hugging Face dataset as fedforge's in-memory tensors.
 
-The ``datasets`` library reads a ``save_to_disk`` folder (Arrow), Parquet or CSV files, or an
-image folder; the rows become the same tensors the built-in loaders give (images float32
-``[N, C, H, W]`` standardised per channel, numeric columns float32 ``[N, D]`` standardised
-per column, labels int64). Only local paths are read: the loader runs offline and refuses
+The ``datasets`` library reads a ``save_to_disk`` folder (Arrow), Parquet, CSV or JSON-lines
+files, or an image folder; the rows become the same tensors the built-in loaders give
+(images float32 ``[N, C, H, W]`` standardised per channel, numeric columns float32
+``[N, D]`` standardised per column, labels int64; a text column becomes the model's token
+ids, :mod:`.hf_text`). Only local paths are read: the loader runs offline and refuses
 anything that is not a file or folder, so a hub name never turns into a download. The
 library's cache goes to a temporary folder that is removed once the tensors are built.
 
@@ -31,7 +32,8 @@ import torch
 from fedforge.core.memory import out_of_memory
 from fedforge.data.base import DatasetError, DatasetSplits, check_declared_size, labels_to_tensor
 
-Format = Literal["auto", "arrow", "parquet", "csv", "imagefolder"]
+Format = Literal["auto", "arrow", "parquet", "csv", "json", "imagefolder"]
+_SUFFIXES = {".parquet": "parquet", ".csv": "csv", ".jsonl": "json", ".json": "json"}
 _IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
 _HOLDOUT_SEED = 0  # fixed: the held-out test split must not change with the run's seed
 MAX_CLASSES = 1 << 24
@@ -90,28 +92,28 @@ def _local_path(path: str) -> Path:
         raise DatasetError(
             f"data.options.path: {path!r} is not a local file or folder; the huggingface "
             "dataset reads only local data and fetches nothing from a hub (save it with "
-            "save_to_disk, or as Parquet or CSV, and give that path)")
+            "save_to_disk, or as Parquet, CSV or JSON lines, and give that path)")
     return where
 
 
 def _detect(path: Path) -> str:
     """The format a path holds, from its files (``format = "auto"``)."""
     if path.is_file():
-        kind = {".parquet": "parquet", ".csv": "csv"}.get(path.suffix.lower())
+        kind = _SUFFIXES.get(path.suffix.lower())
         if kind is None:
             raise DatasetError(f"data.options.format: cannot tell the format of {path}; set "
-                               "format to arrow, parquet, csv or imagefolder")
+                               "format to arrow, parquet, csv, json or imagefolder")
         return kind
     if any((path / f).is_file() for f in ("dataset_dict.json", "state.json")):
         return "arrow"
     files = [f for f in path.rglob("*") if f.is_file()]
-    for suffix, kind in ((".parquet", "parquet"), (".csv", "csv")):
+    for suffix, kind in _SUFFIXES.items():
         if any(f.suffix.lower() == suffix for f in files):
             return kind
     if any(f.suffix.lower() in _IMAGE_SUFFIXES for f in files):
         return "imagefolder"
     raise DatasetError(f"data.options.path: {path} holds no Arrow (save_to_disk), Parquet, "
-                       "CSV or image files")
+                       "CSV, JSON lines or image files")
 
 
 def _read(path: Path, fmt: str) -> dict[str, Any]:
@@ -450,6 +452,9 @@ def load_huggingface(
     test_fraction: float = 0.2,
     partition_by: str | None = None,
     normalize: bool = True,
+    text: str | None = None,
+    tokenizer: str | None = None,
+    max_len: int = 128,
 ) -> DatasetSplits:
     """A local Hugging Face dataset in memory (see the module doc).
 
@@ -457,13 +462,20 @@ def load_huggingface(
     columns (default: all but ``label`` and ``partition_by``). ``test_split``: default
     ``test`` when the dataset has it, else ``test_fraction`` of ``split`` is held out (a
     fixed draw). ``partition_by``: a natural client id column (writer, device) for
-    ``partition = "natural"`` or ``flwr:natural_id``.
+    ``partition = "natural"`` or ``flwr:natural_id``. ``text``: a text column, tokenised
+    with ``tokenizer`` to ``max_len`` tokens (:mod:`.hf_text`); ``label = ""`` then makes
+    next-token sequences instead of classes.
     """
     where = _local_path(path)
     fmt = _detect(where) if format == "auto" else format
     train, test = _pick(_read(where, fmt), split, test_split, where)
     if test is None:
         train, test = _hold_out(train, test_fraction)
+    if text is not None:
+        from fedforge.data.hf_text import text_splits  # noqa: PLC0415 (tokenizers: an extra)
+
+        return text_splits(train, test, where, text=text, label=label,
+                           partition_by=partition_by, tokenizer=tokenizer, max_len=max_len)
     columns = _feature_columns(train, features, label, partition_by)
     if len(columns) == 1 and _is_image(train, columns[0]):
         xtr, xte = _images([train, test], columns[0], where)

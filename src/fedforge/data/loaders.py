@@ -23,6 +23,7 @@ from fedforge.data.images import (
     load_femnist,
     load_mnist,
 )
+from fedforge.data.next_token import load_shakespeare_lm
 from fedforge.data.population import PopulationDataset, make_population
 from fedforge.data.root import ENV_VAR, DataRoot, describe_root, resolve_data_root, resolved
 from fedforge.data.subsets import pop_subset_options, select_train
@@ -67,6 +68,11 @@ _REGISTRY: dict[str, DatasetEntry] = {
         "femnist", (FEMNIST_FILE,), "a LEAF FEMNIST export by writer as one .npz"),
     "shakespeare": DatasetEntry(
         load_shakespeare, "LEAF Shakespeare next-char prediction, 80-char windows, 715 roles",
+        "shakespeare", ("shakespeare_train.json.gz", "shakespeare_test.json.gz"),
+        "the TFF/LEAF Shakespeare split by speaking role as gzipped JSON"),
+    "shakespeare_lm": DatasetEntry(
+        load_shakespeare_lm, "LEAF Shakespeare by role for next-token fine-tuning: each role's "
+        "text in the model's own tokens (data.options.tokenizer), perplexity per role",
         "shakespeare", ("shakespeare_train.json.gz", "shakespeare_test.json.gz"),
         "the TFF/LEAF Shakespeare split by speaking role as gzipped JSON"),
     "sst2": DatasetEntry(

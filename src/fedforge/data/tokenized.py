@@ -78,23 +78,57 @@ def load_tokenizer(path: str) -> Any:
     return transformers.AutoTokenizer.from_pretrained(folder, **kwargs)
 
 
+def _tag(tokenizer: str) -> str:
+    """Names the tokenizer in a cache entry's name (its files' bytes are in the key)."""
+    return hashlib.sha256(str(_source(tokenizer)).encode()).hexdigest()[:12]
+
+
+def pad_id(tok: Any) -> int:
+    """The id text is right-padded with: the tokenizer's padding token, 0 when it has none."""
+    return tok.pad_token_id if tok.pad_token_id is not None else 0
+
+
 def tokenized(folder: Path, name: str, data_files: Sequence[Path], tokenizer: str,
               max_len: int, splits: dict[str, list[str]]) -> tuple[dict[str, np.ndarray], int]:
     """Each split's texts as token ids [n, max_len], right-padded with the tokenizer's pad
     id (0 when it has none), and the vocabulary size; cached in ``folder``."""
-    tag = hashlib.sha256(str(_source(tokenizer)).encode()).hexdigest()[:12]
     tok = load_tokenizer(tokenizer)
 
     def encode() -> dict[str, np.ndarray]:
-        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
         out = {}
         for split, texts in splits.items():
             ids = tok(texts, truncation=True, max_length=max_len)["input_ids"]
-            arr = np.full((len(ids), max_len), pad, dtype=np.int64)
+            arr = np.full((len(ids), max_len), pad_id(tok), dtype=np.int64)
             for i, row in enumerate(ids):
                 arr[i, :len(row)] = row
             out[split] = arr
         return out
 
     sources = [*data_files, *tokenizer_files(tokenizer)]
-    return cached_arrays(folder, f"{name}-tok{tag}-len{max_len}", sources, encode), len(tok)
+    return cached_arrays(folder, f"{name}-tok{_tag(tokenizer)}-len{max_len}", sources,
+                         encode), len(tok)
+
+
+Streams = tuple[np.ndarray, np.ndarray]  # every text's ids end to end, and where each starts
+
+
+def token_streams(folder: Path, name: str, data_files: Sequence[Path], tokenizer: str,
+                  splits: dict[str, list[str]]) -> tuple[dict[str, Streams], int, int]:
+    """Each split's texts tokenised whole (no truncation, no padding) -> ``{split: (ids,
+    offsets [n + 1])}``, the vocabulary size and the padding id; cached in ``folder`` like
+    :func:`tokenized`, keyed by the data and tokenizer files."""
+    tok = load_tokenizer(tokenizer)
+
+    def encode() -> dict[str, np.ndarray]:
+        out = {}
+        for split, texts in splits.items():
+            ids = tok(texts, verbose=False)["input_ids"] if texts else []
+            out[f"{split}_offsets"] = np.cumsum([0, *map(len, ids)]).astype(np.int64)
+            out[f"{split}_ids"] = np.fromiter((t for row in ids for t in row), np.int64,
+                                              int(out[f"{split}_offsets"][-1]))
+        return out
+
+    sources = [*data_files, *tokenizer_files(tokenizer)]
+    arrays = cached_arrays(folder, f"{name}-tok{_tag(tokenizer)}-streams", sources, encode)
+    return ({s: (arrays[f"{s}_ids"], arrays[f"{s}_offsets"]) for s in splits}, len(tok),
+            pad_id(tok))

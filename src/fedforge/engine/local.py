@@ -36,6 +36,7 @@ from fedforge.engine.stages import (
     local_stages,
     plain_step,
 )
+from fedforge.engine.targets import ALL_POSITIONS, per_position, sequence_loss
 from fedforge.protocol.algorithm import Algorithm
 
 
@@ -57,7 +58,9 @@ def has_shared_tensors(model: nn.Module) -> bool:
 
 
 class ClassificationLoss:
-    """Masked mean cross-entropy of ``model``'s logits: ``sum_b w_b CE_b / max(sum_b w_b, 1)``.
+    """Masked mean cross-entropy of ``model``'s logits: ``sum_b w_b CE_b / max(sum_b w_b, 1)``;
+    for next-token targets ``y [B, T]``, the mean over the scored tokens of the weighted
+    sequences (:mod:`fedforge.engine.targets`).
 
     A module-level class rather than a closure so that it pickles with its model: the
     ``procs`` engine sends it to its worker processes once (:mod:`fedforge.engine.procs`).
@@ -82,14 +85,17 @@ class ClassificationLoss:
                  w: torch.Tensor) -> torch.Tensor:
         pooling = (TiledPoolMode() if self.tiled_pooling and not torch.compiler.is_compiling()
                    else nullcontext())
+        kwargs = ALL_POSITIONS if per_position(y) else None  # next-token targets [B, T]
         with pooling:
             if self.precision == "bf16":
                 with torch.autocast(x.device.type, dtype=torch.bfloat16):
-                    logits = torch.func.functional_call(self.model, params, (x,),
+                    logits = torch.func.functional_call(self.model, params, (x,), kwargs,
                                                         tie_weights=self.tied)  # [B, C]
             else:  # no autocast region at all: one, even disabled, stops the compile cache
-                logits = torch.func.functional_call(self.model, params, (x,),
+                logits = torch.func.functional_call(self.model, params, (x,), kwargs,
                                                     tie_weights=self.tied)
+        if kwargs is not None:
+            return sequence_loss(logits, y, w)  # mean NLL over the scored tokens
         per_sample = F.cross_entropy(upcast(logits), y, reduction="none")  # [B]
         return (per_sample * w).sum() / w.sum().clamp_min(1.0)
 

@@ -31,6 +31,7 @@ from fedforge.engine import (
 )
 from fedforge.engine.draw import RoundDraw
 from fedforge.engine.evaluate import evaluate
+from fedforge.engine.targets import check_model_scores_positions
 from fedforge.experiment.config import (
     AlgorithmConfig,
     ConfigError,
@@ -108,6 +109,8 @@ class Setup:
                               **cfg.model.options).to(device)
         if cfg.model.init_from is not None:  # fine-tuning from saved weights
             init_network(network, cfg.model.init_from)
+        check_model_scores_positions(network, getattr(data, "train_y", None), data.name,
+                                     cfg.model.name)  # next-token data: a causal LM
         if algorithm is None:
             algorithm = build_algorithm(cfg.algorithm.name, **algorithm_kwargs(cfg))
         try:

@@ -6,7 +6,8 @@ cross-entropy of its personalised model (``personal_accuracy``, ``personal_loss`
 global model (``global_accuracy``, ``global_loss``) on them; a clustered method (IFCA, CFL)
 adds ``cluster``, each client's cluster at that round (-1: none yet, and held-out clients);
 FedProto adds ``prototype_accuracy``, its personal model's accuracy by the nearest global
-prototype.
+prototype; next-token data adds ``personal_perplexity`` and ``global_perplexity`` (exp of the
+mean token NLL, the loss columns' token accuracy and NLL being over scored tokens).
 The file is columnar (one numpy
 array per column, ``numpy.load`` reads it) and rewritten whole, atomically, at each
 evaluated round by the run's log writer, which on resume keeps the rows of the rounds the
@@ -26,9 +27,9 @@ from fedforge.experiment.rundir import write_bytes
 FILE = "client_metrics.npz"
 COLUMNS = ("round", "client", "held_out", "samples", "personal_accuracy", "personal_loss",
            "global_accuracy", "global_loss")
-OPTIONAL = ("cluster", "prototype_accuracy")
-"""Columns only some methods have: a clustered method's cluster of each client (-1: none),
-FedProto's nearest-prototype accuracy."""
+OPTIONAL = ("cluster", "prototype_accuracy", "personal_perplexity", "global_perplexity")
+"""Columns only some runs have: a clustered method's cluster of each client (-1: none),
+FedProto's nearest-prototype accuracy, next-token data's perplexities (exp of the loss)."""
 
 
 class ClientColumns(dict):

@@ -26,6 +26,7 @@ from fedforge.data.batching import client_batches
 from fedforge.data.client_split import ClientTests, client_split
 from fedforge.data.federated import gather_round_indices
 from fedforge.engine.local import LossFn, local_update_of
+from fedforge.engine.targets import ALL_POSITIONS, per_position, token_nll
 from fedforge.experiment.client_metrics import OPTIONAL, ClientColumns
 from fedforge.experiment.metrics import PER_CLIENT  # the per-client columns' record key
 from fedforge.protocol.algorithm import Algorithm
@@ -56,7 +57,8 @@ def client_scores(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Te
                   indices: Sequence[torch.Tensor], stacked: bool = True,
                   batch_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (accuracy [C], mean cross-entropy [C], test samples [C]) of client c's parameters
-    on ``x[indices[c]]`` (a client without test samples: accuracy and loss 0).
+    on ``x[indices[c]]`` (a client without test samples: accuracy and loss 0); for
+    next-token targets, its token accuracy and mean NLL over its scored tokens.
 
     ``params`` is stacked ``[C, ...]`` (each client its own model) or, with
     ``stacked=False``, one model for every client. Clients go through in chunks of about
@@ -65,11 +67,13 @@ def client_scores(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Te
     correct = torch.zeros(num, dtype=torch.float64)
     loss = torch.zeros(num, dtype=torch.float64)
     sizes = torch.tensor([len(i) for i in indices], dtype=torch.float64)
+    scored = sizes.clone()  # what accuracy and loss average over: samples, or scored tokens
     width = max(int(sizes.max()) if num else 1, 1)
     chunk = max(1, batch_size // width)
+    tokens = per_position(y)  # next-token targets: every position scored
 
     def forward(p, xb):
-        return torch.func.functional_call(model, p, (xb,))
+        return torch.func.functional_call(model, p, (xb,), ALL_POSITIONS if tokens else None)
 
     training = model.training
     model.eval()
@@ -79,12 +83,24 @@ def client_scores(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Te
             idx, mask = _padded(indices[lo:hi], x.device)
             p = tree_map(lambda t, lo=lo, hi=hi: t[lo:hi], params) if stacked else params
             logits = torch.func.vmap(forward, in_dims=(0 if stacked else None, 0))(p, x[idx])
+            if tokens:
+                correct[lo:hi], loss[lo:hi], scored[lo:hi] = _token_sums(logits, y[idx], mask)
+                continue
             hit = (logits.argmax(-1) == y[idx]) & mask
             correct[lo:hi] = hit.sum(1).double().cpu()
             loss[lo:hi] = _loss_sums(logits, y[idx], mask)
     finally:
         model.train(training)
-    return correct / sizes.clamp_min(1), loss / sizes.clamp_min(1), sizes
+    return correct / scored.clamp_min(1), loss / scored.clamp_min(1), sizes
+
+
+def _token_sums(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each client's correct tokens, summed NLL and scored tokens over its real sequences
+    (``logits [C, W, T, V]``, ``y [C, W, T]``, ``mask [C, W]``)."""
+    nll, hit, scored = token_nll(logits, y)
+    real = mask[..., None]
+    return tuple((v * real).double().sum((1, 2)).cpu() for v in (hit, nll, scored))
 
 
 def _loss_sums(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -97,17 +113,32 @@ def _loss_sums(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> tor
     return (ce * mask).sum(1).double().cpu()
 
 
-def summarise(prefix: str, accuracy: torch.Tensor, sizes: torch.Tensor) -> dict[str, float]:
+def summarise(prefix: str, accuracy: torch.Tensor, sizes: torch.Tensor,
+              higher_is_better: bool = True) -> dict[str, float]:
     """``{prefix}_mean``, ``_weighted`` (by test samples), ``_p10`` and ``_worst`` over the
-    clients with test data."""
+    clients with test data; for a metric where lower is better (a perplexity), ``_p90`` and
+    the highest as the worst."""
     has = sizes > 0
     if not bool(has.any()):
         return {}
     acc, n = accuracy[has].double(), sizes[has].double()
+    tail = 10 if higher_is_better else 90
     return {f"{prefix}_mean": float(acc.mean()),
             f"{prefix}_weighted": float((acc * n).sum() / n.sum()),
-            f"{prefix}_p10": float(np.percentile(acc.numpy(), 10)),
-            f"{prefix}_worst": float(acc.min())}
+            f"{prefix}_p{tail}": float(np.percentile(acc.numpy(), tail)),
+            f"{prefix}_worst": float(acc.min() if higher_is_better else acc.max())}
+
+
+def perplexities(got: dict[str, torch.Tensor], prefix: str) -> dict[str, float]:
+    """Next-token targets: each client's perplexity (exp of its mean token NLL) for both
+    models, added to ``got`` as columns, and their summaries (``{prefix}personal_perplexity_*``,
+    ``{prefix}global_perplexity_*``)."""
+    out = {}
+    for who in ("personal", "global"):
+        got[f"{who}_perplexity"] = got[f"{who}_loss"].exp()
+        out.update(summarise(f"{prefix}{who}_perplexity", got[f"{who}_perplexity"],
+                             got["sizes"], higher_is_better=False))
+    return out
 
 
 def finetune(algorithm: Algorithm, loss_fn: LossFn, start: Params, client_ids: torch.Tensor,
@@ -221,6 +252,8 @@ def evaluate_personal(model: nn.Module, algorithm: Algorithm, loss_fn: LossFn,
         out.update(summarise(f"{prefix}global_accuracy", got["global"], got["sizes"]))
         for key in (k for k in got if k.endswith("_accuracy")):  # a method's own rules
             out.update(summarise(f"{prefix}{key}", got[key], got["sizes"]))
+        if per_position(tests.y):
+            out.update(perplexities(got, prefix))
         columns.append(_columns(ids, bool(prefix), got))
     if columns:
         out[PER_CLIENT] = ClientColumns({k: np.concatenate([c[k] for c in columns])

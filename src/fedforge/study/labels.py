@@ -44,6 +44,7 @@ class Metric:
 
 UNIT = (0.0, 1.0)  # an accuracy or a share
 NONNEGATIVE = (0.0, None)  # a loss, a count, seconds
+PERPLEXITY = (1.0, None)  # exp of a mean negative log-likelihood
 POOLED = "global model, pooled test set"
 _PERSONAL_SOURCES = {
     "personal": "personalised model, each client's held-out data",
@@ -59,6 +60,9 @@ METRICS: dict[str, Metric] = {
     "round": Metric("round"),
     "test_accuracy": Metric("test accuracy", None, True, bounds=UNIT, source=POOLED),
     "test_loss": Metric("test loss", None, False, bounds=NONNEGATIVE, source=POOLED),
+    # next-token data (docs/finetuning.md): over the scored tokens; accuracy is the token's
+    "test_perplexity": Metric("test perplexity", None, False, bounds=PERPLEXITY, source=POOLED),
+    "test_tokens": Metric("scored test tokens", None, None, bounds=NONNEGATIVE, source=POOLED),
     "train_loss": Metric("training loss", None, False, bounds=NONNEGATIVE,
                          source="cohort's model, its own training batches"),
     "client_mean_accuracy": Metric("mean accuracy on clients' own test data", None, True,
@@ -73,6 +77,14 @@ METRICS: dict[str, Metric] = {
                           ("held_out_prototype", "held-out clients' nearest-prototype"))
        for stat, what in (("mean", "mean over clients"), ("weighted", "sample-weighted mean"),
                           ("p10", "10th percentile of clients"), ("worst", "worst client"))},
+    **{f"{who}_perplexity_{stat}": Metric(f"{label} perplexity, {what}", None, False,
+                                          bounds=PERPLEXITY, source=_PERSONAL_SOURCES[who])
+       for who, label in (("personal", "personal"), ("global", "global model's"),
+                          ("held_out_personal", "held-out clients' personal"),
+                          ("held_out_global", "global model's held-out-client"))
+       for stat, what in (("mean", "mean over clients"), ("weighted", "sample-weighted mean"),
+                          ("p90", "90th percentile of clients"),
+                          ("worst", "worst (highest) client"))},
     # one client's numbers (client_metrics.npz): the columns the summaries above are taken over
     "personal_accuracy": Metric("personal accuracy", None, True, bounds=UNIT,
                                 source=_PERSONAL_SOURCES["personal"]),
@@ -80,6 +92,10 @@ METRICS: dict[str, Metric] = {
                               source=_PERSONAL_SOURCES["global"]),
     "prototype_accuracy": Metric("nearest-prototype accuracy", None, True, bounds=UNIT,
                                  source=_PERSONAL_SOURCES["prototype"]),
+    "personal_perplexity": Metric("personal perplexity", None, False, bounds=PERPLEXITY,
+                                  source=_PERSONAL_SOURCES["personal"]),
+    "global_perplexity": Metric("global model's perplexity", None, False, bounds=PERPLEXITY,
+                                source=_PERSONAL_SOURCES["global"]),
     "personal_loss": Metric("personal loss", None, False, bounds=NONNEGATIVE,
                             source=_PERSONAL_SOURCES["personal"]),
     "global_loss": Metric("global model's loss", None, False, bounds=NONNEGATIVE,
