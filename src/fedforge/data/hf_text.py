@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedforge.data.base import DatasetError, DatasetSplits, labels_to_tensor
+from fedforge.data.base import DatasetError, labels_to_tensor
 from fedforge.data.cache import CACHE_DIR
 from fedforge.data.next_token import need_tokenizer, stream_sequences
 
@@ -50,16 +50,13 @@ def _entry(texts: dict[str, list[str]], column: str) -> str:
     return f"huggingface-{digest.hexdigest()[:12]}"
 
 
-def text_splits(train: Any, test: Any, where: Path, *, text: str, label: str,
-                partition_by: str | None, tokenizer: str | None, max_len: int
-                ) -> DatasetSplits:
-    """The rows' ``text`` as token ids with the ``label`` column's classes, or, with
-    ``label = ""``, as next-token sequences (see the module doc)."""
-    from fedforge.data.huggingface import (  # noqa: PLC0415 (its own loader calls here)
-        HuggingFaceSplits,
-        _groups,
-        _labels,
-    )
+def text_fields(train: Any, test: Any, where: Path, *, text: str,
+                labels: tuple[np.ndarray, np.ndarray, int] | None,
+                groups: tuple[np.ndarray, np.ndarray, list[str]] | None,
+                tokenizer: str | None, max_len: int) -> dict[str, Any]:
+    """The fields of the dataset's splits: the rows' ``text`` as token ids with ``labels``
+    (train, test, classes), or, without labels, as next-token sequences keeping each row's
+    ``groups`` id (see the module doc)."""
     from fedforge.data.tokenized import token_streams, tokenized  # noqa: PLC0415 (extra)
 
     tokenizer = need_tokenizer(tokenizer, "huggingface")
@@ -68,27 +65,23 @@ def text_splits(train: Any, test: Any, where: Path, *, text: str, label: str,
     texts = {"train": _texts(train, text, where), "test": _texts(test, text, where)}
     folder = where if where.is_dir() else where.parent
     files, name = data_files(where), _entry(texts, text)
-    groups = _groups(train, test, partition_by, where) if partition_by else None
-    common = {"name": f"huggingface:{where.name}", "input_shape": (max_len,),
-              "group_names": None if groups is None else groups[2]}
-    if label:
+    out: dict[str, Any] = {
+        "name": f"huggingface:{where.name}", "input_shape": (max_len,),
+        "train_groups": None, "test_groups": None,
+        "group_names": None if groups is None else groups[2]}
+    if labels is not None:
         ids, vocab = tokenized(folder, name, files, tokenizer, max_len, texts)
-        ytr, yte, num_classes = _labels(train, test, label, where)
-        return HuggingFaceSplits(
-            train_x=torch.from_numpy(ids["train"]), train_y=labels_to_tensor(ytr),
-            test_x=torch.from_numpy(ids["test"]), test_y=labels_to_tensor(yte),
-            num_classes=num_classes, train_groups=None if groups is None else groups[0],
-            test_groups=None if groups is None else groups[1], vocab_size=vocab, **common)
+        if groups is not None:
+            out.update(train_groups=groups[0], test_groups=groups[1])
+        return {**out, "train_x": torch.from_numpy(ids["train"]),
+                "train_y": labels_to_tensor(labels[0]), "test_x": torch.from_numpy(ids["test"]),
+                "test_y": labels_to_tensor(labels[1]), "num_classes": labels[2],
+                "vocab_size": vocab}
     streams, vocab, pad = token_streams(folder, name, files, tokenizer, texts)
-    out = []
     for i, split in enumerate(("train", "test")):
-        rows = len(texts[split])
-        owners = groups[i] if groups is not None else np.arange(rows, dtype=np.int64)
-        out.append(stream_sequences(*streams[split], owners.tolist(), max_len, pad, None))
-    (trx, tr_y, trg), (tex, te_y, teg) = out
-    return HuggingFaceSplits(
-        train_x=torch.from_numpy(trx), train_y=torch.from_numpy(tr_y),
-        test_x=torch.from_numpy(tex), test_y=torch.from_numpy(te_y), num_classes=vocab,
-        train_groups=trg if groups is not None else None,
-        test_groups=teg if groups is not None else None, vocab_size=vocab,
-        client_tests=False, **common)
+        owners = groups[i] if groups is not None else np.arange(len(texts[split]))
+        x, y, g = stream_sequences(*streams[split], owners.tolist(), max_len, pad, None)
+        out.update({f"{split}_x": torch.from_numpy(x), f"{split}_y": torch.from_numpy(y)})
+        if groups is not None:
+            out[f"{split}_groups"] = g
+    return {**out, "num_classes": vocab, "vocab_size": vocab, "client_tests": False}

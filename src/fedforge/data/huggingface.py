@@ -31,6 +31,7 @@ import torch
 
 from fedforge.core.memory import out_of_memory
 from fedforge.data.base import DatasetError, DatasetSplits, check_declared_size, labels_to_tensor
+from fedforge.data.hf_text import text_fields
 
 Format = Literal["auto", "arrow", "parquet", "csv", "json", "imagefolder"]
 _SUFFIXES = {".parquet": "parquet", ".csv": "csv", ".jsonl": "json", ".json": "json"}
@@ -471,11 +472,11 @@ def load_huggingface(
     train, test = _pick(_read(where, fmt), split, test_split, where)
     if test is None:
         train, test = _hold_out(train, test_fraction)
-    if text is not None:
-        from fedforge.data.hf_text import text_splits  # noqa: PLC0415 (tokenizers: an extra)
-
-        return text_splits(train, test, where, text=text, label=label,
-                           partition_by=partition_by, tokenizer=tokenizer, max_len=max_len)
+    if text is not None:  # the model's tokens; label = "": next-token sequences
+        return HuggingFaceSplits(**text_fields(
+            train, test, where, text=text, tokenizer=tokenizer, max_len=max_len,
+            labels=_labels(train, test, label, where) if label else None,
+            groups=_groups(train, test, partition_by, where) if partition_by else None))
     columns = _feature_columns(train, features, label, partition_by)
     if len(columns) == 1 and _is_image(train, columns[0]):
         xtr, xte = _images([train, test], columns[0], where)

@@ -49,6 +49,15 @@ def sequence_loss(logits: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> tor
     return (nll * weight).sum() / weight.sum().clamp_min(1.0)
 
 
+def client_token_sums(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each client's correct tokens, summed NLL and scored tokens over its real sequences
+    (``logits [C, W, T, V]``, ``y [C, W, T]``, ``mask [C, W]``), float64 on the CPU."""
+    nll, hit, scored = token_nll(logits, y)
+    real = mask[..., None]
+    return tuple((v * real).double().sum((1, 2)).cpu() for v in (hit, nll, scored))
+
+
 def check_model_scores_positions(model: nn.Module, y: torch.Tensor | None, dataset: str,
                                  model_name: str) -> None:
     """Next-token targets need a model that scores every position (``all_positions``, and a

@@ -26,7 +26,7 @@ from fedforge.data.batching import client_batches
 from fedforge.data.client_split import ClientTests, client_split
 from fedforge.data.federated import gather_round_indices
 from fedforge.engine.local import LossFn, local_update_of
-from fedforge.engine.targets import ALL_POSITIONS, per_position, token_nll
+from fedforge.engine.targets import ALL_POSITIONS, client_token_sums, per_position
 from fedforge.experiment.client_metrics import OPTIONAL, ClientColumns
 from fedforge.experiment.metrics import PER_CLIENT  # the per-client columns' record key
 from fedforge.protocol.algorithm import Algorithm
@@ -84,7 +84,7 @@ def client_scores(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Te
             p = tree_map(lambda t, lo=lo, hi=hi: t[lo:hi], params) if stacked else params
             logits = torch.func.vmap(forward, in_dims=(0 if stacked else None, 0))(p, x[idx])
             if tokens:
-                correct[lo:hi], loss[lo:hi], scored[lo:hi] = _token_sums(logits, y[idx], mask)
+                correct[lo:hi], loss[lo:hi], scored[lo:hi] = client_token_sums(logits, y[idx], mask)
                 continue
             hit = (logits.argmax(-1) == y[idx]) & mask
             correct[lo:hi] = hit.sum(1).double().cpu()
@@ -92,15 +92,6 @@ def client_scores(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Te
     finally:
         model.train(training)
     return correct / scored.clamp_min(1), loss / scored.clamp_min(1), sizes
-
-
-def _token_sums(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each client's correct tokens, summed NLL and scored tokens over its real sequences
-    (``logits [C, W, T, V]``, ``y [C, W, T]``, ``mask [C, W]``)."""
-    nll, hit, scored = token_nll(logits, y)
-    real = mask[..., None]
-    return tuple((v * real).double().sum((1, 2)).cpu() for v in (hit, nll, scored))
 
 
 def _loss_sums(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
