@@ -25,11 +25,11 @@ from fedforge.data import cache, load_dataset  # noqa: E402
 from fedforge.data import tokenized as tokenized_module  # noqa: E402
 from fedforge.data.next_token import IGNORE, next_token_targets  # noqa: E402
 from fedforge.engine import LoopEngine, VmapEngine, classification_loss  # noqa: E402
+from fedforge.engine.client_eval import client_scores, perplexities  # noqa: E402
 from fedforge.engine.draw import RoundDraw  # noqa: E402
 from fedforge.engine.evaluate import evaluate  # noqa: E402
 from fedforge.engine.round import RoundSetup, federated_round  # noqa: E402
 from fedforge.errors import ConfigError  # noqa: E402
-from fedforge.experiment.personal_eval import client_scores, perplexities  # noqa: E402
 
 WORDS = ["to", "be", "or", "not", "that", "is", "the", "question", "my", "lord", "good", "night"]
 VOCAB = 2 + len(WORDS)  # [PAD] = 0, [UNK] = 1

@@ -16,8 +16,8 @@ from fedforge.data.batching import client_batches
 from fedforge.data.client_split import client_split
 from fedforge.data.federated import FederatedDataset
 from fedforge.engine import classification_loss
+from fedforge.engine.client_eval import client_accuracy
 from fedforge.experiment.personal_eval import (
-    client_accuracy,
     evaluate_personal,
     finetune,
     personal_models,

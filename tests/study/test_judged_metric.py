@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from fedforge.algorithms import build_algorithm
+from fedforge.engine.client_eval import client_accuracy
 from fedforge.experiment.client_metrics import (
     ClientMetricsFile,
     last_round,
@@ -21,7 +22,6 @@ from fedforge.experiment.client_metrics import (
 )
 from fedforge.experiment.config import load_config
 from fedforge.experiment.metrics import PER_CLIENT, MetricsWriter
-from fedforge.experiment.personal_eval import client_accuracy
 from fedforge.experiment.runner import Experiment, run_experiment
 from fedforge.study.client_plots import client_spreads, ecdf_figure
 from fedforge.study.compare import comparison_configs, run_comparison
