@@ -13,6 +13,7 @@ from fedforge.algorithms.fedavg import fedavg, fedavgm, fedprox
 from fedforge.algorithms.feddc import feddc
 from fedforge.algorithms.feddyn import feddyn
 from fedforge.algorithms.fedexp import fedexp
+from fedforge.algorithms.fedgen import fedgen
 from fedforge.algorithms.fednova import fednova
 from fedforge.algorithms.fedopt import fedadagrad, fedadam, fedams, fedyogi
 from fedforge.algorithms.fedptr import fedptr, fedptr_s
@@ -53,6 +54,7 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
     "cfl": cfl,
     "moon": moon,
     "flora": flora,  # federated LoRA over a pretrained model (docs/finetuning.md)
+    "fedgen": fedgen,
     **PERSONAL_ALGORITHMS,  # personalised FL (docs/personalised.md)
 }
 

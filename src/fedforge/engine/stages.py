@@ -38,6 +38,7 @@ from fedforge.comm.codec import Codec
 from fedforge.core.tree import Params, tree_where
 from fedforge.engine.randomness import CLIENT_KEY, KeyedRandomness, is_keyed, no_key
 from fedforge.protocol.algorithm import (
+    LOCAL_STEP,
     Algorithm,
     FinalizeInputs,
     LocalObjective,
@@ -239,15 +240,20 @@ def personal_stage(spec: PersonalSpec) -> Stage:
 def objective_stage(objective: LocalObjective) -> Stage:
     """A local loss other than the run's (:attr:`Algorithm.objective`, MOON's): its gradient,
     on the step's batch and in the round's context, is what the optimizer gets and what every
-    later stage takes as the loss's (``loss_grad``)."""
+    later stage takes as the loss's (``loss_grad``). The step's own gradient sees the step's
+    index in ``ctx.info[LOCAL_STEP]``, so an objective may draw fresh inputs at every step
+    (FedGen's generated latents)."""
     grad_and_value = torch.func.grad_and_value(objective.loss)
 
     def step(s: Step, ctx: RoundContext, data: ClientData) -> Step:
         def loss_grad(params: Params, x, y, w):
             return grad_and_value(params, x, y, w, ctx)
 
-        return s._replace(loss_grad=loss_grad,
-                          grad=lambda params, b: loss_grad(params, b.x, b.y, b.w))
+        def grad(params: Params, b: Batch):
+            at_step = ctx._replace(info={**ctx.info, LOCAL_STEP: b.index})
+            return grad_and_value(params, b.x, b.y, b.w, at_step)
+
+        return s._replace(loss_grad=loss_grad, grad=grad)
 
     return Stage("objective", step=step)
 

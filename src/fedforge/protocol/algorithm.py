@@ -147,8 +147,9 @@ class Part:
         more of a forward pass than the loss (FedProto's features at the head's input)."""
 
     def upload_nbytes(self, params: Params, server_state: dict) -> int:
-        """Bytes of this part's uploads per client, for an algorithm whose model never travels
-        (:attr:`Algorithm.sends_model` False)."""
+        """Bytes of this part's uploads per client that :attr:`uplink_models` does not count:
+        all of them for an algorithm whose model never travels (:attr:`Algorithm.sends_model`
+        False), else what travels beside the model (FedGen's label counts)."""
         return 0
 
     def download_nbytes(self, params: Params, server_state: dict) -> int:
@@ -197,6 +198,11 @@ NEEDS = {
 CLIENT_ID = "client_id"
 """Round-input key of each sampled client's id (a long tensor ``[C]``), for an algorithm
 whose parts set ``needs_client_ids``. Set by ``engine/round.py``."""
+
+LOCAL_STEP = "local_step"
+"""Context-info key of the local step's index ``k`` (a Python int) while the ``objective``
+stage takes that step's gradient, for an objective drawing fresh random inputs at every step
+(FedGen's generated latents). Set by ``engine/stages.py:objective_stage``."""
 
 UPLOAD_SCALE = "upload_scale"
 """Round-input key of ``S n_i / sum_j n_j`` per client: a ``num_samples`` part's uploads are
@@ -305,7 +311,8 @@ class LocalObjective(Protocol):
 
     def loss(self, params: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
              ctx: RoundContext) -> torch.Tensor:
-        """The masked mean loss of one step's batch at ``params`` (``w`` [B], 0 = padding)."""
+        """The masked mean loss of one step's batch at ``params`` (``w`` [B], 0 = padding);
+        at the step's own gradient ``ctx.info[LOCAL_STEP]`` is the step's index."""
 
 
 @dataclass(frozen=True)
@@ -539,10 +546,12 @@ class Algorithm:
                             for p in self.parts)))
         down = tree_nbytes(params) + tree_nbytes(self.broadcast(server_state))
         extra = sum(p.uplink_models for p in self.parts)
+        beside = sum(p.upload_nbytes(params, server_state["parts"][p.name]) for p in self.parts)
         if self.codec is not None:  # the delta's exact encoded size (values + indices + seeds)
-            return down, int(self.codec.nbytes(params, round_) + tree_nbytes(params) * extra)
+            return down, int(self.codec.nbytes(params, round_) + tree_nbytes(params) * extra
+                             + beside)
         up = tree_nbytes(params) * (1 + extra)
-        return down, int(up)
+        return down, int(up) + int(beside)
 
 
 AlgorithmFactory = Callable[..., Algorithm]

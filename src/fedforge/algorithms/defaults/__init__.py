@@ -60,6 +60,7 @@ IFCA_CODE = "jichan3751/ifca"
 CFL_CODE = "felisat/clustered-federated-learning"
 MOON_CODE = "QinbinLi/MOON"
 FLORA_CODE = "ATP-1010/FederatedLLM"
+FEDGEN_CODE = "zhuangdizhu/FedGen"
 
 
 def _sgd_client(lr: Default | None = None) -> dict[str, Default]:
@@ -369,6 +370,42 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Default]] = {
                                   "sets none (the Trainer's default 0)"),
         "max_grad_norm": code(1.0, f"{FLORA_CODE} fed_utils/client.py: TrainingArguments "
                                    "keeps the Trainer's default max_grad_norm = 1.0"),
+    },
+    "fedgen": {
+        "local_lr": code(0.01, f"{FEDGEN_CODE} README.md: --learning_rate 0.01 (the code "
+                               "also decays every method's local lr by 0.99 per round; "
+                               "docs/baselines.md)"),
+        "alpha": code(10.0, f"{FEDGEN_CODE} utils/model_config.py: RUNCONFIGS['mnist'] "
+                            "generative_alpha = 10 (the teacher term's weight)"),
+        "beta": code(10.0, f"{FEDGEN_CODE} utils/model_config.py: RUNCONFIGS['mnist'] "
+                           "generative_beta = 10 (the latent KL term's weight; 1 on EMNIST)"),
+        "decay": code(0.98, f"{FEDGEN_CODE} FLAlgorithms/users/userpFedGen.py: "
+                            "exp_lr_scheduler(glob_iter, decay=0.98) of α and β, floor 1e-4"),
+        "gen_batch_size": code(32, f"{FEDGEN_CODE} main.py: --gen_batch_size 32 (latents "
+                                   "per local step)"),
+        "generator_lr": code(3e-4, f"{FEDGEN_CODE} utils/model_config.py: RUNCONFIGS['mnist'] "
+                                   "ensemble_lr = 3e-4 (Adam, betas 0.9, 0.999)"),
+        "generator_lr_decay": code(0.98, f"{FEDGEN_CODE} FLAlgorithms/servers/serverpFedGen.py: "
+                                         "ExponentialLR(gamma=0.98), stepped every round"),
+        "generator_weight_decay": code(1e-2, f"{FEDGEN_CODE} utils/model_config.py: "
+                                             "RUNCONFIGS['mnist'] weight_decay = 1e-2 (Adam's)"),
+        "generator_steps": code(50, f"{FEDGEN_CODE} FLAlgorithms/servers/serverpFedGen.py: "
+                                    "ensemble_epochs // n_teacher_iters = 10 epochs x 5 iters"),
+        "generator_batch_size": code(32, f"{FEDGEN_CODE} FLAlgorithms/servers/serverpFedGen.py: "
+                                         "train_generator(self.batch_size), --batch_size 32"),
+        "eta": code(1.0, f"{FEDGEN_CODE} utils/model_config.py: RUNCONFIGS['mnist'] "
+                         "ensemble_eta = 1 (the diversity loss's weight)"),
+        "noise_dim": code(32, f"{FEDGEN_CODE} utils/model_config.py: GENERATORCONFIGS['mnist'] "
+                              "noise_dim = 32"),
+        "hidden_dim": code(256, f"{FEDGEN_CODE} utils/model_config.py: "
+                                "GENERATORCONFIGS['mnist'] hidden_dimension = 256"),
+        "label_weighting": code("batch", f"{FEDGEN_CODE} FLAlgorithms/servers/serverpFedGen.py: "
+                                         "mean(NLL [B] * weight [B, 1]), a product of batch "
+                                         "means; 'sample' weights each sample"),
+        "seed": ours(0, "seeds the generator's initial weights and, with the round, the "
+                        "server's draws of labels and noise"),
+        "head": ours(None, "the latents are the head's input: [model] head, else the model's "
+                           "last layer (the code's decode_fc2)"),
     },
     **{  # personalised FL (algorithms/personal, docs/personalised.md)
         "local_only": _sgd_client(),
