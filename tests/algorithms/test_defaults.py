@@ -134,11 +134,12 @@ def test_algorithm_reports_its_registry_name(name):
 
 
 @pytest.mark.parametrize("name", sorted(set(ALGORITHMS) - {"fedptr", "fedptr_s", "fedproto",
-                                                             "ifca", "moon"}))
+                                                             "ifca", "moon", "fedgen"}))
 def test_defaults_in_effect_equal_the_table(name):
     """Built without arguments, an algorithm trains exactly as with the table's values passed
     explicitly (a default changed inside the factory, not in its signature, shows here).
-    FedPTR's MTT needs image data, FedProto and MOON a classifier's linear head, IFCA a model
+    FedPTR's MTT needs image data, FedProto, MOON and FedGen a classifier's linear head (FedGen's
+    are checked in tests/algorithms/test_fedgen.py), IFCA a model
     to initialise its clusters from (tests/algorithms/test_clustered.py checks it); their
     defaults are read from the signature above."""
     from tests.algorithms.multiround import SCHEDULE, run

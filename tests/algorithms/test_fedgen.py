@@ -58,10 +58,10 @@ def _model() -> nn.Module:
     return model
 
 
-def _fedforge(engine=LoopEngine, **hparams):
+def _fedforge(engine=LoopEngine, base=HP, **hparams):
     """fedforge's global model and generator after each round, and each round's draws."""
     model = _model()
-    alg = build_algorithm("fedgen", **{**HP, **hparams})
+    alg = build_algorithm("fedgen", **{**base, **hparams})
     alg.bind_model(model)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     state, store = alg.server_init(params), ClientStore(3, alg.client_init(params))
@@ -242,6 +242,17 @@ def test_round_one_is_fedavg_and_the_generator_trains_after_it():
         fedavg.server_init(start), RoundDraw(ids, idx, weights, sizes / sizes.sum(), round=1))
     assert _close(params, want)
     assert not _close({k: gen[k] for k in init}, init)
+
+
+def test_defaults_in_effect_equal_the_table():
+    """Built without arguments, FedGen trains exactly as with the table's values passed."""
+    from fedforge.algorithms.defaults import ALGORITHM_DEFAULTS
+
+    table = {k: d.value for k, d in ALGORITHM_DEFAULTS["fedgen"].items()}
+    implicit, explicit = _fedforge(base={})[0], _fedforge(base=table)[0]
+    for (a, ga), (b, gb) in zip(implicit, explicit, strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+        assert all(torch.equal(ga[k], gb[k]) for k in ga)
 
 
 def test_bytes_count_the_generator_down_and_the_label_counts_up():
