@@ -2,7 +2,8 @@
 makes the target weights leaves that the server folds each round's stacked adapters into,
 while the frozen base stays held once, as loaded. Runs through the runner: resume equals an
 uninterrupted run bit for bit, the loop and vmap engines agree, and the bytes are each
-client's own adapter up and the previous round's stack down.
+client's own adapter up and the previous round's stack down. A causal Llama (the paper's
+kind of model, grouped KV heads) runs the same rounds in both engines.
 
 The rule itself (the stacked product against FedIT's mean and against uniform weights) is
 checked by hand in tests/algorithms/test_flora.py; the registry-wide suite
@@ -18,6 +19,7 @@ import torch
 transformers = pytest.importorskip("transformers", reason="needs the extra fedforge[pretrained]")
 pytest.importorskip("peft", reason="needs the extra fedforge[pretrained]")
 
+from fedforge.algorithms import build_algorithm  # noqa: E402
 from fedforge.core.checkpoint import load_checkpoint  # noqa: E402
 from fedforge.core.tree import flatten_dict  # noqa: E402
 from fedforge.errors import ConfigError  # noqa: E402
@@ -104,3 +106,40 @@ def test_loop_and_vmap_run_the_same_flora_rounds_over_bert(bert, sst2_root, tmp_
     for key in loop:
         if key.startswith("params/"):
             torch.testing.assert_close(loop[key], vmap[key], rtol=1e-4, atol=1e-5)
+
+
+def test_flora_over_a_causal_llama_folds_into_q_and_v_in_both_engines(tmp_path):
+    """The paper's kind of model: a causal LM whose v_proj is narrower than q_proj (grouped
+    KV heads), so a rank costs another number of bytes in each; no head travels."""
+    from fedforge.core.store import ClientStore  # noqa: PLC0415
+    from fedforge.engine import LoopEngine, VmapEngine  # noqa: PLC0415
+    from fedforge.engine.draw import RoundDraw  # noqa: PLC0415
+    from fedforge.engine.local import classification_loss  # noqa: PLC0415
+    from fedforge.engine.round import RoundSetup, federated_round  # noqa: PLC0415
+    from tests.models.test_pretrained import VOCAB, tiny_llama, tokens  # noqa: PLC0415
+
+    torch.manual_seed(0)
+    model = build_model("pretrained", (8,), VOCAB, path=str(tiny_llama(tmp_path)),
+                        task="causal_lm", fold_adapters=True,
+                        adapters={"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]})
+    x, idx, w = tokens(18), torch.arange(18).view(3, 2, 3), torch.ones(3, 2, 3)
+    y = torch.randint(3, VOCAB, (18,), generator=torch.Generator().manual_seed(1))
+    counts = torch.tensor([3, 1, 2])
+    finals = []
+    for engine in (LoopEngine(), VmapEngine(chunk_size=2)):
+        algorithm = build_algorithm("flora", local_lr=0.01, ranks=[1, 2, 4])
+        algorithm.bind_model(model)
+        params = {k: v.detach().clone() for k, v in model.named_parameters()}
+        state, store = algorithm.server_init(params), ClientStore(3, {})
+        for t in (1, 2):
+            draw = RoundDraw(torch.arange(3), idx, w, counts / counts.sum(), counts=counts,
+                             info=algorithm.round_info(3, torch.Generator()), round=t)
+            params, state, _ = federated_round(RoundSetup(
+                algorithm, engine, classification_loss(model), store, x, y), params, state, draw)
+        finals.append(params)
+    q = next(k for k in finals[0] if k.endswith("q_proj.weight"))
+    assert (finals[0][q] - model.get_parameter(q)).abs().max() > 1e-3
+    for k in finals[0]:
+        torch.testing.assert_close(finals[0][k], finals[1][k], rtol=1e-4, atol=1e-6)
+    per_rank = 2 * ((32 + 32) + (32 + 16)) * 4  # 2 layers: q_proj 32 -> 32, v_proj 32 -> 16
+    assert algorithm.message_nbytes(finals[1], state) == (7 * per_rank, int(7 / 3 * per_rank))
