@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch.func import grad, vmap
 
 from fedforge.engine import classification_loss
-from fedforge.engine.pooling import first_max_index, max_pool2d_tiled
+from fedforge.engine.pooling import TiledMaxPool2d, first_max_index, max_pool2d_tiled
 
 
 def _ties(*shape: int) -> torch.Tensor:
@@ -66,8 +66,9 @@ def test_under_vmap_and_grad_as_the_vmapped_engine_runs_it():
                        vmap(grad(loss(F.max_pool2d)))(w, x))
 
 
-def test_the_classification_loss_pools_through_the_mode(monkeypatch):
-    """The loss routes a model's nn.MaxPool2d here."""
+def test_the_classification_loss_routes_the_models_pooling_layers(monkeypatch):
+    """The loss makes a model's nn.MaxPool2d layers pool here (their class, not a mode
+    around every operator); other layers and models are left as they are."""
     import fedforge.engine.pooling as pooling
 
     calls = []
@@ -79,10 +80,21 @@ def test_the_classification_loss_pools_through_the_mode(monkeypatch):
     x, y, w = _ties(4, 1, 8, 8), torch.tensor([0, 1, 2, 0]), torch.ones(4)
     with torch.no_grad():
         ref = F.cross_entropy(model(x), y)
-    torch.testing.assert_close(classification_loss(model)(params, x, y, w), ref)
+    loss = classification_loss(model)
+    assert type(model[1]) is TiledMaxPool2d and loss.tiled_pooling
+    assert [type(m) for m in (model[0], model[2], model[3])] == [
+        torch.nn.Conv2d, torch.nn.Flatten, torch.nn.Linear]
+    torch.testing.assert_close(loss(params, x, y, w), ref)
     assert calls == [2]
-    # a model without max-pooling layers does not enter the mode (it costs every op a call)
-    dense = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 3))
-    monkeypatch.setattr(pooling.TiledPoolMode, "__enter__",
-                        lambda self: pytest.fail("entered the pooling mode"))
-    classification_loss(dense)(dict(dense.named_parameters()), x, y, w)
+    assert not classification_loss(torch.nn.Sequential(torch.nn.Flatten())).tiled_pooling
+
+
+def test_a_compiled_forward_keeps_torchs_pooling(monkeypatch):
+    """Under torch.compile the routed layer is nn.MaxPool2d again (inductor's kernels)."""
+    import fedforge.engine.pooling as pooling
+
+    monkeypatch.setattr(pooling, "max_pool2d_tiled", lambda *a, **k: pytest.fail("tiled"))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    layer = TiledMaxPool2d(2)
+    x = _ties(2, 3, 8, 8)
+    assert torch.equal(layer(x), F.max_pool2d(x, 2))

@@ -10,6 +10,7 @@ a random layer that cannot be keyed is refused in one line naming the engine and
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 
@@ -22,6 +23,7 @@ from fedforge.algorithms import build_algorithm
 from fedforge.core.store import ClientStore
 from fedforge.engine import LoopEngine, ProcessEngine, VmapEngine, classification_loss
 from fedforge.engine.draw import RoundDraw
+from fedforge.engine.pooling import TiledMaxPool2d
 from fedforge.engine.procs import WorkerPool
 from fedforge.engine.randomness import KeyedRandomness, RandomLayerError, client_keys
 from fedforge.engine.round import RoundSetup, federated_round
@@ -140,9 +142,13 @@ def test_max_pool_replacement_gives_torch_gradients_bit_for_bit():
     model = _model().eval()  # no dropout: both losses see the same network
     x, y, _, _ = _data()
     params = dict(model.named_parameters())
-    tiled, plain = classification_loss(model), classification_loss(model)
-    plain.tiled_pooling = False  # nn.MaxPool2d's own kernels
-    assert tiled.tiled_pooling
+    reference = copy.deepcopy(model)  # nn.MaxPool2d's own kernels
+    tiled, plain = classification_loss(model), classification_loss(reference)
+    for m in reference.modules():
+        if isinstance(m, TiledMaxPool2d):
+            m.__class__ = nn.MaxPool2d
+    assert tiled.tiled_pooling and not any(isinstance(m, TiledMaxPool2d)
+                                           for m in reference.modules())
 
     def grads(loss):
         return torch.autograd.grad(loss(params, x[:8], y[:8], torch.ones(8)), list(params.values()))

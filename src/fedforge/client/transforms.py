@@ -53,6 +53,11 @@ class Transform(NamedTuple):
     update: Callable[[Params, State, Params, RoundContext], tuple[Params, State]]
     # optional: ``params + updates`` computed in one pass (see :func:`local_step`)
     step: Callable[[Params, State, Params, RoundContext], tuple[Params, State]] | None = None
+    # optional: ``step`` writing into ``params``, returning the new state (:func:`step_in_place`)
+    in_place: Callable[[Params, State, Params, RoundContext], State] | None = None
+    # whether the new state may hold a step's ``params`` tensors, which an update in place
+    # would change under it; ``True`` (the safe answer) unless the transform says otherwise
+    keeps_params: bool = True
 
 
 def local_step(t: Transform, grads: Params, state: State, params: Params,
@@ -66,6 +71,25 @@ def local_step(t: Transform, grads: Params, state: State, params: Params,
     return tree_map2(torch.add, params, updates), new_state
 
 
+def steps_in_place(t: Transform) -> bool:
+    """Whether :func:`step_in_place` gives :func:`local_step`'s numbers bit for bit: nothing
+    keeps a step's parameters, and a fused ``step`` has its in-place twin (an unfused
+    addition rounds otherwise than a fused one)."""
+    return not t.keeps_params and (t.step is None or t.in_place is not None)
+
+
+def step_in_place(t: Transform, grads: Params, state: State, params: Params,
+                  ctx: RoundContext) -> State:
+    """:func:`local_step` writing ``params + updates`` into ``params`` (the same kernels,
+    without allocating a model per step); only where :func:`steps_in_place`."""
+    if t.in_place is not None:
+        return t.in_place(grads, state, params, ctx)
+    updates, new_state = t.update(grads, state, params, ctx)
+    for k, p in params.items():
+        p.add_(updates[k])
+    return new_state
+
+
 def _stateless(name: str, fn: Callable[[Params, Params, RoundContext], Params]) -> Transform:
     def init(params, ctx):
         del params, ctx
@@ -74,7 +98,7 @@ def _stateless(name: str, fn: Callable[[Params, Params, RoundContext], Params]) 
     def update(grads, state, params, ctx):
         return fn(grads, params, ctx), state
 
-    return Transform(name, init, update)
+    return Transform(name, init, update, keeps_params=False)  # its state is its init's
 
 
 def chain(*transforms: Transform) -> Transform:
@@ -103,7 +127,14 @@ def chain(*transforms: Transform) -> Transform:
                                                       ctx)
         return new_params, new_state
 
-    return Transform("chain", init, update, step if last.step is not None else None)
+    def in_place(grads, state, params, ctx):
+        grads, new_state = run(first, grads, state, params, ctx)
+        new_state[last.name] = step_in_place(last, grads, state[last.name], params, ctx)
+        return new_state
+
+    keeps = any(t.keeps_params for t in transforms)
+    return Transform("chain", init, update, step if last.step is not None else None,
+                     in_place if steps_in_place(last) else None, keeps)
 
 
 def identity() -> Transform:
@@ -129,14 +160,23 @@ def scale_by_learning_rate(lr: ScheduleLike) -> Transform:
         f = at_round(lr, ctx)
         return tree_map(lambda x: -f * x, g)
 
-    def step(g, state, p, ctx):  # p - lr_t * g in one kernel
+    def neg_lr(ctx):
         f = at_round(lr, ctx)
         # a 0-d float64 tensor (cast to the params' dtype by the kernel, as a Python number
         # would be): unlike ``alpha=``, it takes any float (a diverging run's 1e40 -> inf)
-        neg = -f if isinstance(f, torch.Tensor) else torch.tensor(-f, dtype=torch.float64)
+        return -f if isinstance(f, torch.Tensor) else torch.tensor(-f, dtype=torch.float64)
+
+    def step(g, state, p, ctx):  # p - lr_t * g in one kernel
+        neg = neg_lr(ctx)
         return tree_map2(lambda pi, gi: torch.addcmul(pi, gi, neg), p, g), state
 
-    return _stateless("lr", fn)._replace(step=step)
+    def in_place(g, state, p, ctx):  # the same kernel, into p
+        neg = neg_lr(ctx)
+        for k, pi in p.items():
+            pi.addcmul_(g[k], neg)
+        return state
+
+    return _stateless("lr", fn)._replace(step=step, in_place=in_place)
 
 
 def add_decayed_weights(weight_decay: ScheduleLike) -> Transform:
@@ -192,7 +232,7 @@ def clip_by_global_norm(max_norm: ScheduleLike) -> Transform:
                  "norm_sum": state["norm_sum"] + norm.to(state["norm_sum"].dtype)}
         return tree_map(lambda x: x * factor, g), state
 
-    return Transform("clip", init, update)
+    return Transform("clip", init, update, keeps_params=False)
 
 
 def _find_state(state: Any, name: str) -> State | None:
@@ -229,7 +269,7 @@ def trace(momentum: float, nesterov: bool = False, name: str = "momentum") -> Tr
         out = nesterov_step(g, m, momentum) if nesterov else m
         return out, {"m": m}
 
-    return Transform(name, init, update)
+    return Transform(name, init, update, keeps_params=False)
 
 
 def scale_by_adam(
@@ -278,7 +318,7 @@ def scale_by_adam(
             out = {k: m[k] / (denom_v[k].sqrt() + e) for k in m}
         return out, new_state
 
-    return Transform(name, init, update)
+    return Transform(name, init, update, keeps_params=False)
 
 
 def sgd(

@@ -98,6 +98,7 @@ class ChunkedEngine:
 
     name = "base"
     functional_grad = True  # gradients through torch.func: what a vmapped chunk needs
+    in_place = False  # local updates in place where safe (one client at a time only)
     label: str | None = None  # the name in one-line refusals, if not ``name`` (procs workers)
 
     def __init__(self, keep_deltas: bool = False) -> None:
@@ -131,7 +132,7 @@ class ChunkedEngine:
         if key not in self._fns:
             self._fns[key] = self.wrap(local_update_of(
                 algorithm, loss_fn, masked=masked, functional=self.functional_grad,
-                engine=self.label or self.name))
+                engine=self.label or self.name, in_place=self.in_place))
         return self._fns[key]
 
     def wrap(self, fn: Callable) -> Callable:

@@ -12,17 +12,23 @@ tolerance.
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedforge.client.transforms import RoundContext, Transform, clip_statistics, local_step
+from fedforge.client.transforms import (
+    RoundContext,
+    Transform,
+    clip_statistics,
+    local_step,
+    step_in_place,
+    steps_in_place,
+)
 from fedforge.core.tree import Params, tree_map2, tree_sub, tree_zeros_like, upcast
 from fedforge.engine.draw import CohortMetrics
-from fedforge.engine.pooling import TiledPoolMode
+from fedforge.engine.pooling import route_max_pooling
 from fedforge.engine.stages import (
     Batch,
     Chain,
@@ -73,27 +79,24 @@ class ClassificationLoss:
                 f"engine.precision: expected one of {PRECISIONS}, got {precision!r}")
         self.model = model
         self.precision = precision
-        # a model with max-pooling layers pools by strided maxima in eager runs (torch.compile
-        # brings its own kernels); any other model skips the mode, which costs every op a
-        # Python call (8 % of a small text model's update on a CPU)
-        self.tiled_pooling = any(isinstance(m, nn.MaxPool2d) for m in model.modules())
+        # a model's max-pooling layers pool by strided maxima in eager runs (torch.compile
+        # brings its own kernels): the layers' class changes, so no mode around the forward
+        # pass costs every op a Python call (8 % of a small text model's update on a CPU)
+        self.tiled_pooling = route_max_pooling(model)
         # re-tying shared weights walks the modules on every call (10 us of a small text
         # model's 20 us ``functional_call`` overhead on a CPU); only a model sharing one needs it
         self.tied = has_shared_tensors(model)
 
     def __call__(self, params: Params, x: torch.Tensor, y: torch.Tensor,
                  w: torch.Tensor) -> torch.Tensor:
-        pooling = (TiledPoolMode() if self.tiled_pooling and not torch.compiler.is_compiling()
-                   else nullcontext())
         kwargs = ALL_POSITIONS if per_position(y) else None  # next-token targets [B, T]
-        with pooling:
-            if self.precision == "bf16":
-                with torch.autocast(x.device.type, dtype=torch.bfloat16):
-                    logits = torch.func.functional_call(self.model, params, (x,), kwargs,
-                                                        tie_weights=self.tied)  # [B, C]
-            else:  # no autocast region at all: one, even disabled, stops the compile cache
+        if self.precision == "bf16":
+            with torch.autocast(x.device.type, dtype=torch.bfloat16):
                 logits = torch.func.functional_call(self.model, params, (x,), kwargs,
-                                                    tie_weights=self.tied)
+                                                    tie_weights=self.tied)  # [B, C]
+        else:  # no autocast region at all: one, even disabled, stops the compile cache
+            logits = torch.func.functional_call(self.model, params, (x,), kwargs,
+                                                tie_weights=self.tied)
         if kwargs is not None:
             return sequence_loss(logits, y, w)  # mean NLL over the scored tokens
         per_sample = F.cross_entropy(upcast(logits), y, reduction="none")  # [B]
@@ -125,7 +128,9 @@ def autograd_grad_and_value(loss_fn: LossFn) -> Callable:
     costs about a quarter of a small conv net's step on a CPU (benchmarks/history/)."""
 
     def grad_and_value(params: Params, x, y, w):
-        leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+        # the in-place loop's parameters are already leaves: marked once per round
+        leaves = {k: v if v.is_leaf and v.requires_grad else v.detach().requires_grad_(True)
+                  for k, v in params.items()}
         with torch.enable_grad():
             loss = loss_fn(leaves, x, y, w)
             grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
@@ -136,10 +141,17 @@ def autograd_grad_and_value(loss_fn: LossFn) -> Callable:
 
 
 def run_steps(step: Step, optimizer: Transform, start: Params, ctx: RoundContext,
-              data: ClientData, passes: int = 1) -> Trained:
+              data: ClientData, passes: int = 1, in_place: bool = False) -> Trained:
     """The plain step loop, ``passes`` times over the client's batches: each step a gradient
-    and one step of ``optimizer``, as the stages made ``step``."""
+    and one step of ``optimizer``, as the stages made ``step``.
+
+    ``in_place``: the round trains its own copy of ``start``, marked as autograd leaves once
+    and updated in place (:func:`~fedforge.client.transforms.step_in_place`), as a plain
+    module's optimizer does, instead of a new model and new leaves every step; the same
+    kernels, so the same bits. Only where nothing keeps a step's parameters."""
     params, state = start, optimizer.init(start, ctx)
+    if in_place:
+        params = {k: v.detach().clone().requires_grad_(True) for k, v in start.items()}
     dtype = next(iter(params.values())).dtype  # float64 runs count in float64
     loss_sum = torch.zeros((), dtype=dtype, device=data.ws.device)
     steps = torch.zeros((), dtype=dtype, device=data.ws.device)
@@ -149,19 +161,35 @@ def run_steps(step: Step, optimizer: Transform, start: Params, ctx: RoundContext
             batch = Batch(k, data.xs[k], data.ys[k], data.ws[k])
             with step.around(batch):
                 grads, loss = step.grad(params, batch)
-            after = Local(*local_step(optimizer, grads, state, params, step.context(ctx, batch)))
+            after = _step(optimizer, grads, state, params, step.context(ctx, batch), in_place)
             (params, state), a = step.accept(batch, Local(params, state), after, loss)
             loss_sum = loss_sum + a * loss.detach()
             steps = steps + a
             if grad_sum is not None:
                 grad_sum = tree_map2(lambda s, g, a=a: s + a * g, grad_sum, grads)
+    if in_place:
+        params = {k: v.detach() for k, v in params.items()}
     return Trained(params, state, loss_sum, steps, grad_sum)
 
 
-def make_local_update(optimizer: Transform, loss_grad: GradFn, stages: Chain) -> Callable:
+def _step(optimizer: Transform, grads: Params, state: dict, params: Params,
+          ctx: RoundContext, in_place: bool) -> Local:
+    """One step of ``optimizer``: into ``params`` (``in_place``, without autograd: they are
+    leaves), or as new tensors."""
+    if not in_place:
+        return Local(*local_step(optimizer, grads, state, params, ctx))
+    with torch.no_grad():
+        return Local(params, step_in_place(optimizer, grads, state, params, ctx))
+
+
+def make_local_update(optimizer: Transform, loss_grad: GradFn, stages: Chain,
+                      in_place: bool = False) -> Callable:
     """Build the pure local-round function: the step loop of ``optimizer`` (the algorithm's
     local optimizer) on the gradients of ``loss_grad``, wrapped by ``stages``
-    (:mod:`fedforge.engine.stages`). The client's delta ``x^t - x_i`` is defined here."""
+    (:mod:`fedforge.engine.stages`). The client's delta ``x^t - x_i`` is defined here.
+    ``in_place``: update in place where neither the stages nor the optimizer trained keep a
+    step's parameters (:func:`run_steps`)."""
+    in_place = in_place and not stages.keeps_params
 
     def local_update(global_params, broadcast, client_state, info, xs, ys, ws) -> LocalResult:
         # xs: [steps, batch, ...], ys: [steps, batch], ws: [steps, batch]
@@ -170,7 +198,8 @@ def make_local_update(optimizer: Transform, loss_grad: GradFn, stages: Chain) ->
         step = stages.step(plain_step(loss_grad), ctx, data)
 
         def train(start: Params, opt: Transform, ctx: RoundContext, passes: int = 1) -> Trained:
-            return run_steps(step, opt, start, ctx, data, passes)
+            return run_steps(step, opt, start, ctx, data, passes,
+                             in_place and steps_in_place(opt))
 
         start, ctx = stages.begin(global_params, ctx, train)
         trained = train(start, optimizer, ctx)
@@ -185,7 +214,8 @@ def make_local_update(optimizer: Transform, loss_grad: GradFn, stages: Chain) ->
 
 
 def local_update_of(algorithm: Algorithm, loss_fn: LossFn, *, masked: bool,
-                    functional: bool = True, engine: str = "loop") -> Callable:
+                    functional: bool = True, engine: str = "loop",
+                    in_place: bool = False) -> Callable:
     """``algorithm``'s local round: its local optimizer through the chain of
     :func:`~fedforge.engine.stages.local_stages` (every engine builds it here).
 
@@ -195,8 +225,11 @@ def local_update_of(algorithm: Algorithm, loss_fn: LossFn, *, masked: bool,
       functional: gradients through ``torch.func`` (needed under ``vmap``); ``False`` uses
         plain autograd, for an engine that runs one client at a time.
       engine: the engine's name, for the one-line refusal of a random layer it cannot key.
+      in_place: update the parameters in place where nothing keeps a step's (only with
+        ``functional=False``: one client outside any transform); the same numbers.
     """
     loss_grad = (torch.func.grad_and_value(loss_fn) if functional
                  else autograd_grad_and_value(loss_fn))
     return make_local_update(algorithm.local_optimizer, loss_grad,
-                             local_stages(algorithm, loss_fn, masked=masked, engine=engine))
+                             local_stages(algorithm, loss_fn, masked=masked, engine=engine),
+                             in_place=in_place and not functional)

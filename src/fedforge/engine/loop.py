@@ -49,9 +49,13 @@ class LoopEngine(ChunkedEngine):
     name = "loop"
     functional_grad = False  # one client outside any transform: plain autograd is cheaper
 
-    def __init__(self, keep_deltas: bool = False, *, channels_last: bool = False) -> None:
+    def __init__(self, keep_deltas: bool = False, *, channels_last: bool = False,
+                 in_place: bool = True) -> None:
         super().__init__(keep_deltas=keep_deltas)
         self.channels_last = channels_last
+        # update each client's parameters in place where nothing keeps a step's (the same
+        # numbers, bit for bit; ``False`` is the out-of-place reference the tests compare)
+        self.in_place = in_place
 
     def chunk_size(self, inputs: CohortInputs, x_all) -> int:
         return 1

@@ -13,18 +13,17 @@ gradient to the same element. (A window holding a NaN pools to NaN in both; its 
 land on another of its elements, in a step that is already NaN.) Other configurations
 (overlapping or padded windows, ``ceil_mode``, indices asked for, channels-last inputs) go to
 ``F.max_pool2d``.
-:class:`TiledPoolMode` routes a model's max-pooling here; the classification loss enters it
-around the forward pass of a model with ``nn.MaxPool2d`` layers. It works under ``torch.func``
-transforms (``grad``, ``vmap``).
+:func:`route_max_pooling` routes a model's ``nn.MaxPool2d`` layers here (the classification
+loss does, for its model). It works under ``torch.func`` transforms (``grad``, ``vmap``).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
+from torch import nn
 
-POOL_FUNCS = {F.max_pool2d, torch.max_pool2d}
+POOL_FUNCS = {F.max_pool2d, torch.max_pool2d}  # what a mode routes (batched convolutions)
 
 
 def as_pair(v) -> tuple[int, int]:
@@ -108,11 +107,23 @@ def _channels_last(x: torch.Tensor) -> bool:
             and x.is_contiguous(memory_format=torch.channels_last))
 
 
-class TiledPoolMode(TorchFunctionMode):
-    """Inside this mode, max-pooling over tiling windows runs :func:`max_pool2d_tiled`."""
+class TiledMaxPool2d(nn.MaxPool2d):
+    """``nn.MaxPool2d`` pooling by :func:`max_pool2d_tiled`: the same values and gradients.
+    A compiled function keeps torch's pooling, which inductor brings its own kernels for."""
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in POOL_FUNCS:
-            return max_pool2d_tiled(*args, **kwargs)
-        return func(*args, **kwargs)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return super().forward(x)
+        return max_pool2d_tiled(x, self.kernel_size, self.stride, self.padding, self.dilation,
+                                ceil_mode=self.ceil_mode, return_indices=self.return_indices)
+
+
+def route_max_pooling(model: nn.Module) -> bool:
+    """Make ``model``'s ``nn.MaxPool2d`` layers :class:`TiledMaxPool2d` (their class only;
+    nothing else changes, and every result stays torch's bit for bit); whether it has any.
+    A layer's own class, not a mode around the forward pass: a mode costs every operator
+    of the model a Python call."""
+    pools = [m for m in model.modules() if type(m) is nn.MaxPool2d]
+    for m in pools:
+        m.__class__ = TiledMaxPool2d
+    return bool(pools) or any(isinstance(m, TiledMaxPool2d) for m in model.modules())

@@ -141,6 +141,10 @@ class Stage(NamedTuple):
     step: StepHook = _step_as_is
     finish: Finish = _finish_as_is
     after: tuple[str, ...] = ()  # stages that, when in the chain, must come before this one
+    # whether a hook may keep a step's parameters past the step (``padding``'s select of
+    # the step before), which an update in place would change under it; ``True`` (the safe
+    # answer) unless the stage says otherwise
+    keeps_params: bool = True
 
 
 class Chain(NamedTuple):
@@ -151,6 +155,11 @@ class Chain(NamedTuple):
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.stages)
+
+    @property
+    def keeps_params(self) -> bool:
+        """Whether some stage keeps a step's parameters (then no update runs in place)."""
+        return any(s.keeps_params for s in self.stages)
 
     def begin(self, start: Params, ctx: RoundContext, train: Train
               ) -> tuple[Params, RoundContext]:
@@ -206,7 +215,7 @@ def dropout_keys(engine: str) -> Stage:
             key = no_key(data.ws.device)
         return s._replace(around=lambda b: KeyedRandomness(key, b.index, engine))
 
-    return Stage("dropout", step=step)
+    return Stage("dropout", step=step, keeps_params=False)
 
 
 def padding_masks() -> Stage:
@@ -219,6 +228,7 @@ def padding_masks() -> Stage:
                      tree_where(active, after.opt_state, before.opt_state))
         return kept, active.to(loss.dtype)
 
+    # it keeps the step before, to select it
     return Stage("padding", step=lambda s, ctx, data: s._replace(accept=accept))
 
 
@@ -234,7 +244,7 @@ def personal_stage(spec: PersonalSpec) -> Stage:
     def finish(up: Upload, trained: Trained, ctx: RoundContext) -> Upload:
         return up._replace(delta=spec.shared(up.delta), only_sent=spec.shared)
 
-    return Stage("personal", begin=begin, finish=finish)
+    return Stage("personal", begin=begin, finish=finish, keeps_params=False)
 
 
 def objective_stage(objective: LocalObjective) -> Stage:
@@ -255,7 +265,7 @@ def objective_stage(objective: LocalObjective) -> Stage:
 
         return s._replace(loss_grad=loss_grad, grad=grad)
 
-    return Stage("objective", step=step)
+    return Stage("objective", step=step, keeps_params=False)
 
 
 def step_batch() -> Stage:
@@ -274,7 +284,7 @@ def step_batch() -> Stage:
 
         return s._replace(context=context)
 
-    return Stage("step_batch", step=step, after=("dropout", "objective"))
+    return Stage("step_batch", step=step, after=("dropout", "objective"), keeps_params=False)
 
 
 def privacy_stage(mechanism: PrivacyMechanism, loss_fn: LossFn) -> Stage:
@@ -290,7 +300,8 @@ def privacy_stage(mechanism: PrivacyMechanism, loss_fn: LossFn) -> Stage:
         delta, uploads = mechanism.client_delta(up.delta, ctx.broadcast, ctx.info)
         return up._replace(delta=up.only_sent(delta), uploads={**up.uploads, **uploads})
 
-    return Stage("privacy", step=step, finish=finish, after=("personal", "objective"))
+    return Stage("privacy", step=step, finish=finish, after=("personal", "objective"),
+                 keeps_params=False)
 
 
 def parts_stage(algorithm: Algorithm) -> Stage:
@@ -309,7 +320,8 @@ def parts_stage(algorithm: Algorithm) -> Stage:
                            uploads={**uploads, **up.uploads},  # the parts' listed first
                            diagnostics={**up.diagnostics, **algorithm.client_metrics(fin)})
 
-    return Stage("parts", step=step, finish=finish, after=("personal", "privacy"))
+    return Stage("parts", step=step, finish=finish, after=("personal", "privacy"),
+                 keeps_params=False)
 
 
 def codec_stage(codec: Codec) -> Stage:
@@ -321,7 +333,7 @@ def codec_stage(codec: Codec) -> Stage:
         kept = {**up.client_state, "codec": state} if state else up.client_state
         return up._replace(delta=message, client_state=kept)
 
-    return Stage("codec", finish=finish, after=("privacy", "parts"))
+    return Stage("codec", finish=finish, after=("privacy", "parts"), keeps_params=False)
 
 
 def local_stages(algorithm: Algorithm, loss_fn: LossFn, *, masked: bool,
