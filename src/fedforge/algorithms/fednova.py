@@ -63,7 +63,7 @@ def local_normaliser(momentum: float, mu: float, lr: ScheduleLike) -> Transform:
             norm = norm + 1
         return grads, {"counter": counter, "norm": norm}
 
-    return Transform(NORM, init, update)
+    return Transform(NORM, init, update, keeps_params=False)  # counts only
 
 
 class NormalisedUpdate(Part):

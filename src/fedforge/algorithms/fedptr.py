@@ -77,7 +77,7 @@ def add_layer_prox(anchor_fn: AnchorFn, *, adaptive: bool = True, eps: float = 1
         scale = {layer: lam / s.sqrt().clamp_min(eps) for layer, s in sq.items()}
         return {k: g[k] + scale[layer_of(k)] * diff[k] for k in g}, state
 
-    return Transform("layer_prox", init, update)
+    return Transform("layer_prox", init, update, keeps_params=False)  # stateless
 
 
 @dataclass(frozen=True)

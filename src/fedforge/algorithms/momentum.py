@@ -67,7 +67,7 @@ def mix_global_momentum(part: str, beta: float) -> Transform:
         g = ctx.broadcast[part]["g"]
         return {k: beta * grads[k] + (1 - beta) * g[k] for k in grads}, state
 
-    return Transform(f"mix_{part}", init, update)
+    return Transform(f"mix_{part}", init, update, keeps_params=False)  # stateless
 
 
 def _check_beta(beta: float) -> None:

@@ -75,4 +75,4 @@ def freeze(part: str, patterns: Sequence[str] | None, name: str = "freeze") -> T
         frozen = select(updates, part, patterns)
         return {k: torch.zeros_like(u) if k in frozen else u for k, u in updates.items()}, state
 
-    return Transform(name, init, update)
+    return Transform(name, init, update, keeps_params=False)  # stateless
