@@ -28,6 +28,7 @@ from fedforge.engine import LoopEngine, classification_loss, local_update_of
 from fedforge.models import build_model
 from tests.engine.test_parity import MODELS, NUM_CLASSES, _data, _hparams, _run
 
+
 @pytest.fixture
 def in_place_steps(monkeypatch):
     """How many local steps ran in place."""
