@@ -398,6 +398,7 @@ def pfl_cifar10(engines: Engines = "fedforge,pfl,pfl:procs,flower,plain", groups
     """pfl-research's CIFAR-10 workload: fedforge, pfl-research, Flower and a plain loop,
     interleaved."""
 
+    from fedforge.bench.op_counts import op_count_note
     from fedforge.bench.results import record_results, run_info
     from fedforge.data.root import use_data_root_option
 
@@ -410,9 +411,11 @@ def pfl_cifar10(engines: Engines = "fedforge,pfl,pfl:procs,flower,plain", groups
                                            iterations=iterations, quick=quick,
                                            precision=precision, peer_python=peer_python)
     title = "pfl-research CIFAR-10 (simple_cnn, FedAvg)" + (", --quick" if quick else "")
+    counts = op_count_note(precision)  # counted, not timed: the same on a loaded machine
+    print(counts, flush=True)
     return record_results(results, "pfl-cifar10", variant(frameworks, precision, quick),
                           title, HEADER, rows, run_info("cpu", load_before,
-                                                        versions=versions), [note])
+                                                        versions=versions), [note, counts])
 
 
 def variant(frameworks: list[str], precision: str, quick: bool) -> str:
