@@ -134,6 +134,8 @@ tests_for() {
            "-k 'not extending_snippet and not fedbn_config and not quickstart'" ;;
     src/fedforge/algorithms/moon.py)  # MOON's three-round reference and its refusals
       echo "tests/algorithms/test_moon.py" ;;
+    src/fedforge/algorithms/fedgen.py | src/fedforge/algorithms/generator.py)
+      echo "tests/algorithms/test_fedgen.py" ;;  # the three-round reference, its wrong variants
     src/fedforge/algorithms/clustered.py | src/fedforge/algorithms/clustered_spec.py)
       echo "tests/algorithms/test_clustered.py tests/algorithms/test_clustered_exact.py" ;;
     src/fedforge/algorithms/*)
