@@ -242,10 +242,11 @@ def test_tokens_are_cached_once_and_redone_when_a_file_changes(llama, tmp_path, 
     monkeypatch.setattr(tokenized_module, "load_tokenizer", lambda p: Counting(real(p)))
     root = tiny_shakespeare(tmp_path)
 
-    def load(max_len: int = 4):
+    def load(max_len: int = 4, **options):
         cache._DECODED.clear()  # the process's copy too: only the file may answer
         before = Counting.calls
-        data = load_dataset("shakespeare_lm", root=root, tokenizer=str(llama), max_len=max_len)
+        data = load_dataset("shakespeare_lm", root=root, tokenizer=str(llama), max_len=max_len,
+                            **options)
         return data, Counting.calls - before
 
     first, calls = load()
@@ -253,6 +254,10 @@ def test_tokens_are_cached_once_and_redone_when_a_file_changes(llama, tmp_path, 
     assert len(list((root / "shakespeare" / ".fedforge-cache").glob("shakespeare_lm-*"))) == 1
     again, calls = load(max_len=8)  # another length cuts the same cached streams
     assert calls == 0 and again.train_x.shape[1] == 8
+    few, calls = load(roles=2)  # the first roles only, from the same entry
+    assert calls == 0 and few.group_names == sorted(TRAIN)[:2]
+    assert set(few.train_groups) == set(few.test_groups) == {0, 1}
+    assert few.train_x.tolist() == first.train_x[torch.from_numpy(first.train_groups < 2)].tolist()
     changed = {**TRAIN, "ROLE_B": ["good night"]}
     tiny_shakespeare(tmp_path, changed)
     after, calls = load()
@@ -407,3 +412,26 @@ def test_a_model_scoring_one_position_is_refused_for_token_data(llama, tmp_path)
     with pytest.raises(ConfigError, match="model.options.task: dataset 'shakespeare_lm' "
                                           "scores every position"):
         run_experiment(cfg, tmp_path / "run", progress=False)
+
+
+def test_the_progress_line_shows_the_perplexity_and_each_clients():
+    import io  # noqa: PLC0415
+
+    from fedforge.experiment.client_metrics import ClientColumns  # noqa: PLC0415
+    from fedforge.experiment.metrics import PER_CLIENT  # noqa: PLC0415
+    from fedforge.experiment.progress import RoundProgress  # noqa: PLC0415
+
+    record = {"test_accuracy": 0.25, "test_loss": 5.0, "test_perplexity": 148.4,
+              "personal_accuracy_mean": 0.2, "personal_accuracy_p10": 0.1,
+              "personal_accuracy_worst": 0.0, "personal_perplexity_mean": 150.0,
+              "personal_perplexity_p90": 240.0, "personal_perplexity_worst": 270.0,
+              PER_CLIENT: ClientColumns({
+                  "client": np.arange(2), "held_out": np.zeros(2, bool),
+                  "samples": np.ones(2, np.int64), "personal_accuracy": np.array([0.1, 0.3]),
+                  "personal_perplexity": np.array([270.0, 30.0])})}
+    out = io.StringIO()
+    with RoundProgress(1, label="fedavg", stream=out) as bar:
+        bar.advance(1, record)
+    assert out.getvalue().splitlines()[-1] == (
+        "fedavg: round 1/1 accuracy 0.2500 loss 5.0000 perplexity 148.4000 personal mean "
+        "150.0000 p90 240.0000 worst 270.0000 clients 0:270.00 1:30.00")

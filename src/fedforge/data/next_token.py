@@ -76,12 +76,14 @@ def need_tokenizer(tokenizer: str | None, dataset: str) -> str:
 
 def load_shakespeare_lm(root: str | Path, tokenizer: str = "", max_len: int = 64,
                         max_samples_per_client: int | None = 16,
-                        max_test_samples_per_client: int | None = 4) -> DatasetSplits:
+                        max_test_samples_per_client: int | None = 4,
+                        roles: int | None = None) -> DatasetSplits:
     """Shakespeare by role for next-token fine-tuning: each role's snippets joined by
     spaces, tokenised with ``tokenizer`` (a local model folder, ``.gguf`` file or
     ``installed:<package>``), cut into sequences of ``max_len`` tokens; each role keeps at
     most ``max_samples_per_client`` train (``max_test_samples_per_client`` test) sequences,
-    evenly spaced over its text (``None``: all). Client ids index the sorted role names."""
+    evenly spaced over its text (``None``: all). Client ids index the sorted role names;
+    ``roles`` keeps the first ones only, train and test (a run of a few clients on a CPU)."""
     from fedforge.data.tokenized import token_streams  # noqa: PLC0415 (optional extra)
 
     need_tokenizer(tokenizer, "shakespeare_lm")
@@ -89,20 +91,22 @@ def load_shakespeare_lm(root: str | Path, tokenizer: str = "", max_len: int = 64
         raise ConfigError(f"data.options.max_len: expected >= 2 (a token and its next), got "
                           f"{max_len}")
     for key, cap in (("max_samples_per_client", max_samples_per_client),
-                     ("max_test_samples_per_client", max_test_samples_per_client)):
+                     ("max_test_samples_per_client", max_test_samples_per_client),
+                     ("roles", roles)):
         if cap is not None and cap < 1:
             raise ConfigError(f"data.options.{key}: expected None or >= 1, got {cap}")
     folder = find_dataset_dir(root, "shakespeare", "shakespeare_train.json.gz")
     files = [folder / "shakespeare_train.json.gz", folder / "shakespeare_test.json.gz"]
-    roles = {split: _read_roles(f) for split, f in zip(("train", "test"), files, strict=True)}
-    names = sorted(set(roles["train"]) | set(roles["test"]))
+    texts = {split: _read_roles(f) for split, f in zip(("train", "test"), files, strict=True)}
+    names = sorted(set(texts["train"]) | set(texts["test"]))[:roles]
     ids = {r: i for i, r in enumerate(names)}
-    texts = {split: [" ".join(r[k]) for k in sorted(r)] for split, r in roles.items()}
-    streams, vocab, pad = token_streams(folder, "shakespeare_lm", files, tokenizer, texts)
-    out = {}
+    joined = {split: [" ".join(r[k]) for k in sorted(r)] for split, r in texts.items()}
+    streams, vocab, pad = token_streams(folder, "shakespeare_lm", files, tokenizer, joined)
+    out = {}  # every role is tokenised (one cache entry); the first `roles` are kept
     for split, cap in (("train", max_samples_per_client), ("test", max_test_samples_per_client)):
-        owners = [ids[k] for k in sorted(roles[split])]
-        out[split] = stream_sequences(*streams[split], owners, max_len, pad, cap)
+        owners = [ids[k] for k in sorted(texts[split]) if k in ids]  # a prefix of the streams
+        flat, offsets = streams[split]
+        out[split] = stream_sequences(flat, offsets[:len(owners) + 1], owners, max_len, pad, cap)
     (trx, try_, trg), (tex, tey, teg) = out["train"], out["test"]
     return DatasetSplits(
         name="shakespeare_lm", train_x=torch.from_numpy(trx), train_y=torch.from_numpy(try_),

@@ -116,11 +116,12 @@ def token_streams(folder: Path, name: str, data_files: Sequence[Path], tokenizer
                   splits: dict[str, list[str]]) -> tuple[dict[str, Streams], int, int]:
     """Each split's texts tokenised whole (no truncation, no padding) -> ``{split: (ids,
     offsets [n + 1])}``, the vocabulary size and the padding id; cached in ``folder`` like
-    :func:`tokenized`, keyed by the data and tokenizer files."""
-    tok = load_tokenizer(tokenizer)
+    :func:`tokenized`, keyed by the data and tokenizer files. A cache hit does not load the
+    tokenizer (a GGUF file's takes seconds): its size and padding id are cached too."""
 
     def encode() -> dict[str, np.ndarray]:
-        out = {}
+        tok = load_tokenizer(tokenizer)
+        out = {"vocab": np.array(len(tok)), "pad": np.array(pad_id(tok))}
         for split, texts in splits.items():
             ids = tok(texts, verbose=False)["input_ids"] if texts else []
             out[f"{split}_offsets"] = np.cumsum([0, *map(len, ids)]).astype(np.int64)
@@ -130,5 +131,5 @@ def token_streams(folder: Path, name: str, data_files: Sequence[Path], tokenizer
 
     sources = [*data_files, *tokenizer_files(tokenizer)]
     arrays = cached_arrays(folder, f"{name}-tok{_tag(tokenizer)}-streams", sources, encode)
-    return ({s: (arrays[f"{s}_ids"], arrays[f"{s}_offsets"]) for s in splits}, len(tok),
-            pad_id(tok))
+    return ({s: (arrays[f"{s}_ids"], arrays[f"{s}_offsets"]) for s in splits},
+            int(arrays["vocab"]), int(arrays["pad"]))

@@ -180,7 +180,8 @@ class RoundProgress:
 
 
 def _status(record: dict) -> str:
-    parts = [f"{k.removeprefix('test_')} {record[k]:.4f}" for k in ("test_accuracy", "test_loss")
+    parts = [f"{k.removeprefix('test_')} {record[k]:.4f}"
+             for k in ("test_accuracy", "test_loss", "test_perplexity")
              if isinstance(record.get(k), (int, float))]
     return " ".join(parts + _personal_status(record))
 
@@ -191,16 +192,19 @@ SHOWN_CLIENTS = 10  # up to this many evaluated clients, the line shows each one
 def _personal_status(record: dict) -> list[str]:
     """The per-client accuracy of a personalised evaluation (``eval.personal``): its mean,
     10th percentile and worst client, and with few clients each client's own value (from the
-    record's per-client columns, clients with test samples only, as the summaries)."""
-    keys = [f"personal_accuracy_{s}" for s in ("mean", "p10", "worst")]
+    record's per-client columns, clients with test samples only, as the summaries); on
+    next-token data the perplexity's, whose tail is the 90th percentile."""
+    score, tail = (("perplexity", "p90") if "personal_perplexity_mean" in record
+                   else ("accuracy", "p10"))
+    keys = [f"personal_{score}_{s}" for s in ("mean", tail, "worst")]
     if not all(isinstance(record.get(k), (int, float)) for k in keys):
         return []
     mean, p10, worst = (record[k] for k in keys)
-    parts = [f"personal mean {mean:.4f} p10 {p10:.4f} worst {worst:.4f}"]
+    parts = [f"personal mean {mean:.4f} {tail} {p10:.4f} worst {worst:.4f}"]
     columns = record.get(PER_CLIENT)
     if columns is not None:
         shown = (~columns["held_out"]) & (columns["samples"] > 0)
-        clients, acc = columns["client"][shown], columns["personal_accuracy"][shown]
+        clients, acc = columns["client"][shown], columns[f"personal_{score}"][shown]
         if 0 < len(clients) <= SHOWN_CLIENTS:
             parts.append("clients " + " ".join(f"{c}:{a:.2f}" for c, a in
                                                zip(clients.tolist(), acc.tolist(), strict=True)))
