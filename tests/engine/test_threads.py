@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fedforge.engine.build import build_engine
-from fedforge.engine.threads import choose_threads, physical_cores
+from fedforge.engine.threads import busy_hint, choose_threads, physical_cores
 from fedforge.experiment.config import ConfigError, load_config
 from fedforge.experiment.progress import RoundProgress
 
@@ -71,3 +71,10 @@ def test_building_the_engine_sets_the_threads_and_the_progress_line_shows_them(t
         assert "threads 1 (engine.threads)" in out.getvalue()
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_busy_cpu_gets_a_hint_for_one_thread_and_a_quiet_one_none():
+    assert busy_hint(2, load=11.3, cores=2) == (
+        "; the CPU is busy (load 11.3 on 2 cores): engine.threads=1 may be several times faster")
+    assert busy_hint(2, load=2.0, cores=2) == ""  # load at the cores: not busy
+    assert busy_hint(1, load=11.3, cores=2) == ""  # one thread already

@@ -91,11 +91,27 @@ def apply_threads(setting: ThreadsSetting = "auto") -> ThreadChoice:
     return choice
 
 
+def busy_hint(threads: int, load: float | None = None, cores: int | None = None) -> str:
+    """A hint for a multi-threaded run on a CPU other jobs already keep busy (load above the
+    cores): there, a thread that loses its core stalls every op, and one thread is often
+    several times faster. Only a hint: the count is never changed by the load, so that the
+    same config runs the same way on every rerun."""
+    if threads <= 1:
+        return ""
+    load = os.getloadavg()[0] if load is None and hasattr(os, "getloadavg") else load
+    cores = physical_cores() if cores is None else cores
+    if load is None or load <= cores:
+        return ""
+    return (f"; the CPU is busy (load {load:.1f} on {cores} cores): engine.threads=1 may be "
+            "several times faster")
+
+
 def describe_threads(engine: str = "auto") -> str:
     """``threads 2 (the physical cores this process may use)``: the run's choice, for its
-    first progress line; the procs engine adds that its workers run one thread each."""
+    first progress line; the procs engine adds that its workers run one thread each, and a
+    busy CPU adds :func:`busy_hint`."""
     choice = _chosen or ThreadChoice(torch.get_num_threads(), "torch's default")
     text = f"threads {choice.threads} ({choice.reason})"
     if engine == "procs":
-        text += ", 1 in each worker process"
-    return text
+        return text + ", 1 in each worker process"
+    return text + busy_hint(choice.threads)
