@@ -435,3 +435,27 @@ def test_the_progress_line_shows_the_perplexity_and_each_clients():
     assert out.getvalue().splitlines()[-1] == (
         "fedavg: round 1/1 accuracy 0.2500 loss 5.0000 perplexity 148.4000 personal mean "
         "150.0000 p90 240.0000 worst 270.0000 clients 0:270.00 1:30.00")
+
+
+def test_perplexity_metrics_are_declared_lower_is_better_and_at_least_one():
+    from fedforge.study.labels import metric  # noqa: PLC0415
+    from fedforge.study.sweep import resolve_direction  # noqa: PLC0415
+
+    for key in ("test_perplexity", "personal_perplexity_mean", "global_perplexity_worst",
+                "held_out_personal_perplexity_p90", "personal_perplexity"):
+        assert metric(key).higher_is_better is False and metric(key).bounds == (1.0, None)
+    assert metric("personal_perplexity_worst").clip(0.5) == 1.0
+    assert resolve_direction("val_perplexity", None) == "minimize"
+
+
+def test_fedforge_datasets_lists_shakespeare_by_role_for_next_token_fine_tuning():
+    from typer.testing import CliRunner  # noqa: PLC0415
+
+    from fedforge.cli import app  # noqa: PLC0415
+    from fedforge.data import DATASETS, dataset_options  # noqa: PLC0415
+
+    assert "next-token" in DATASETS["shakespeare_lm"]
+    assert {"tokenizer", "max_len", "roles"} <= set(dataset_options("shakespeare_lm"))
+    assert {"text", "tokenizer", "max_len"} <= set(dataset_options("huggingface"))
+    res = CliRunner().invoke(app, ["datasets"])
+    assert res.exit_code == 0 and "shakespeare_lm" in res.output

@@ -86,8 +86,9 @@ _REGISTRY: dict[str, DatasetEntry] = {
         "Synthetic(alpha, beta) generated per client when drawn: up to 10^6 clients and more, "
         "no files", population=True),
     "huggingface": DatasetEntry(
-        load_huggingface, "your local Hugging Face dataset (Arrow, Parquet, CSV, image folder) "
-        "at data.options.path (the huggingface extra)"),
+        load_huggingface, "your local Hugging Face dataset (Arrow, Parquet, CSV, JSON lines, "
+        "image folder; a text column in the model's tokens) at data.options.path (the "
+        "huggingface extra)"),
 }
 _ALIASES = {"fmnist": "fashion_mnist", "fashion-mnist": "fashion_mnist", "cifar-10": "cifar10"}
 

@@ -45,6 +45,7 @@ from fedforge.experiment.config import (
 SAMPLERS = ("grid", "random", "tpe")
 RANGES = ("uniform", "log_uniform", "int", "log_int")
 METRIC_KEYS = {"val_accuracy": "test_accuracy", "val_loss": "test_loss",
+               "val_perplexity": "test_perplexity",  # next-token data (minimised)
                "val_client_mean_accuracy": "client_mean_accuracy"}
 """Sweep metric -> the key trials record it under (their test split is the validation split)."""
 VALIDATION_DATASET = "sweep_validation"
