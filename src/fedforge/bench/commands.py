@@ -16,7 +16,8 @@ from fedforge.commands.output import console, failing
 
 BENCHES = {"w1": "throughput:w1", "w2": "throughput:w2", "w3": "time_to_accuracy:w3",
            "population": "population:population", "pfl-cifar10": "pfl_cifar10:pfl_cifar10",
-           "pfl-ditto": "pfl_speed:pfl_ditto", "results": "results:results"}
+           "pfl-ditto": "pfl_speed:pfl_ditto", "lora": "lora:lora",
+           "results": "results:results"}
 """``fedforge bench NAME`` -> ``module:function`` in ``fedforge.bench``: the function's
 parameters are the command's options."""
 

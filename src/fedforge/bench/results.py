@@ -26,6 +26,7 @@ from fedforge.experiment.rundir import write_text
 SECTIONS: dict[str, str] = {
     "pfl-cifar10": "pfl-research's CIFAR-10 workload (`fedforge bench pfl-cifar10`)",
     "pfl-ditto": "Personalised FL: Ditto (`fedforge bench pfl-ditto`)",
+    "lora": "Federated LoRA fine-tuning (`fedforge bench lora`)",
     "population": "Population scale (`fedforge bench population`)",
     "w1": "W1 throughput, image models (`fedforge bench w1`)",
     "w1-text": "W1 throughput, text models (`fedforge bench w1 --model MODEL`)",
