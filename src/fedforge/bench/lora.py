@@ -171,7 +171,7 @@ def summarize(cohorts: list[int], precisions: list[str], steps: int,
                 plain = stats["plain"]
                 speed = None if plain is None else round(s["steps_s"] / plain["steps_s"], 2)
                 rows.append([cohort, precision, name, s["label"], round(s["round"], 3),
-                             round(s["steps_s"], 1), speed, round(s["peak"] / MiB),
+                             round(s["steps_s"], 2), speed, round(s["peak"] / MiB),
                              round(s["above"] / MiB), round(s["bound"] / MiB),
                              "yes" if s["above"] <= s["bound"] else "NO",
                              same if name == "fedforge" else None])
