@@ -459,3 +459,18 @@ def test_fedforge_datasets_lists_shakespeare_by_role_for_next_token_fine_tuning(
     assert {"text", "tokenizer", "max_len"} <= set(dataset_options("huggingface"))
     res = CliRunner().invoke(app, ["datasets"])
     assert res.exit_code == 0 and "shakespeare_lm" in res.output
+
+
+@pytest.mark.parametrize(("partition", "options"), [
+    ("dirichlet", {"alpha": 0.5}), ("shards", {"classes_per_client": 2}),
+    ("flwr:dirichlet", {"alpha": 0.5})])
+def test_label_skew_on_next_token_data_is_refused_in_one_line(llama, tmp_path, partition,
+                                                                options):
+    from fedforge.data.federated import build_federated_dataset  # noqa: PLC0415
+
+    data = load_dataset("shakespeare_lm", root=tiny_shakespeare(tmp_path),
+                        tokenizer=str(llama), max_len=4)
+    with pytest.raises(ValueError, match=f"data.partition: '{partition}' splits by class "
+                                         "labels, and next-token data has none"):
+        build_federated_dataset(data, partition, 2, 0, **options)
+    assert len(build_federated_dataset(data, "iid", 2, 0).client_indices) == 2

@@ -341,4 +341,9 @@ def partition(
     if next(iter(inspect.signature(fn).parameters)) == "num_samples":
         first = labels if isinstance(labels, (int, np.integer)) else len(labels)
         return fn(int(first), num_clients=num_clients, rng=rng, **kw)
+    by_label = not key.startswith("flwr:") or (key in ("flwr:dirichlet", "flwr:pathological")
+                                               and kw.get("partition_by", "label") == "label")
+    if by_label and np.ndim(labels) > 1:  # next-token labels: one per position
+        raise ValueError(f"data.partition: {key!r} splits by class labels, and next-token data "
+                         "has none; use iid, or natural with a client id")
     return fn(labels, num_clients=num_clients, rng=rng, **kw)
