@@ -79,7 +79,10 @@ def memory_bound(res: dict, cohort: int) -> int:
 def tiny_bert(folder: Path) -> Path:
     """A 2-layer random BERT classifier (seed 0), to check the command quickly."""
     import torch
-    import transformers
+
+    from fedforge.bench.lora_run import pretrained_extra
+
+    transformers = pretrained_extra()[0]
 
     if not (folder / "config.json").is_file():
         with torch.random.fork_rng(devices=[]):

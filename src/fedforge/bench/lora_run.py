@@ -68,10 +68,20 @@ class LoraWork:
 
     def lora_config(self) -> Any:
         """The same settings as PEFT's own ``LoraConfig`` (for the plain loop)."""
-        import peft
-
+        peft = pretrained_extra()[1]
         return peft.LoraConfig(task_type="SEQ_CLS", r=self.r, lora_alpha=self.alpha,
                                lora_dropout=0.0, target_modules=list(self.target))
+
+
+def pretrained_extra() -> tuple[Any, Any]:
+    """transformers and peft, or a one-line refusal naming the extra that installs them."""
+    try:
+        import peft
+        import transformers
+    except ImportError:
+        raise SystemExit("bench lora: needs the extra: pip install 'fedforge[pretrained]'"
+                         ) from None
+    return transformers, peft
 
 
 def work_of(spec: dict) -> LoraWork:
@@ -281,8 +291,7 @@ def base_bytes(work: LoraWork) -> int:
 
 def main(spec_path: str, out_path: str) -> None:
     """Run the spec's row and write its result (see the module docstring)."""
-    import peft  # noqa: F401 - imported before the start-up memory is read
-    import transformers  # noqa: F401
+    pretrained_extra()  # imported before the start-up memory is read
 
     spec = json.loads(Path(spec_path).read_text())
     work = work_of(spec)
