@@ -60,6 +60,13 @@ def test_without_a_terminal_one_flushed_line_per_evaluation():
         "fedavg seed 3 [run 2/6]: round 4/4 accuracy 0.7500 loss 0.5000 wall 6.0s"]
 
 
+def test_a_finished_run_resumed_says_its_rounds_are_done():
+    out = _File()
+    with RoundProgress(8, start=9, label="fedavg seed 0", stream=out):
+        pass
+    assert out.getvalue().splitlines() == ["fedavg seed 0: all 8 rounds already done"]
+
+
 def test_in_a_terminal_the_bar_names_algorithm_seed_and_round():
     out = _File(tty=True)
     with RoundProgress(4, label="scaffold seed 1", stream=out) as bar:

@@ -12,7 +12,7 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from fedforge.commands.output import console, failing
+from fedforge.commands.output import failing, print_wide
 
 BENCHES = {"w1": "throughput:w1", "w2": "throughput:w2", "w3": "time_to_accuracy:w3",
            "population": "population:population", "pfl-cifar10": "pfl_cifar10:pfl_cifar10",
@@ -28,7 +28,7 @@ class Workloads(TyperGroup):
     def invoke(self, ctx: click.Context) -> None:
         with failing(ValueError, OSError):
             table = super().invoke(ctx)
-        console.print(table, markup=False)
+        print_wide(table, markup=False)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(BENCHES)

@@ -40,7 +40,22 @@ def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]
         table.add_column(column, style="bold" if bold_first and i == 0 else None)
     for row in rows:
         table.add_row(*row)
-    console.print(table, highlight=highlight)
+    print_wide(table, highlight=highlight)
+
+
+def print_wide(renderable, **options) -> None:
+    """Print ``renderable``; piped to a file (no terminal, so rich assumes 80 columns), at its
+    natural width, so that a table's cells are not cut to ``fed…``."""
+    if console.is_terminal:
+        console.print(renderable, **options)
+        return
+    width = console.width
+    natural = console.measure(renderable, options=console.options.update_width(10_000))
+    console.width = max(width, natural.maximum)
+    try:
+        console.print(renderable, **options)
+    finally:
+        console.width = width
 
 
 @contextmanager

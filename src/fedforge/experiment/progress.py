@@ -145,8 +145,9 @@ class RoundProgress:
         self._task = self._progress.add_task("rounds", total=self.rounds,
                                              completed=self.start - 1, status="")
         if self.lines:
-            self._line(f"rounds {self.start}-{self.rounds}"
-                       + (f"; {self.intro}" if self.intro else ""))
+            span = (f"rounds {self.start}-{self.rounds}" if self.start <= self.rounds
+                    else f"all {self.rounds} rounds already done")  # a finished run resumed
+            self._line(span + (f"; {self.intro}" if self.intro else ""))
         elif self.enabled and self.intro:
             self._progress.console.print(f"{self.label}: {self.intro}", markup=False,
                                          highlight=False)
