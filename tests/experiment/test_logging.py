@@ -86,7 +86,9 @@ def test_disabled_progress_prints_nothing():
     assert out.getvalue() == ""
 
 
-def test_a_run_names_its_algorithm_and_seed(tmp_path, capsys):
+def test_a_run_names_its_algorithm_and_seed(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("fedforge.engine.threads.os.getloadavg", lambda: (0.0, 0.0, 0.0))
+    # a quiet CPU: the busy-CPU hint (tested in tests/engine/test_threads.py) is left out
     run_experiment(load_config(QUICK, SHORT), tmp_path / "run", progress=True)
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("fedavg")]
     sizes = load_partition_stats(tmp_path / "run")["sizes"]

@@ -47,7 +47,7 @@ BUILTIN_SLOTS: dict[str, int] = {
     "fedper": 26, "fedrep": 27, "fedbabu": 28, "lg_fedavg": 29, "apfl": 30, "pfedme": 31,
     "per_fedavg_fo": 32, "per_fedavg_hf": 33, "fedrod": 34, "fedala": 35, "fedbn": 36,
     "fednova": 37, "qffl": 38, "fedproto": 39, "afl": 40,
-    "moon": 41, "ifca": 42, "cfl": 43, "fedgen": 44,
+    "moon": 41, "ifca": 42, "cfl": 43, "fedgen": 44, "flora": 45,
 }
 """fedforge's own algorithms and their fixed slots: written out, not counted from the
 registry, so that no figure changes when an algorithm is added. The first seven take the
