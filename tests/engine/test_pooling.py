@@ -66,6 +66,14 @@ def test_under_vmap_and_grad_as_the_vmapped_engine_runs_it():
                        vmap(grad(loss(F.max_pool2d)))(w, x))
 
 
+def test_a_non_contiguous_slice_under_vmap_pools_as_torch_does():
+    """Inside vmap, torch cannot say whether a client's slice is channels-last; a conv's
+    output in the vmapped engine is such a slice (found by the pFL examples)."""
+    x = _ties(5, 4, 8, 8, 3).permute(0, 1, 4, 2, 3)  # each client's batch is NHWC in memory
+    assert torch.equal(vmap(lambda xi: max_pool2d_tiled(xi, 2))(x),
+                       vmap(lambda xi: F.max_pool2d(xi, 2))(x))
+
+
 def test_the_classification_loss_routes_the_models_pooling_layers(monkeypatch):
     """The loss makes a model's nn.MaxPool2d layers pool here (their class, not a mode
     around every operator); other layers and models are left as they are."""
