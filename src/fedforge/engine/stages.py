@@ -17,7 +17,8 @@ placed before one it must follow (each stage lists those in ``after``).
 :func:`local_stages` builds an algorithm's chain from its typed fields, in the order
 ``docs/architecture.md`` draws::
 
-    dropout -> padding -> personal -> objective -> step_batch -> privacy -> parts -> codec
+    dropout -> frozen_bf16 -> padding -> personal -> objective -> step_batch -> privacy
+      -> parts -> codec
 
 A new capability (LoRA adapters, say) is a new stage, not a branch in the loop: write the
 hooks it needs (the defaults leave the round as it is), list in ``after`` the stages whose
@@ -28,7 +29,7 @@ add it to :func:`local_stages` where the algorithm carries it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import NamedTuple
 
 import torch
@@ -36,6 +37,7 @@ import torch
 from fedforge.client.transforms import RoundContext
 from fedforge.comm.codec import Codec
 from fedforge.core.tree import Params, tree_where
+from fedforge.engine.frozen_casts import Target, cast, loss_targets, swapped
 from fedforge.engine.randomness import CLIENT_KEY, KeyedRandomness, is_keyed, no_key
 from fedforge.protocol.algorithm import (
     LOCAL_STEP,
@@ -218,6 +220,27 @@ def dropout_keys(engine: str) -> Stage:
     return Stage("dropout", step=step, keeps_params=False)
 
 
+def frozen_bf16(targets: list[Target]) -> Stage:
+    """Frozen weights in bf16 for the whole round (:mod:`fedforge.engine.frozen_casts`):
+    cast once when the round starts, held by their layers around each step's model
+    evaluations, so bf16 autocast finds nothing to cast; the same bits as its casts. A
+    compiled round is left as it is (its graph casts each weight once)."""
+
+    def step(s: Step, ctx: RoundContext, data: ClientData) -> Step:
+        if torch.compiler.is_compiling():
+            return s
+        casts, around = cast(targets), s.around
+
+        @contextmanager
+        def both(b: Batch):
+            with around(b), swapped(casts):
+                yield
+
+        return s._replace(around=both)
+
+    return Stage("frozen_bf16", step=step, after=("dropout",), keeps_params=False)
+
+
 def padding_masks() -> Stage:
     """A step whose weights are all zero (a client out of data) leaves the parameters and
     the optimizer state as they were and counts for nothing, with selects, not branches."""
@@ -348,6 +371,9 @@ def local_stages(algorithm: Algorithm, loss_fn: LossFn, *, masked: bool,
     stages = []
     if is_keyed(loss_fn):  # dropout layers
         stages.append(dropout_keys(engine))
+    targets = loss_targets(loss_fn) if algorithm.objective is None else []
+    if targets:  # bf16 over frozen layers; an objective's own loss may run in float32
+        stages.append(frozen_bf16(targets))
     if masked:
         stages.append(padding_masks())
     if (personal := algorithm.personal) is not None:

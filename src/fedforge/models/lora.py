@@ -91,6 +91,11 @@ class LoraLinear(CohortLinear):
     """Frozen base linear plus ``scaling * B(A(dropout(x)))``, PEFT's LoRA forward and init
     (A Kaiming-uniform, B zero, ``scaling = alpha / r`` or ``alpha / sqrt(r)`` with rsLoRA)."""
 
+    # the frozen base's weight and bias meet only ops bf16 autocast runs in bf16 (a linear;
+    # the 3-D per-client path only for a trained weight), so under engine.precision = "bf16"
+    # the engine may cast them once per round (fedforge.engine.frozen_casts)
+    AUTOCAST_BF16 = ("weight", "bias")
+
     def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float,
                  use_rslora: bool = False) -> None:
         super().__init__(base)
