@@ -59,7 +59,7 @@ def _kw(**over):
 def test_a_client_with_one_test_sample_counts():
     got = summarise("p", torch.tensor([1.0, 0.0, 0.5]), torch.tensor([1.0, 3.0, 0.0]))
     assert got == {"p_mean": 0.5, "p_weighted": 0.25, "p_p10": pytest.approx(0.1),
-                   "p_worst": 0.0}
+                   "p_worst": 0.0, "p_var": 0.25}  # over clients, not samples, ddof 0
 
 
 # --- personal_data: what each client is scored on ------------------------------------

@@ -70,7 +70,8 @@ def test_compare_ranks_on_the_personal_metric_and_shows_both_columns(tmp_path):
 
 def _recomputed(acc: np.ndarray, n: np.ndarray, prefix: str) -> dict[str, float]:
     return {f"{prefix}_mean": acc.mean(), f"{prefix}_weighted": (acc * n).sum() / n.sum(),
-            f"{prefix}_p10": np.percentile(acc, 10), f"{prefix}_worst": acc.min()}
+            f"{prefix}_p10": np.percentile(acc, 10), f"{prefix}_worst": acc.min(),
+            f"{prefix}_var": acc.var()}
 
 
 def test_the_per_client_file_holds_the_rows_of_the_summaries(tmp_path):

@@ -93,7 +93,8 @@ def _loss_sums(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> tor
 
 def summarise(prefix: str, accuracy: torch.Tensor, sizes: torch.Tensor,
               higher_is_better: bool = True) -> dict[str, float]:
-    """``{prefix}_mean``, ``_weighted`` (by test samples), ``_p10`` and ``_worst`` over the
+    """``{prefix}_mean``, ``_weighted`` (by test samples), ``_p10``, ``_worst`` and ``_var``
+    (the variance over clients, unweighted as q-FFL's fairness tables report it) over the
     clients with test data; for a metric where lower is better (a perplexity), ``_p90`` and
     the highest as the worst."""
     has = sizes > 0
@@ -104,7 +105,8 @@ def summarise(prefix: str, accuracy: torch.Tensor, sizes: torch.Tensor,
     return {f"{prefix}_mean": float(acc.mean()),
             f"{prefix}_weighted": float((acc * n).sum() / n.sum()),
             f"{prefix}_p{tail}": float(np.percentile(acc.numpy(), tail)),
-            f"{prefix}_worst": float(acc.min() if higher_is_better else acc.max())}
+            f"{prefix}_worst": float(acc.min() if higher_is_better else acc.max()),
+            f"{prefix}_var": float(acc.var(unbiased=False))}
 
 
 def perplexities(got: dict[str, torch.Tensor], prefix: str) -> dict[str, float]:

@@ -44,7 +44,15 @@ METRICS = {  # key -> (column title, format, higher is better)
     "final_personal_acc": ("final mean per-client acc. (mean of last 5 evals)", "{:.4f}", True),
     "best_weighted_personal_acc": ("best sample-weighted per-client acc. (PFLlib's metric)",
                                    "{:.4f}", True),
+    # fairness (q-FFL): the global model on each client's own test data, over clients
+    "final_client_mean": ("final mean client acc. (mean of last 5 evals)", "{:.4f}", True),
+    "final_client_p10": ("final 10th-percentile client acc. (mean of last 5 evals)", "{:.4f}",
+                         True),
+    "final_client_var": ("final variance of client acc. (mean of last 5 evals)", "{:.4f}",
+                         False),
 }
+FAIRNESS = {"final_client_mean": "global_accuracy_mean", "final_client_p10": "global_accuracy_p10",
+            "final_client_var": "global_accuracy_var"}  # RunSummary field -> metrics.jsonl key
 PERSONAL_METRIC = "personal_accuracy_mean"  # the key final_personal_acc averages
 WEIGHTED_METRIC = "personal_accuracy_weighted"  # pooled over the clients' test samples
 FINAL_EVALS = 5
@@ -68,6 +76,9 @@ class RunSummary:
     final_personal_acc: float = math.nan  # mean of the last evaluations' PERSONAL_METRIC
     # PFLlib's metric: the best over evaluations of the sample-weighted per-client accuracy
     best_weighted_personal_acc: float = math.nan
+    final_client_mean: float = math.nan  # the FAIRNESS keys, mean of the last evaluations
+    final_client_p10: float = math.nan
+    final_client_var: float = math.nan
 
 
 def _final(history: list[dict], key: str) -> float:
@@ -87,7 +98,8 @@ def summarize(history: list[dict], seed: int, target: float | None, key: str) ->
     weighted = [r[WEIGHTED_METRIC] for r in evaluated(history, WEIGHTED_METRIC)]
     return RunSummary(seed, rounds, sim, final, hit is not None, per_round, history,
                       final_personal_acc=_final(history, PERSONAL_METRIC),
-                      best_weighted_personal_acc=max(weighted, default=math.nan))
+                      best_weighted_personal_acc=max(weighted, default=math.nan),
+                      **{name: _final(history, key) for name, key in FAIRNESS.items()})
 
 
 def summarize_multitask(history: list[dict], summary: dict, seed: int,
@@ -177,15 +189,21 @@ def _seeds(runs: dict[int, RunSummary]) -> str:
                      for s in sorted(runs)) or "not run yet"
 
 
+def uses_fairness(spec: Reproduction) -> bool:
+    """Whether the tables carry the accuracy distribution over clients (a fairness claim)."""
+    return any(c.metric in FAIRNESS for c in spec.comparisons)
+
+
 def condition_table(spec: Reproduction, runs: dict, names: list[str] | None = None) -> str:
     names = names or [c.name for c in spec.conditions]
     target = "–" if spec.target is None else f"{spec.target:g}"
-    to_target, personal = uses_target(spec), uses_personal(spec)
+    to_target, personal, fair = uses_target(spec), uses_personal(spec), uses_fairness(spec)
     head = ["method", spec.paper_title,
             *([f"rounds to {target}", f"sim. s to {target}"] if to_target else []),
             "final acc.",
             *(["final per-client acc.", "best weighted per-client acc. (PFLlib's metric)"]
               if personal else []),
+            *(["client acc.: mean", "10th percentile", "variance"] if fair else []),
             "sim. s / round", "seeds"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in names:
@@ -196,6 +214,7 @@ def condition_table(spec: Reproduction, runs: dict, names: list[str] | None = No
                  _cell(r, "final_acc"),
                  *([_cell(r, "final_personal_acc"), _cell(r, "best_weighted_personal_acc")]
                    if personal else []),
+                 *([_cell(r, m) for m in FAIRNESS] if fair else []),
                  per_round if r else "–", _seeds(r)]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)

@@ -55,7 +55,7 @@ class Comparison:
 
     a: str
     b: str
-    metric: str  # "rounds" | "sim_time" | "final_acc" | "final_personal_acc"
+    metric: str  # "rounds" | "sim_time" | "final_acc" | "final_personal_acc" | "final_client_*"
     expect: str = "<"
     margin: float = 0.0
     primary: bool = False

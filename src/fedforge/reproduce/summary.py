@@ -61,7 +61,9 @@ def foundation() -> list[str]:
 
 
 SHORT = {"rounds": "rounds to target", "sim_time": "sim. time to target",
-         "final_acc": "final acc.", "final_personal_acc": "final per-client acc."}
+         "final_acc": "final acc.", "final_personal_acc": "final per-client acc.",
+         "final_client_mean": "mean client acc.", "final_client_p10": "10th-pct. client acc.",
+         "final_client_var": "variance of client acc."}
 
 
 def _line(spec: Reproduction, j: Judgement) -> str:
@@ -115,7 +117,8 @@ def section(spec: Reproduction, data: Path) -> list[str]:
     return text
 
 
-ORDER = ("fadamgc", "fedast", "safl", "fednar", "fedptr", "pfl")  # the summary's sections
+# the summary's sections
+ORDER = ("fadamgc", "fedast", "safl", "fednar", "fedptr", "pfl", "baselines")
 
 
 def ordered(names: list[str]) -> list[str]:

@@ -1,6 +1,14 @@
 """Built-in reproductions; importing this package registers them, so names are looked up here."""
 
-from fedforge.reproduce.papers import fadamgc, fedast, fednar, fedptr, pfl, safl  # noqa: F401
+from fedforge.reproduce.papers import (  # noqa: F401
+    baselines,
+    fadamgc,
+    fedast,
+    fednar,
+    fedptr,
+    pfl,
+    safl,
+)
 from fedforge.reproduce.spec import REPRODUCTIONS, Reproduction
 
 
