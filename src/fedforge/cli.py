@@ -248,7 +248,7 @@ def reproduce(
 ) -> None:
     """Run a paper's reproduction grid (resuming what exists) and write its table, figures
     and verdicts to reproductions/NAME/ in the current folder (--out). Reproductions:
-    fadamgc, fedast, fednar, fedptr, pfl, safl; 'all --report-only --out docs' rewrites
+    baselines, fadamgc, fedast, fednar, fedptr, pfl, safl; 'all --report-only --out docs' rewrites
     every page and docs/reproductions.md."""
     from fedforge.reproduce import command
 

@@ -169,8 +169,8 @@ def _power(spec: Reproduction, comp: Comparison, ev: Evidence, family: str,
     mde = detectable_effect(ev.diff, level=1 - ALPHA / size)
     needed = seeds_needed(ev.diff.sd, effect, size, alpha=ALPHA,
                           equivalence=comp.kind == "equivalence", minimum=minimum)
-    if needed is None and ev.diff.sd == 0.0:
-        needed = minimum
+    if needed is None and (ev.diff.sd == 0.0 or 0 < ev.diff.n < minimum):
+        needed = minimum  # no spread yet (one seed): at least the claim's minimum
     return effect, mde, needed
 
 
