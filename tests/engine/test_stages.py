@@ -32,10 +32,10 @@ class _Privacy:
     """Stands in for a mechanism: building a chain calls none of its methods."""
 
 
-def _loss(model_name: str = "mlp"):
+def _loss(model_name: str = "mlp", precision: str = "fp32"):
     shape, kw = ((1, 16, 16), {"channels": (4, 8), "fc": 16}) if model_name == "simple_cnn" \
         else ((1, 6, 6), {"hidden": (16,)})
-    return classification_loss(build_model(model_name, shape, 5, **kw))
+    return classification_loss(build_model(model_name, shape, 5, **kw), precision)
 
 
 def _documented_order() -> list[str]:
@@ -69,14 +69,15 @@ def test_a_personal_private_chain_is_in_the_documented_order():
 
 
 def test_every_stage_at_once_is_the_documented_chain():
-    """A dropout model, padded steps, a personal method whose step reads its batch, its own
-    local loss, privacy and a codec: every stage, in the order the docs draw."""
+    """A dropout model, padded steps, bf16 weights, a personal method whose step reads its
+    batch, its own local loss, privacy and a codec: every stage, in the order the docs draw
+    (but ``frozen_bf16``: a zoo model has no frozen layer, and an own loss leaves it out)."""
     apfl = build_algorithm("apfl")
     assert apfl.personal.step_batch
     full = replace(apfl, privacy=_Privacy(), codec=Codec(),
                    objective=build_algorithm("moon").objective)
-    names = local_stages(full, _loss("simple_cnn"), masked=True).names
-    assert list(names) == _documented_order()
+    names = local_stages(full, _loss("simple_cnn", "bf16_sr"), masked=True).names
+    assert list(names) == [n for n in _documented_order() if n != "frozen_bf16"]
     assert local_stages(build_algorithm("fedavg"), _loss(), masked=False).names == ("parts",)
     moon = local_stages(build_algorithm("moon"), _loss(), masked=False).names
     assert moon == ("objective", "parts")  # a non-personal method with its own local loss

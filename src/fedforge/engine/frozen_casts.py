@@ -26,6 +26,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from fedforge.engine.rounding import BF16_PRECISIONS
+
 _BF16_OPERANDS: dict[type, tuple[str, ...]] = {
     nn.Linear: ("weight", "bias"), nn.Conv1d: ("weight", "bias"),
     nn.Conv2d: ("weight", "bias")}
@@ -64,7 +66,8 @@ def loss_targets(loss_fn: Callable) -> list[Target]:
     """:func:`frozen_targets` of a bf16 loss's model (the classification loss's); none for
     another precision or another loss."""
     model = getattr(loss_fn, "model", None)
-    if getattr(loss_fn, "precision", None) != "bf16" or not isinstance(model, nn.Module):
+    bf16 = getattr(loss_fn, "precision", None) in BF16_PRECISIONS
+    if not bf16 or not isinstance(model, nn.Module):
         return []
     return frozen_targets(model)
 

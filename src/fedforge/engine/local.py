@@ -29,6 +29,7 @@ from fedforge.client.transforms import (
 from fedforge.core.tree import Params, tree_map2, tree_sub, tree_zeros_like, upcast
 from fedforge.engine.draw import CohortMetrics
 from fedforge.engine.pooling import route_max_pooling
+from fedforge.engine.rounding import BF16_PRECISIONS, STOCHASTIC
 from fedforge.engine.stages import (
     Batch,
     Chain,
@@ -53,7 +54,7 @@ class LocalResult(NamedTuple):
     metrics: CohortMetrics  # this client's row: mean local loss, steps taken, diagnostics
 
 
-PRECISIONS = ("fp32", "bf16", "tf32")
+PRECISIONS = ("fp32", "bf16", "tf32", STOCHASTIC)
 
 
 def has_shared_tensors(model: nn.Module) -> bool:
@@ -90,7 +91,7 @@ class ClassificationLoss:
     def __call__(self, params: Params, x: torch.Tensor, y: torch.Tensor,
                  w: torch.Tensor) -> torch.Tensor:
         kwargs = ALL_POSITIONS if per_position(y) else None  # next-token targets [B, T]
-        if self.precision == "bf16":
+        if self.precision in BF16_PRECISIONS:
             with torch.autocast(x.device.type, dtype=torch.bfloat16):
                 logits = torch.func.functional_call(self.model, params, (x,), kwargs,
                                                     tie_weights=self.tied)  # [B, C]
@@ -108,9 +109,11 @@ def classification_loss(model: nn.Module, precision: str = "fp32") -> LossFn:
 
     ``precision="bf16"`` runs the model's forward (and so its backward) under bf16 autocast
     on the inputs' device — on CPUs with AMX and on GPUs this roughly halves step time;
-    parameters, the loss and every optimizer state stay fp32. ``"tf32"`` is set globally by
-    :func:`set_matmul_precision`, not here. The result is a :class:`ClassificationLoss`, which
-    can be pickled (worker processes of the ``procs`` engine).
+    parameters, the loss and every optimizer state stay fp32. ``"bf16_sr"`` adds bf16 weights
+    with stochastic rounding in the local round (:mod:`fedforge.engine.rounding`). ``"tf32"``
+    is set globally by :func:`set_matmul_precision`, not here. The result is a
+    :class:`ClassificationLoss`, which can be pickled (worker processes of the ``procs``
+    engine).
     """
     return ClassificationLoss(model, precision)
 

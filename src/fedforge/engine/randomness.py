@@ -31,6 +31,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from fedforge.comm.rng import as_int32, hash_u32, mix32, stream_key
+from fedforge.engine.rounding import STOCHASTIC
 
 CLIENT_KEY = "client_key"  # round input: the client's 32-bit dropout key (int64 [C])
 INT32_INDICES = 2**31  # dropout calls with fewer elements hash int32 words
@@ -90,6 +91,11 @@ def is_keyed(loss_fn: Callable) -> bool:
     """Whether the loss's model has dropout layers, so local steps run keyed."""
     model = loss_model(loss_fn)
     return model is not None and bool(keyed_layers(model))
+
+
+def needs_client_key(loss_fn: Callable) -> bool:
+    """Whether local steps draw keyed bits: dropout masks, or bf16's stochastic rounding."""
+    return is_keyed(loss_fn) or getattr(loss_fn, "precision", None) == STOCHASTIC
 
 
 def check_random_layers(loss_fn: Callable, engine: str) -> None:

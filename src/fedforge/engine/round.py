@@ -20,7 +20,7 @@ from fedforge.core.tree import Params
 from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput
 from fedforge.engine.draw import CohortMetrics, RoundDraw
 from fedforge.engine.local import LossFn
-from fedforge.engine.randomness import CLIENT_KEY, is_keyed
+from fedforge.engine.randomness import CLIENT_KEY, needs_client_key
 from fedforge.engine.screening import check_model, rerun_fn, screen_cohort
 from fedforge.protocol.algorithm import (
     CLIENT_ID,
@@ -110,7 +110,7 @@ def _aggregation_weights(draw: RoundDraw, params: Params) -> torch.Tensor:
 def _round_info(setup: RoundSetup, draw: RoundDraw, params: Params) -> dict:
     """The per-client round inputs: the draw's, plus what the loss and the parts need."""
     algorithm, device, info = setup.algorithm, setup.x_all.device, dict(draw.info)
-    if is_keyed(setup.loss_fn) and CLIENT_KEY not in info:  # dropout: masks of (seed, t, id)
+    if needs_client_key(setup.loss_fn) and CLIENT_KEY not in info:  # keys of (seed, t, id)
         keys = draw.keys if draw.keys is not None else draw.with_keys(0).keys
         info[CLIENT_KEY] = keys.to(device)
     if algorithm.needs_client_ids:  # a part keeping one server value per client (AFL)

@@ -17,8 +17,8 @@ placed before one it must follow (each stage lists those in ``after``).
 :func:`local_stages` builds an algorithm's chain from its typed fields, in the order
 ``docs/architecture.md`` draws::
 
-    dropout -> frozen_bf16 -> padding -> personal -> objective -> step_batch -> privacy
-      -> parts -> codec
+    dropout -> frozen_bf16 -> padding -> personal -> stochastic_rounding -> objective
+      -> step_batch -> privacy -> parts -> codec
 
 A new capability (LoRA adapters, say) is a new stage, not a branch in the loop: write the
 hooks it needs (the defaults leave the round as it is), list in ``after`` the stages whose
@@ -39,6 +39,13 @@ from fedforge.comm.codec import Codec
 from fedforge.core.tree import Params, tree_where
 from fedforge.engine.frozen_casts import Target, cast, loss_targets, swapped
 from fedforge.engine.randomness import CLIENT_KEY, KeyedRandomness, is_keyed, no_key
+from fedforge.engine.rounding import (
+    STOCHASTIC,
+    nearest,
+    random_bits,
+    rounding_key,
+    stochastic_round,
+)
 from fedforge.protocol.algorithm import (
     LOCAL_STEP,
     Algorithm,
@@ -270,6 +277,35 @@ def personal_stage(spec: PersonalSpec) -> Stage:
     return Stage("personal", begin=begin, finish=finish, keeps_params=False)
 
 
+def stochastic_rounding() -> Stage:
+    """bf16 weights for the round (:mod:`fedforge.engine.rounding`): the start rounded to
+    the nearest bf16 value, every step's float32 weights stochastically rounded to bf16
+    under the keys of (client, step, parameter). float64 leaves are left as they are."""
+
+    def begin(start: Params, ctx: RoundContext, train: Train):
+        return {k: nearest(v) if v.dtype == torch.float32 else v
+                for k, v in start.items()}, ctx
+
+    def step(s: Step, ctx: RoundContext, data: ClientData) -> Step:
+        key, accept = ctx.info.get(CLIENT_KEY), s.accept
+        if key is None:
+            key = no_key(data.ws.device)
+
+        def rounded(batch: Batch, before: Local, after: Local, loss: torch.Tensor):
+            kept, a = accept(batch, before, after, loss)
+            with torch.no_grad():
+                params = {k: stochastic_round(v, random_bits(
+                              rounding_key(key, batch.index, j), v.shape, v.device))
+                          if v.dtype == torch.float32 else v
+                          for j, (k, v) in enumerate(kept.params.items())}
+            return kept._replace(params=params), a
+
+        return s._replace(accept=rounded)
+
+    return Stage("stochastic_rounding", begin=begin, step=step, after=("padding", "personal"),
+                 keeps_params=False)
+
+
 def objective_stage(objective: LocalObjective) -> Stage:
     """A local loss other than the run's (:attr:`Algorithm.objective`, MOON's): its gradient,
     on the step's batch and in the round's context, is what the optimizer gets and what every
@@ -378,6 +414,8 @@ def local_stages(algorithm: Algorithm, loss_fn: LossFn, *, masked: bool,
         stages.append(padding_masks())
     if (personal := algorithm.personal) is not None:
         stages.append(personal_stage(personal))
+    if getattr(loss_fn, "precision", None) == STOCHASTIC:
+        stages.append(stochastic_rounding())
     if algorithm.objective is not None:
         stages.append(objective_stage(algorithm.objective))
     if personal is not None and personal.step_batch:

@@ -177,7 +177,9 @@ class EngineConfig(_Section):
     name: Literal["auto", "vmap", "loop", "distributed", "procs"] = "auto"
     chunk_size: int | Literal["auto"] = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    precision: Literal["fp32", "bf16", "tf32"] = "fp32"  # bf16 = autocast of the forward
+    # bf16 = autocast of the forward; bf16_sr also keeps the local weights in bf16, rounded
+    # stochastically (docs/speed.md)
+    precision: Literal["fp32", "bf16", "tf32", "bf16_sr"] = "fp32"
     client_state: Literal["device", "host"] = "device"  # host: per-client state in CPU RAM
     # where every client's state lives between rounds (docs/scale.md): memory, disk (files in
     # the run folder, O(cohort) per round) or auto (memory while it fits a quarter of the free

@@ -24,7 +24,12 @@ from fedforge.core.tree import Params, tree_index, tree_stack
 from fedforge.data.batching import client_batches
 from fedforge.engine.base import ChunkedEngine, CohortInputs, _cat
 from fedforge.engine.local import LossFn, local_update_of
-from fedforge.engine.randomness import CLIENT_KEY, check_random_layers, is_keyed, job_keys
+from fedforge.engine.randomness import (
+    CLIENT_KEY,
+    check_random_layers,
+    job_keys,
+    needs_client_key,
+)
 from fedforge.engine.vmap import VmapEngine, refusing_random
 from fedforge.protocol.algorithm import Algorithm
 
@@ -185,7 +190,7 @@ class TaskExecutor:
         bcast = tree_stack([versions[j.version][1] for j in jobs])  # [J, ...] per leaf
         masked = bool((mask.sum(-1) == 0).any())  # one function for the whole batch
         info = {CLIENT_KEY: job_keys(self.seed, self.task, [j.job_id for j in jobs]).to(
-            mask.device)} if is_keyed(self.loss_fn) else {}  # dropout: (seed, task, job)
+            mask.device)} if needs_client_key(self.loss_fn) else {}  # dropout: (seed, task, job)
         t0 = time.perf_counter()
         deltas, losses, calls = run_jobs(self.engine, self._fn(masked), self.x_all, self.y_all,
                                          JobInputs(params, bcast, sample_idx, mask, info),
