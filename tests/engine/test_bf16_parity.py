@@ -71,3 +71,14 @@ def test_fp32_is_unchanged_by_the_precision_switch():
     assert classification_loss(model).precision == "fp32"
     b = _run(LoopEngine(), model, algorithm, "fp32")
     assert_same_run(a, b, rtol=0, atol=0)
+
+
+def test_stochastic_rounding_agrees_across_engines_and_reruns():
+    model = _model("pfl_simple_cnn")
+    algorithm = build_algorithm("fedavg", local_lr=0.05)
+    ref = _run(LoopEngine(), model, algorithm, "bf16_sr")
+    assert_same_run(ref, _run(LoopEngine(), model, algorithm, "bf16_sr"), rtol=0, atol=0)
+    got = _run(VmapEngine(chunk_size=3), model, algorithm, "bf16_sr")
+    assert_same_run(ref, got, rtol=2e-2, atol=5e-3)  # a weight's rounding may flip by 1 gap
+    bf16 = _run(LoopEngine(), model, algorithm, "bf16")
+    assert any(not torch.equal(ref[0][k], bf16[0][k]) for k in bf16[0])  # weights rounded
