@@ -43,28 +43,28 @@ def test_the_bits_are_a_function_of_key_step_and_parameter():
     assert bits.dtype == torch.int32 and bool(((bits >= 0) & (bits < 2**16)).all())
 
 
+G = torch.Generator().manual_seed(0)
+XS = torch.randn(2, 1, 8, generator=G)  # 2 steps, batch 1, 8 features
+YS = torch.tensor([[0], [2]])
+START = {"weight": 1.0 + torch.rand(3, 8, generator=G) * 0.9,  # between bf16 values in [1, 2)
+         "bias": torch.tensor([1.0, -1.0, 0.5])}
+
+
 def _round(precision: str, lr: float, key: int):
-    """One client's two local SGD steps on a 1-feature linear model under ``precision``."""
-    model = nn.Linear(2, 2)
-    start = {"weight": torch.tensor([[1.0 + 0.4 * ULP, -1.0], [0.5, 2.0]]),
-             "bias": torch.tensor([1.0, -1.0])}
-    loss_fn = classification_loss(model, precision)
+    """One client's two local SGD steps on a linear model under ``precision``: (start,
+    trained, loss)."""
+    loss_fn = classification_loss(nn.Linear(8, 3), precision)
     local = local_update_of(build_algorithm("fedavg", local_lr=lr), loss_fn, masked=False)
-    xs = torch.tensor([[[1.0, 0.0]], [[0.0, 1.0]]])  # 2 steps, batch 1
-    ys, ws = torch.tensor([[0], [1]]), torch.ones(2, 1)
     info = {CLIENT_KEY: torch.tensor(key, dtype=torch.int64)}
-    client = {}
-    out = local(start, {}, client, info, xs, ys, ws)
-    return start, {k: start[k] - out.delta[k] for k in start}, loss_fn
+    out = local(START, {}, {}, info, XS, YS, torch.ones(2, 1))
+    return START, {k: START[k] - out.delta[k] for k in START}, loss_fn
 
 
 def _reference(start: dict, loss_fn, lr: float, key: int, rounding) -> dict:
     """x_0 = nearest(x^t); x_{k+1} = round(x_k - lr grad_k) with ``rounding(x, step, leaf)``."""
-    xs = [torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]])]
-    ys = [torch.tensor([0]), torch.tensor([1])]
     p = {k: nearest(v) for k, v in start.items()}
     for step in range(2):
-        g = torch.func.grad(loss_fn)(p, xs[step], ys[step], torch.ones(1))
+        g = torch.func.grad(loss_fn)(p, XS[step], YS[step], torch.ones(1))
         p = {k: rounding(v - lr * g[k], step, j) for j, (k, v) in enumerate(p.items())}
     return p
 
