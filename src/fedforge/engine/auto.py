@@ -49,6 +49,7 @@ import time
 import torch
 
 from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput
+from fedforge.engine.local import LossFn
 from fedforge.engine.loop import LoopEngine, loop_label
 from fedforge.engine.procs import ProcessEngine, default_workers
 from fedforge.engine.vmap import VmapEngine
@@ -226,20 +227,23 @@ class AutoEngine(ChunkedEngine):
         if self.engine is not None:
             self.engine.close()
 
-    def chunk_size(self, inputs: CohortInputs, x_all: torch.Tensor) -> int:
-        return (self.engine or VmapEngine(self._chunk)).chunk_size(inputs, x_all)
+    def chunk_size(self, inputs: CohortInputs, x_all: torch.Tensor,
+                   y_all: torch.Tensor | None = None, loss_fn: LossFn | None = None) -> int:
+        return (self.engine or VmapEngine(self._chunk)).chunk_size(inputs, x_all, y_all, loss_fn)
 
     # --- calibration ----------------------------------------------------------------------
     def _workers(self, x_all: torch.Tensor) -> int:
         """Worker processes this engine may try: none unless they are allowed."""
         return process_workers(x_all) if self.allow_processes else 0
 
-    def candidates(self, inputs: CohortInputs, x_all: torch.Tensor) -> list[dict]:
+    def candidates(self, inputs: CohortInputs, x_all: torch.Tensor,
+                   y_all: torch.Tensor | None = None, loss_fn: LossFn | None = None
+                   ) -> list[dict]:
         """Loop (and on a CPU, for a 2-D conv net, the channels-last loop), then vmap at the
-        automatic chunk ``a`` and ``a // 2``, each with native and batched convolutions
-        (chunks capped at the cohort size)."""
+        automatic chunk ``a`` (its activations measured when the loss is given) and ``a // 2``,
+        each with native and batched convolutions (chunks capped at the cohort size)."""
         num = inputs.sample_idx.shape[0]
-        a = min(VmapEngine(self._chunk).chunk_size(inputs, x_all), num)
+        a = min(VmapEngine(self._chunk).chunk_size(inputs, x_all, y_all, loss_fn), num)
         chunks = [a] if self._chunk != "auto" or a < 4 else [a, a // 2]
         out = [{"engine": "loop", "chunk": 1, "conv": "native"}]
         if x_all.device.type == "cpu" and _has_conv2d(inputs.global_params):
@@ -264,7 +268,7 @@ class AutoEngine(ChunkedEngine):
     def _choose(self, algorithm, loss_fn, x_all, y_all, inputs: CohortInputs) -> None:
         if self.compile:
             return self._default(inputs, x_all, "engine.compile is set")
-        cands = self.candidates(inputs, x_all)
+        cands = self.candidates(inputs, x_all, y_all, loss_fn)
         cost = sum(2 * c["chunk"] for c in cands)  # client updates: a warm-up and a timed chunk
         if self.budget_updates is None or cost > self.max_share * self.budget_updates:
             reason = (f"run too short to calibrate ({cost} client updates > "

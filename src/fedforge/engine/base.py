@@ -139,7 +139,9 @@ class ChunkedEngine:
         """Turn the one-client function into a chunk function (leading client axis)."""
         raise NotImplementedError
 
-    def chunk_size(self, inputs: CohortInputs, x_all: torch.Tensor) -> int:
+    def chunk_size(self, inputs: CohortInputs, x_all: torch.Tensor,
+                   y_all: torch.Tensor | None = None, loss_fn: LossFn | None = None) -> int:
+        """Clients per chunk; with ``y_all`` and ``loss_fn`` an engine may measure a step."""
         raise NotImplementedError
 
     def run_cohort(
@@ -153,7 +155,7 @@ class ChunkedEngine:
         """Run the cohort in chunks (see :meth:`run_chunked` for out-of-memory errors)."""
         check_random_layers(loss_fn, self.label or self.name)
         return self.run_chunked(
-            inputs.sample_idx.shape[0], self.chunk_size(inputs, x_all),
+            inputs.sample_idx.shape[0], self.chunk_size(inputs, x_all, y_all, loss_fn),
             lambda chunk: self._run_chunks(algorithm, loss_fn, x_all, y_all, inputs, chunk))
 
     def trim_steps(

@@ -57,7 +57,7 @@ class LoopEngine(ChunkedEngine):
         # numbers, bit for bit; ``False`` is the out-of-place reference the tests compare)
         self.in_place = in_place
 
-    def chunk_size(self, inputs: CohortInputs, x_all) -> int:
+    def chunk_size(self, inputs: CohortInputs, x_all, y_all=None, loss_fn=None) -> int:
         return 1
 
     def trim_steps(

@@ -327,8 +327,9 @@ class ProcessEngine(ChunkedEngine):
     def functional_grad(self) -> bool:
         return self.inner.functional_grad
 
-    def chunk_size(self, inputs: CohortInputs, x_all: torch.Tensor) -> int:
-        return self.inner.chunk_size(inputs, x_all)
+    def chunk_size(self, inputs: CohortInputs, x_all: torch.Tensor,
+                   y_all: torch.Tensor | None = None, loss_fn: LossFn | None = None) -> int:
+        return self.inner.chunk_size(inputs, x_all, y_all, loss_fn)
 
     def local_update(self, algorithm: Algorithm, loss_fn: LossFn, masked: bool) -> Callable:
         return self.inner.local_update(algorithm, loss_fn, masked)

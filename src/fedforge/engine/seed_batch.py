@@ -117,7 +117,8 @@ class CohortBatch:
         for request in requests:
             inputs, engine = request.inputs, request.engine
             num = inputs.sample_idx.shape[0]
-            chunk = max(1, min(engine.chunk_size(inputs, request.x_all), num))
+            chunk = max(1, min(engine.chunk_size(inputs, request.x_all, request.y_all,
+                                                 request.loss_fn), num))
             if engine.max_chunk is not None:  # as run_chunked: lowered after out-of-memory
                 chunk = min(chunk, engine.max_chunk)
             request.calls = list(engine.chunk_calls(request.x_all, request.y_all, inputs, chunk))
@@ -189,8 +190,9 @@ class BatchMember(ChunkedEngine):
         return self.batch.submit(_Request(self.inner, algorithm, loss_fn, x_all, y_all, inputs,
                                           self.keep_deltas))
 
-    def chunk_size(self, inputs: CohortInputs, x_all: torch.Tensor) -> int:
-        return self.inner.chunk_size(inputs, x_all)
+    def chunk_size(self, inputs: CohortInputs, x_all: torch.Tensor,
+                   y_all: torch.Tensor | None = None, loss_fn: LossFn | None = None) -> int:
+        return self.inner.chunk_size(inputs, x_all, y_all, loss_fn)
 
     def state_dict(self) -> dict:
         return self.inner.state_dict()

@@ -4,21 +4,35 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 from fedforge.core.tree import tree_nbytes
+from fedforge.engine.activations import ActivationSizes
 from fedforge.engine.base import ChunkedEngine, CohortInputs
 from fedforge.engine.batched_conv import STRATEGIES, BatchedConvMode, ConvPlans
 from fedforge.engine.randomness import vmap_refusal
+from fedforge.engine.stages import LossFn
 
 CONV_MODES = ("native", "auto", *STRATEGIES)
 
 
+ACTIVATION_ALLOWANCE = 64  # input samples' bytes per sample: activations when not measured
+
+
 def _free_memory_bytes(device: torch.device) -> int:
+    """Free memory of the device; on a CPU the kernel's ``MemAvailable`` (free pages plus the
+    page cache it can reclaim), or the free pages where ``/proc/meminfo`` is absent."""
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         return int(free)
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
@@ -46,7 +60,11 @@ class VmapEngine(ChunkedEngine):
 
     The estimate per client is the stacked model-sized tensors a local round keeps live
     (params, grads, optimizer moments, deltas and the select copies: ``state_factor`` copies
-    of the model) plus the gathered mini-batches and an activation allowance. On CPU the
+    of the model) plus the gathered mini-batches and one step's activations, measured once
+    per (model, batch shape, dtype, precision) on the first client's first batch outside
+    vmap (:mod:`fedforge.engine.activations`; a pretrained text model's activations are
+    hundreds of times its token ids). The chunk is ``memory_fraction`` of the free memory
+    (``MemAvailable`` on a CPU) over that estimate, between 1 and the cohort. On CPU the
     chunk is also capped so that the chunk's stacked models fit ``cpu_model_budget`` bytes
     (32 MiB: ``budget // model bytes`` clients, or ``cpu_max_chunk`` if given): small models
     gain from wide vmaps (W1 shapes on 2 cores, cohort 100: logreg 713 updates/s at chunk 8,
@@ -73,8 +91,9 @@ class VmapEngine(ChunkedEngine):
     ``"native"`` (functorch's batching rules), or through
     :class:`~fedforge.engine.batched_conv.BatchedConvMode` with one strategy for every layer
     (``"grouped"``, ``"loop"``, ``"bmm"``) or ``"auto"``, the fastest per layer shape by a
-    one-off micro-benchmark. The per-shape choices are part of :meth:`state_dict`, so a
-    resumed run computes exactly as the interrupted one. Not combined with ``compile``.
+    one-off micro-benchmark. The per-shape choices (and the measured activation bytes) are
+    part of :meth:`state_dict`, so a resumed run computes and chunks as the interrupted one.
+    Not combined with ``compile``.
     """
 
     name = "vmap"
@@ -106,27 +125,43 @@ class VmapEngine(ChunkedEngine):
             raise ValueError(f"engine.conv: expected one of {CONV_MODES}, got {conv!r}")
         self.conv = conv
         self.plans = ConvPlans(conv) if conv != "native" else None
+        self.activations = ActivationSizes()
 
-    def chunk_size(self, inputs: CohortInputs, x_all: torch.Tensor) -> int:
+    def chunk_size(self, inputs: CohortInputs, x_all: torch.Tensor,
+                   y_all: torch.Tensor | None = None, loss_fn: LossFn | None = None) -> int:
+        """Clients per vmapped call: as many as :meth:`client_bytes` lets fit in
+        ``memory_fraction`` of the free memory (and on a CPU the model cap), 1 to the cohort."""
         if self._chunk != "auto":
             return int(self._chunk)
-        _, steps, batch = inputs.sample_idx.shape
-        sample_bytes = x_all[:1].numel() * x_all.element_size()
-        per_client = (
-            self.state_factor * tree_nbytes(inputs.global_params)
-            + steps * batch * sample_bytes
-            + 64 * batch * sample_bytes  # activations of one step (rough allowance)
-        )
+        num_clients = inputs.sample_idx.shape[0]
         budget = self.memory_fraction * _free_memory_bytes(x_all.device)
-        chunk = max(1, int(budget // max(per_client, 1)))
+        per_client = self.client_bytes(inputs, x_all, y_all, loss_fn)
+        chunk = min(int(budget // max(per_client, 1)), max(num_clients, 1))
         if x_all.device.type != "cuda":
             cap = self.cpu_max_chunk or self.cpu_model_budget // max(
                 tree_nbytes(inputs.global_params), 1)
-            chunk = min(chunk, max(1, int(cap)))
+            chunk = min(chunk, int(cap))
+        chunk = max(1, chunk)
         if self.compile:  # equal chunks where possible: each new chunk shape recompiles
-            num_clients = inputs.sample_idx.shape[0]
-            chunk = -(-num_clients // -(-num_clients // chunk))
+            chunk = -(-num_clients // -(-num_clients // chunk)) if num_clients else chunk
         return chunk
+
+    def client_bytes(self, inputs: CohortInputs, x_all: torch.Tensor,
+                     y_all: torch.Tensor | None = None, loss_fn: LossFn | None = None) -> int:
+        """One client's memory in a vmapped chunk: ``state_factor`` copies of the model, its
+        gathered mini-batches and one step's activations, measured on the first client's
+        first batch (:mod:`fedforge.engine.activations`) when the loss is given, else a rough
+        allowance of :data:`ACTIVATION_ALLOWANCE` input samples per sample."""
+        _, steps, batch = inputs.sample_idx.shape
+        sample_bytes = x_all[:1].numel() * x_all.element_size()
+        if loss_fn is not None and y_all is not None and inputs.sample_idx.numel():
+            idx = inputs.sample_idx[0, 0]
+            activations = self.activations.measure(loss_fn, inputs.global_params, x_all[idx],
+                                                   y_all[idx], inputs.weights[0, 0])
+        else:
+            activations = ACTIVATION_ALLOWANCE * batch * sample_bytes
+        return (self.state_factor * tree_nbytes(inputs.global_params)
+                + steps * batch * sample_bytes + activations)
 
     def wrap(self, fn: Callable) -> Callable:
         # global params and broadcast are shared; everything per-client has a leading axis
@@ -149,9 +184,14 @@ class VmapEngine(ChunkedEngine):
         return torch.compile(chunk_fn, mode=mode)
 
     def state_dict(self) -> dict:
-        """The per-shape convolution strategies chosen so far (empty for ``conv="native"``)."""
-        return {"conv_plans": self.plans.state_dict()} if self.plans is not None else {}
+        """The per-shape choices made so far: the convolution strategies (none for
+        ``conv="native"``) and the measured activation bytes (none before a cohort ran)."""
+        state = {"conv_plans": self.plans.state_dict()} if self.plans is not None else {}
+        if self.activations.bytes:
+            state["activation_bytes"] = self.activations.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         if self.plans is not None:
             self.plans.load_state_dict(state.get("conv_plans", {}))
+        self.activations.load_state_dict(state.get("activation_bytes", {}))

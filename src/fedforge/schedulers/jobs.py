@@ -65,16 +65,18 @@ def job_function(algorithm: Algorithm, loss_fn: LossFn, masked: bool,
 
 
 def run_jobs(engine: ChunkedEngine, fn: Callable, x_all: torch.Tensor, y_all: torch.Tensor,
-             inputs: JobInputs, limit: int | None = None) -> tuple[Params, list[float], int]:
+             inputs: JobInputs, limit: int | None = None, loss_fn: LossFn | None = None
+             ) -> tuple[Params, list[float], int]:
     """The chunked engine's jobs mode: ``fn`` (see :func:`job_function`) over the jobs in
-    chunks of ``engine.chunk_size`` (at most ``limit``), restarted with halved chunks on an
+    chunks of ``engine.chunk_size`` (at most ``limit``; ``loss_fn``: the loss ``fn`` trains,
+    whose activations the engine may measure), restarted with halved chunks on an
     out-of-memory error -> (deltas ``[J, ...]``, mean local losses, vmapped calls made)."""
     num_jobs = inputs.sample_idx.shape[0]
     # sized like a cohort of J clients of one model: a job stacks its own model like a
     # client stacks its weights, so the per-client memory estimate holds per job
     like = CohortInputs(tree_index(inputs.params, 0), tree_index(inputs.broadcast, 0), {}, {},
                         inputs.sample_idx, inputs.weights, inputs.weights.new_ones(num_jobs))
-    chunk = engine.chunk_size(like, x_all)
+    chunk = engine.chunk_size(like, x_all, y_all, loss_fn)
     if limit is not None:
         chunk = min(chunk, limit)
 
@@ -194,7 +196,7 @@ class TaskExecutor:
         t0 = time.perf_counter()
         deltas, losses, calls = run_jobs(self.engine, self._fn(masked), self.x_all, self.y_all,
                                          JobInputs(params, bcast, sample_idx, mask, info),
-                                         self.max_batch)
+                                         self.max_batch, self.loss_fn)
         self.compute_s += time.perf_counter() - t0
         self.batches_run += calls
         self.jobs_run += len(jobs)
