@@ -102,10 +102,15 @@ def cohort(params):
     return x, y, inputs
 
 
-def per_client(engine: VmapEngine, params, x, activations: int) -> int:
+def per_client(engine: VmapEngine, params, x, activations: float) -> int:
     """The docstring's estimate: state_factor model copies, the batches, the activations."""
     sample = x[:1].numel() * x.element_size()
-    return engine.state_factor * tree_nbytes(params) + STEPS * BATCH * sample + activations
+    return int(engine.state_factor * tree_nbytes(params) + STEPS * BATCH * sample + activations)
+
+
+def measured_client(engine: VmapEngine, params, x, measured: int) -> int:
+    """The estimate with measured activations: ``activation_factor`` times the saved bytes."""
+    return per_client(engine, params, x, engine.activation_factor * measured)
 
 
 def test_lora_chunk_is_the_budget_over_the_measured_client(monkeypatch):
@@ -116,7 +121,7 @@ def test_lora_chunk_is_the_budget_over_the_measured_client(monkeypatch):
     old_allowance = 64 * BATCH * x[:1].numel() * x.element_size()
     assert measured > 4 * old_allowance  # the token ids say little about the activations
     engine = VmapEngine()
-    budget = 4.5 * per_client(engine, params, x, measured)
+    budget = 4.5 * measured_client(engine, params, x, measured)
     monkeypatch.setattr(vmap_module, "_free_memory_bytes", lambda device: 2 * budget)
     assert engine.chunk_size(inputs, x, y, loss_fn) == 4  # floor(4.5)
     assert list(engine.activations.bytes.values()) == [measured]
@@ -141,7 +146,7 @@ def test_run_cohort_runs_the_measured_chunks(monkeypatch):
             return lambda *args: calls.append(args[4].shape[0]) or chunk_fn(*args)
 
     engine = Counting()
-    budget = 5.2 * per_client(engine, params, x, measured)
+    budget = 5.2 * measured_client(engine, params, x, measured)
     monkeypatch.setattr(vmap_module, "_free_memory_bytes", lambda device: 2 * budget)
     engine.run_cohort(build_algorithm("fedavg"), loss_fn, x, y, inputs)  # no client state
     assert calls == [5, 5, 2]
@@ -163,7 +168,7 @@ def test_a_resumed_engine_reuses_the_measurement(monkeypatch):
     x, y, inputs = cohort(params)
     first = VmapEngine()
     measured = saved_activation_bytes(loss_fn, params, x[:BATCH], y[:BATCH], torch.ones(BATCH))
-    budget = 4.5 * per_client(first, params, x, measured)
+    budget = 4.5 * measured_client(first, params, x, measured)
     monkeypatch.setattr(vmap_module, "_free_memory_bytes", lambda device: 2 * budget)
     chunk = first.chunk_size(inputs, x, y, loss_fn)
     assert chunk == 4
