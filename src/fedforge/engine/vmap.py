@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
+from fedforge.core.memory import available_memory
 from fedforge.core.tree import tree_nbytes
 from fedforge.engine.activations import ActivationSizes
 from fedforge.engine.base import ChunkedEngine, CohortInputs
@@ -26,21 +25,10 @@ ACTIVATION_FACTOR = 3.0
 
 
 def _free_memory_bytes(device: torch.device) -> int:
-    """Free memory of the device; on a CPU the kernel's ``MemAvailable`` (free pages plus the
-    page cache it can reclaim), or the free pages where ``/proc/meminfo`` is absent."""
-    if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        return int(free)
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 4 * 2**30
+    """Free memory of the device (:func:`~fedforge.core.memory.available_memory`: on a CPU the
+    kernel's ``MemAvailable`` or a container's memory limit, whichever is lower)."""
+    free = available_memory(device)
+    return free if free is not None else 4 * 2**30
 
 
 def refusing_random(fn: Callable, engine: str) -> Callable:
