@@ -529,19 +529,21 @@ def _legend_below(fig, handles: dict, height: float, ncol: int = 5) -> None:
     fig.tight_layout(rect=(0, (0.2 * lines + 0.1) / (height + 0.2 * lines), 1, 1))
 
 
-def _diagnostic_rows(spec: Reproduction, runs: dict) -> list[tuple[str, list[str]]]:
-    """(row title, conditions) of the diagnostics figure: one row per panel of the accuracy
-    figure (a setting), else one row; only conditions whose runs log a diagnostic."""
+def _diagnostic_rows(spec: Reproduction, runs: dict,
+                     keys: list[str]) -> list[tuple[str, list[str], list[str]]]:
+    """(row title, conditions, metrics) of the diagnostics figure: one row per panel of the
+    accuracy figure (a setting), else one row. A row shows the metrics some of its runs log
+    and is left out when none logs a diagnostic (the claim's metric alone is the accuracy
+    figure's); only conditions that log a diagnostic are drawn."""
     rows = list(spec.panels) or [("", tuple(spec.curves or runs))]
     out = []
     for title, names in rows:
-        shown = []
-        for name in names:
-            lasts = [evals[-1] for r in runs.get(name, {}).values()
-                     if (evals := evaluated(r.history, claim_metric(spec)))]
-            if any(k in last for last in lasts for k in spec.diagnostics):
-                shown.append(name)
-        out.append((title, shown))
+        shown = [name for name in names if any(
+            _mean_curve(runs.get(name, {}), k)[0] for k in spec.diagnostics)]
+        logged = [k for k in keys
+                  if any(_mean_curve(runs[name], k)[0] for name in shown)]
+        if set(logged) & set(spec.diagnostics):
+            out.append((title, shown, logged))
     return out
 
 
@@ -556,30 +558,41 @@ def plot_diagnostics(spec: Reproduction, runs: dict, path: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     keys = list(dict.fromkeys([claim_metric(spec), *spec.diagnostics]))
-    rows = _diagnostic_rows(spec, runs)
-    ncols = len(keys) if spec.panels else min(3, len(keys))
-    nrows = len(rows) if spec.panels else -(-len(keys) // ncols)
+    rows = _diagnostic_rows(spec, runs, keys)
+    if not rows:
+        return None
+    if spec.panels:
+        ncols, nrows = max(len(logged) for _, _, logged in rows), len(rows)
+    else:
+        keys = rows[0][2]
+        ncols = min(3, len(keys))
+        nrows = -(-len(keys) // ncols)
     fig, grid = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.7 * nrows + 0.3),
                              squeeze=False)
-    cells = ([list(r) for r in grid] if spec.panels else [list(grid.flat)])
-    for ax in grid.flat[len(keys):] if not spec.panels else ():
-        ax.set_visible(False)
+    if spec.panels:
+        cells = [(title, names, logged, list(axes)[: len(logged)])
+                 for (title, names, logged), axes in zip(rows, grid, strict=True)]
+    else:
+        cells = [(*rows[0], list(grid.flat)[: len(keys)])]
+    used = {id(ax) for *_, axes in cells for ax in axes}
+    for ax in grid.flat:
+        ax.set_visible(id(ax) in used)
     # the accuracy figure's looks: keyed by the same set of conditions, so they match
     looks = method_looks(spec, sorted({n for _, ns in spec.panels for n in ns}
-                                      or {n for _, ns in rows for n in ns}))
+                                      or {n for _, ns, _ in rows for n in ns}))
     styles = looks if spec.panels else line_styles(spec, rows[0][1])
     legend: dict[str, object] = {}
-    for (title, names), axes in zip(rows, cells, strict=True):
+    for title, names, logged, axes in cells:
         for name in names:
             label = spec.condition(name).title
             label = label.split(": ", 1)[-1] if title else label
-            for ax, key in zip(axes, keys):
+            for ax, key in zip(axes, logged):
                 xs, ys = _mean_curve(runs[name], key)
                 if xs:
                     (line,) = ax.plot(xs, ys, **styles[name], label=label)
                     legend.setdefault(label, line)
-        for ax, key in zip(axes, keys):
-            ax.set_title(f"{title}: {key}" if title else key, fontsize=8)
+        for ax, key in zip(axes, logged):
+            ax.set_title(f"{title}\n{key}" if title else key, fontsize=8)
             ax.set_xlabel("round", fontsize=8)
             ax.tick_params(labelsize=7)
             ax.grid(alpha=0.3)
