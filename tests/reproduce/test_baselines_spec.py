@@ -80,3 +80,24 @@ def test_a_primary_claim_with_one_seed_asks_for_the_minimum():
     assert [(j.needed, j.underpowered) for j in rows] == [(5, True), (5, True)]
     fedprox = next(j for j in judge(spec, runs) if j.comp.a == "moon_fedprox")
     assert (fedprox.needed, fedprox.family) == (2, "exploratory")
+
+
+def test_the_diagnostics_figure_draws_only_what_a_setting_logs():
+    """MOON logs no diagnostic, so its row is left out; q-FFL logs the variance but not
+    Oort's keys, so its row has the claim's metric and the variance only."""
+    from fedforge.reproduce.report import _diagnostic_rows
+
+    spec = get_reproduction("baselines")
+
+    def run(extra: dict) -> dict[int, RunSummary]:
+        history = [{"round": r, "test_accuracy": 0.1 * r, **extra} for r in (1, 2)]
+        return {0: RunSummary(0, 2.0, 2.0, 0.2, True, 1.0, history)}
+
+    runs = {"moon": run({}), "moon_fedavg": run({}), "qffl_q1": run({"global_accuracy_var": 0.1}),
+            "oort": run({"oort_exploration": 0.5})}
+    keys = ["test_accuracy", *spec.diagnostics]
+    rows = {title.split(":")[0]: (names, logged)
+            for title, names, logged in _diagnostic_rows(spec, runs, keys)}
+    assert set(rows) == {"q-FFL", "Oort"}
+    assert rows["q-FFL"] == (["qffl_q1"], ["test_accuracy", "global_accuracy_var"])
+    assert rows["Oort"] == (["oort"], ["test_accuracy", "oort_exploration"])
