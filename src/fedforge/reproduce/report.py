@@ -163,6 +163,8 @@ def load_runs(spec: Reproduction, data: Path) -> dict[str, dict[int, RunSummary]
 def _cell(runs: dict[int, RunSummary], metric: str) -> str:
     fmt = METRICS[metric][1]
     vals = [getattr(r, metric) for r in runs.values()]
+    if runs and all(math.isnan(v) for v in vals):
+        return "–"  # a metric these runs do not log (another setting's)
     text = t_interval(vals).format(fmt)
     if metric in ("rounds", "sim_time") and runs:
         k = sum(r.reached for r in runs.values())
