@@ -22,7 +22,7 @@ from fedforge.reproduce import (
     parse_seeds,
     reproduce,
 )
-from fedforge.reproduce.report import RunSummary, method_looks, write_report
+from fedforge.reproduce.report import RunSummary, method_looks, seeds_line, write_report
 from fedforge.reproduce.stats import (
     censored_signs,
     seeds_needed,
@@ -181,6 +181,13 @@ def test_extra_seeds_in_the_data_folder_join_the_report(tmp_path):
             path.write_text(f'{{"round": 1, "test_accuracy": {acc + 0.001 * seed}}}\n')
     page = write_report(spec, tmp_path / "data", tmp_path / "out").read_text()
     assert "5 / 5" in page and "not run yet" in page  # c has no runs
+    assert "Seeds 0, 1, 2, and more in the settings whose seeds column lists them" in page
+
+
+def test_the_seeds_line_names_the_spec_s_seeds_when_no_setting_has_more():
+    spec = _spec(())
+    assert seeds_line(spec, _acc({"a": [0.8] * 3, "b": [0.7] * 2})) == "Seeds 0, 1, 2"
+    assert "and more" in seeds_line(spec, _acc({"a": [0.8] * 4}))
 
 
 def test_pfl_figures_keep_a_method_s_colour_across_settings():

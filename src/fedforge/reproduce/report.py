@@ -771,6 +771,15 @@ def headline(spec: Reproduction, runs: dict) -> list[str]:
             for j in judge(spec, runs)]
 
 
+def seeds_line(spec: Reproduction, runs: dict) -> str:
+    """The seeds the tables rest on: a setting given more seeds than the spec's says so."""
+    ran = sorted({seed for by_seed in runs.values() for seed in by_seed})
+    if not ran or ran == sorted(spec.seeds):
+        return f"Seeds {', '.join(map(str, spec.seeds))}"
+    return (f"Seeds {', '.join(map(str, spec.seeds))}, and more in the settings whose "
+            "seeds column lists them")
+
+
 def write_report(spec: Reproduction, data: Path, out: Path, *, command: str = "") -> Path:
     """Write ``<out>/reproductions/<name>.md`` and ``<out>/img/<name>_*.png`` (the layout of
     the repository's ``docs``, so the page's image links hold in both); -> the page."""
@@ -799,7 +808,7 @@ def write_report(spec: Reproduction, data: Path, out: Path, *, command: str = ""
     if any(r.diverged_at for c in runs.values() for r in c.values()):
         censored += ("; \"s†r\" marks seed s stopped by non-finite values in round r: its "
                      "final accuracy is that of its last evaluations before (an upper bound)")
-    text += [f"Seeds {', '.join(map(str, spec.seeds))}; mean ± 95 % t-interval over the seeds "
+    text += [f"{seeds_line(spec, runs)}; mean ± 95 % t-interval over the seeds "
              f"that finished{censored}.", "",
              table(spec, runs, list(spec.curves) or None), ""]
     for title, names in spec.ablations:
