@@ -37,7 +37,8 @@ CONFIGURED=(src/fedforge/algorithms/*.py src/fedforge/client/*.py src/fedforge/s
             src/fedforge/schedulers/{fedast,multitask_sync,buffered,scheduler,serves}.py
             src/fedforge/schedulers/{allocation,allocation_code,task}.py
             src/fedforge/engine/round.py src/fedforge/algorithms/personal/*.py
-            src/fedforge/experiment/personal_eval.py src/fedforge/privacy/ledger.py)
+            src/fedforge/experiment/personal_eval.py src/fedforge/privacy/ledger.py
+            src/fedforge/robust/aggregators.py)
 
 # The pytest arguments (test files, -k filters) that exercise one module. Slow Monte Carlo
 # and end-to-end tests are left out; the *_exact.py and *_factories.py files hold the fast exact
@@ -136,6 +137,11 @@ tests_for() {
       echo "tests/algorithms/test_moon.py" ;;
     src/fedforge/algorithms/fedgen.py | src/fedforge/algorithms/generator.py)
       echo "tests/algorithms/test_fedgen.py" ;;  # the three-round reference, its wrong variants
+    src/fedforge/algorithms/fednova.py | src/fedforge/algorithms/fairness.py)  # four-round references
+      echo "tests/algorithms/test_multiround_baselines.py tests/robust/test_upload_steps.py" \
+           "tests/algorithms/test_defaults.py" ;;
+    src/fedforge/algorithms/flora.py)  # the stacking by hand, over a tiny BERT
+      echo "tests/algorithms/test_flora.py tests/models/test_flora_lora.py" ;;
     src/fedforge/algorithms/clustered.py | src/fedforge/algorithms/clustered_spec.py)
       echo "tests/algorithms/test_clustered.py tests/algorithms/test_clustered_exact.py" ;;
     src/fedforge/algorithms/*)
@@ -165,6 +171,8 @@ tests_for() {
       echo "tests/sim tests/schedulers --ignore=tests/schedulers/test_jobs.py" ;;
     src/fedforge/engine/round.py)
       echo "tests/algorithms tests/engine/test_parity.py -k 'not fedptr'" ;;
+    src/fedforge/robust/aggregators.py)  # hand numbers, NumPy references, Flower's Bulyan
+      echo "tests/robust/test_aggregators.py tests/robust/test_bulyan_meamed.py" ;;
     *)
       echo "" ;;
   esac
@@ -189,10 +197,10 @@ run_module() {
   rm -rf "$dir"
   mkdir -p "$dir" "$OUT"
   if [[ -n "$REV" ]]; then
-    (cd "$ROOT" && git archive "$REV" src tests pyproject.toml docs/algorithms.md) \
+    (cd "$ROOT" && git archive "$REV" src tests pyproject.toml docs/algorithms.md README.md) \
       | tar -xf - -C "$dir"
   else
-    (cd "$ROOT" && tar --exclude=__pycache__ -cf - src tests pyproject.toml docs/algorithms.md) \
+    (cd "$ROOT" && tar --exclude=__pycache__ -cf - src tests pyproject.toml docs/algorithms.md README.md) \
       | tar -xf - -C "$dir"
   fi
   case "$module" in  # their rules live in factories under @defaults_from, a decorator
@@ -208,7 +216,8 @@ with open("pyproject.toml", "rb") as f:
     data = tomllib.load(f)
 cfg = data.setdefault("tool", {}).setdefault("mutmut", {})
 cfg["only_mutate"] = [os.environ["MODULE"]]
-cfg["also_copy"] = ["docs"]  # holds docs/algorithms.md only: test_defaults compares it
+# docs/algorithms.md and README.md: test_defaults compares the one and counts methods in the other
+cfg["also_copy"] = ["docs", "README.md"]
 cfg["timeout_multiplier"] = float(os.environ["TIMEOUT_MULTIPLIER"])  # a hung mutant is killed
 args = []
 for word in shlex.split(os.environ["SELECTION"]):
