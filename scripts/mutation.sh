@@ -129,7 +129,7 @@ tests_for() {
            "tests/algorithms/test_defaults.py" \
            "-k 'not extending_snippet and not fedbn_config and not quickstart'" ;;
     src/fedforge/protocol/step_batch.py | src/fedforge/algorithms/personal/*)  # the shared pieces: every method's exact tests
-      # (the docs/extending.md snippet and the examples/ configs are not in the scratch copy)
+      # (the docs/extending.md snippet is not in the scratch copy; the example configs run slowly)
       echo "tests/algorithms/test_personal_*.py tests/algorithms/test_defaults.py" \
            "tests/privacy/test_personal_privacy.py" \
            "-k 'not extending_snippet and not fedbn_config and not quickstart'" ;;
@@ -197,10 +197,10 @@ run_module() {
   rm -rf "$dir"
   mkdir -p "$dir" "$OUT"
   if [[ -n "$REV" ]]; then
-    (cd "$ROOT" && git archive "$REV" src tests pyproject.toml docs/algorithms.md README.md) \
+    (cd "$ROOT" && git archive "$REV" src tests pyproject.toml docs/algorithms.md README.md examples) \
       | tar -xf - -C "$dir"
   else
-    (cd "$ROOT" && tar --exclude=__pycache__ -cf - src tests pyproject.toml docs/algorithms.md README.md) \
+    (cd "$ROOT" && tar --exclude=__pycache__ -cf - src tests pyproject.toml docs/algorithms.md README.md examples) \
       | tar -xf - -C "$dir"
   fi
   case "$module" in  # their rules live in factories under @defaults_from, a decorator
@@ -216,8 +216,9 @@ with open("pyproject.toml", "rb") as f:
     data = tomllib.load(f)
 cfg = data.setdefault("tool", {}).setdefault("mutmut", {})
 cfg["only_mutate"] = [os.environ["MODULE"]]
-# docs/algorithms.md and README.md: test_defaults compares the one and counts methods in the other
-cfg["also_copy"] = ["docs", "README.md"]
+# docs/algorithms.md and README.md: test_defaults compares the one and counts methods in the
+# other; examples/: the configs some tests start from
+cfg["also_copy"] = ["docs", "README.md", "examples"]
 cfg["timeout_multiplier"] = float(os.environ["TIMEOUT_MULTIPLIER"])  # a hung mutant is killed
 args = []
 for word in shlex.split(os.environ["SELECTION"]):
