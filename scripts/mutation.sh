@@ -136,9 +136,11 @@ tests_for() {
     src/fedforge/algorithms/moon.py)  # MOON's three-round reference and its refusals
       echo "tests/algorithms/test_moon.py" ;;
     src/fedforge/algorithms/fedgen.py | src/fedforge/algorithms/generator.py)
-      echo "tests/algorithms/test_fedgen.py" ;;  # the three-round reference, its wrong variants
+      # the three-round reference with its wrong variants, and the pieces by hand
+      echo "tests/algorithms/test_fedgen.py tests/algorithms/test_fedgen_exact.py" ;;
     src/fedforge/algorithms/fednova.py | src/fedforge/algorithms/fairness.py)  # four-round references
       echo "tests/algorithms/test_multiround_baselines.py tests/robust/test_upload_steps.py" \
+           "tests/algorithms/test_fednova_exact.py tests/algorithms/test_fairness_exact.py" \
            "tests/algorithms/test_defaults.py" ;;
     src/fedforge/algorithms/flora.py)  # the stacking by hand, over a tiny BERT
       echo "tests/algorithms/test_flora.py tests/models/test_flora_lora.py" ;;
@@ -172,7 +174,8 @@ tests_for() {
     src/fedforge/engine/round.py)
       echo "tests/algorithms tests/engine/test_parity.py -k 'not fedptr'" ;;
     src/fedforge/robust/aggregators.py)  # hand numbers, NumPy references, Flower's Bulyan
-      echo "tests/robust/test_aggregators.py tests/robust/test_bulyan_meamed.py" ;;
+      echo "tests/robust/test_aggregators.py tests/robust/test_bulyan_meamed.py" \
+           "tests/robust/test_aggregators_exact.py" ;;
     *)
       echo "" ;;
   esac

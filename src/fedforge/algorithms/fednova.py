@@ -76,9 +76,9 @@ class NormalisedUpdate(Part):
         self.count_steps = count_steps  # μ > 0: the code's τ_eff counts steps
 
     def finalize(self, fin: FinalizeInputs) -> tuple[dict, dict]:
-        norm = fin.opt_state[NORM]["norm"]
-        safe = norm.clamp_min(1.0)  # a client without data: Δ_i = 0 and d_i = 0
-        d = tree_map(lambda v: torch.where(norm > 0, v / safe.to(v.dtype), v * 0), fin.delta)
+        norm = fin.opt_state[NORM]["norm"]  # 0 only after no step, when Δ_i = 0 too
+        safe = norm.clamp_min(1.0)  # so a client without data sends d_i = 0
+        d = tree_map(lambda v: v / safe.to(v.dtype), fin.delta)
         tau = fin.num_steps.to(norm.dtype) if self.count_steps else norm
         return {}, {"d": d, "tau": tau}
 
