@@ -143,7 +143,8 @@ tests_for() {
            "tests/algorithms/test_fednova_exact.py tests/algorithms/test_fairness_exact.py" \
            "tests/algorithms/test_defaults.py" ;;
     src/fedforge/algorithms/flora.py)  # the stacking by hand, over a tiny BERT
-      echo "tests/algorithms/test_flora.py tests/models/test_flora_lora.py" ;;
+      echo "tests/algorithms/test_flora.py tests/models/test_flora_lora.py" \
+           "tests/algorithms/test_flora_exact.py" ;;
     src/fedforge/algorithms/clustered.py | src/fedforge/algorithms/clustered_spec.py)
       echo "tests/algorithms/test_clustered.py tests/algorithms/test_clustered_exact.py" ;;
     src/fedforge/algorithms/*)
