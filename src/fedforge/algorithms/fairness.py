@@ -54,7 +54,7 @@ def start_losses(prep: PrepareInputs) -> torch.Tensor:
     """F_k(x^t) for each client of the cohort: the weighted mean loss over its round's
     samples, one step's batch at a time, without gradients and with dropout off."""
     model = getattr(prep.loss_fn, "model", None)
-    was_training = model.training if model is not None else False
+    was_training = model is not None and model.training
     if model is not None:
         model.train(False)  # a loss evaluation, as fair_flearn's get_loss: no dropout
     try:
@@ -78,7 +78,7 @@ def _client_loss(prep: PrepareInputs, c: int) -> torch.Tensor:
         total = total + loss * mass.clamp_min(1.0)  # the loss is a masked mean
         count = count + mass
     if isinstance(total, float):  # a client without data this round
-        return torch.zeros((), dtype=prep.weights.dtype)
+        return prep.weights.new_zeros(())  # on the weights' device: the cohort is stacked
     return total / torch.as_tensor(count).clamp_min(1.0)
 
 
