@@ -62,7 +62,7 @@ def label_weights(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(w [K, S], qualified labels)`` from the cohort's label counts ``[S, K]`` (0 for a
     slot no client filled): ``w_{y,k} = c_k(y) / Σ_k' c_k'(y)``; a label qualifies when some
     client counted it more than once, i.e. saw it (the code's MIN_SAMPLES_PER_LABEL = 1)."""
-    w = counts / counts.sum(0, keepdim=True).clamp_min(torch.finfo(counts.dtype).tiny)
+    w = counts / counts.sum(0).clamp_min(torch.finfo(counts.dtype).tiny)
     return w.T, torch.nonzero(counts.max(0).values > 1).flatten()
 
 
@@ -123,10 +123,10 @@ class Generator(Part):
         """Each client's label counts of the round ``[C, K]`` (the labels of its batches) and
         its slot in the cohort (a one-hot row ``[C]``) for the uploads."""
         classes = self._head(prep.global_params)[0].shape[0]
-        labels = F.one_hot(prep.y_all[prep.sample_idx], classes).to(prep.weights.dtype)
+        labels = F.one_hot(prep.y_all[prep.sample_idx], classes)  # int64 x weights: their dtype
         counts = (labels * prep.weights.unsqueeze(-1)).sum((1, 2))
         slots = torch.eye(counts.shape[0], dtype=counts.dtype, device=counts.device)
-        return prep.client_states.get(NAME, {}), {COUNTS: counts, SLOT: slots}, {}
+        return {}, {COUNTS: counts, SLOT: slots}, {}  # clients keep nothing
 
     def finalize(self, fin: FinalizeInputs) -> tuple[dict, dict]:
         """The trained head and ``1 +`` the label counts, in this client's slot of ``[C, ...]``
@@ -169,7 +169,7 @@ class Generator(Part):
         logq = F.log_softmax(logits, dim=-1)
         n = w.sum().clamp_min(1.0)
         ce = -(logq.gather(1, y.unsqueeze(1)).squeeze(1) * w).sum() / n
-        teacher, latent = self._regulariser(params, y, logq, w, ctx)
+        teacher, latent = self._regulariser(params, y, logq, ctx)
         t = ctx.round.to(logq.dtype)
         decay = self.hp["decay"] ** (t - 1)
         alpha = torch.clamp_min(self.hp["alpha"] * decay, FLOOR)
@@ -178,7 +178,7 @@ class Generator(Part):
         on = (t > 1).to(logq.dtype)
         return ce + on * (ratio * alpha * teacher + beta * (latent * w).sum() / n)
 
-    def _regulariser(self, params, y, logq, w, ctx) -> tuple[torch.Tensor, torch.Tensor]:
+    def _regulariser(self, params, y, logq, ctx) -> tuple[torch.Tensor, torch.Tensor]:
         """``(mean CE of the head on latents of uniformly drawn labels, per-sample KL of the
         head on latents of the batch's labels to the model on the batch [B])``."""
         server = ctx.broadcast[NAME]
@@ -209,12 +209,11 @@ def train_generator(state: dict, heads_w: torch.Tensor, heads_b: torch.Tensor | 
     g = torch.Generator().manual_seed(int(stream_key(hp["seed"], round_)))
     params, stats, opt = state["generator"], state["stats"], state["adam"]
     lr = hp["generator_lr"] * hp["generator_lr_decay"] ** (round_ - 1)
-    ref = heads_w
     for _ in range(hp["generator_steps"]):
         pick = torch.randint(0, qualified.numel(), (hp["generator_batch_size"],), generator=g)
         y = qualified[pick.to(qualified.device)]
-        eps = torch.rand(y.shape[0], hp["noise_dim"], generator=g, dtype=torch.float64)
-        eps = eps.to(ref)
+        eps = torch.rand(y.shape[0], hp["noise_dim"], generator=g,
+                         dtype=torch.float64).to(heads_w)
         leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
         with torch.enable_grad():
             z, stats = generate(leaves, stats, y, eps, True)
