@@ -81,7 +81,7 @@ def trimmed_mean(beta: float = 0.1) -> Aggregator:
 
     def aggregate(deltas: Params, weights: torch.Tensor) -> tuple[Params, dict]:
         n = next(iter(deltas.values())).shape[0]
-        cut = min(int(math.floor(beta * n)), (n - 1) // 2)  # keep at least one value
+        cut = int(math.floor(beta * n))  # beta < 0.5 keeps n - 2 cut >= 1 values
         out = {k: d.sort(dim=0).values[cut : n - cut].mean(0) for k, d in deltas.items()}
         return out, {"trimmed": torch.tensor(float(cut))}
 
@@ -110,7 +110,7 @@ def krum_scores(flat: torch.Tensor, f: int) -> torch.Tensor:
     n = flat.shape[0]
     dist = torch.cdist(flat.double(), flat.double()).pow(2)  # [C, C]
     dist.fill_diagonal_(float("inf"))
-    k = max(1, min(n - f - 2, n - 1))
+    k = max(1, n - f - 2)  # f >= 0: never more than the n - 1 others
     return dist.sort(dim=1).values[:, :k].sum(1)  # [C]
 
 
