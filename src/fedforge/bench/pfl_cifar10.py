@@ -29,11 +29,21 @@ iteration, the peak memory of the framework's process tree (the sum of its
 processes' proportional set sizes, :func:`tree_memory`), test accuracy after the last
 iteration, and each ratio to fedforge's row. A framework that is not installed or fails
 gets a row saying so.
+
+With ``--target ACC`` each row also evaluates the global model's test accuracy every
+``--eval-every`` iterations (warm-up included: time to accuracy runs from the first
+iteration), outside the timed region, until it reaches the target, and the table gets
+:data:`TARGET_HEADER` after the other columns: the first evaluated iteration at or above the
+target and the training seconds from the first iteration's start through it (evaluations
+excluded), medians over the groups; a row that never reached it reads "≥ N" (censored: N
+iterations run, or the seconds they trained). Under the table, :func:`bf16_check` says for
+each framework with an fp32 and a bf16 row whether bf16 needed more iterations.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -54,6 +64,8 @@ ENGINES = {"fedforge": FEDFORGE_ENGINES, "pfl": ("procs",)}  # what may follow "
 HEADER = ["framework", "runs as", "s / iteration", "client updates / s", "start-up s",
           "first iteration s", "peak memory MiB", "accuracy", "time ÷ fedforge",
           "start-up ÷ fedforge", "memory ÷ fedforge"]
+TARGET_HEADER = ["iterations to target", "s to target"]  # after HEADER, with --target
+TARGET_KEYS = ("curve", "iterations_to_target", "s_to_target", "iterations_run", "trained_s")
 PFL_INSTALL = 'pip install "fedforge[bench]" (into its own environment: --peer-python)'
 
 
@@ -155,6 +167,7 @@ class Run:
     peak_rss: int = 0
     versions: dict | None = None
     error: str | None = None
+    to_target: dict | None = None  # TARGET_KEYS of its result, with --target
 
 
 def row_precision(name: str) -> tuple[str, str | None]:
@@ -279,8 +292,9 @@ def run_one(name: str, spec: dict, folder: Path, python: str, timeout_s: float) 
     if why is not None:
         return Run(name, error=why)
     res = json.loads(Path(f"{stem}.out").read_text())
+    to_target = {k: res[k] for k in TARGET_KEYS if k in res} or None
     return Run(name, res["label"], res["iteration_s"], res["first_s"], res["startup_s"],
-               res["accuracy"], peak, res.get("versions", {}))
+               res["accuracy"], peak, res.get("versions", {}), to_target=to_target)
 
 
 def launcher(framework: str) -> tuple[str, ...]:
@@ -297,21 +311,25 @@ def launcher(framework: str) -> tuple[str, ...]:
 def run_pfl_cifar10(frameworks: list[str], out: Path, *, data_root: str | Path | None = None,
                     groups: int = 3, warmup: int = 1, iterations: int = 5, quick: bool = False,
                     precision: str = "fp32", peer_python: str | None = None,
-                    timeout_s: float = 3600.0
-                    ) -> tuple[list[list[object]], str, dict[str, str]]:
-    """Rows of :data:`HEADER`, a note (workload, data) for the table and the versions the
+                    timeout_s: float = 3600.0, target: float | None = None,
+                    eval_every: int = 1) -> tuple[list[list[object]], str, dict[str, str]]:
+    """Rows of :func:`header`, a note (workload, data) for the table and the versions the
     runs reported (the peers')."""
     if groups < 1 or warmup < 0 or iterations < 1:
         raise ValueError("--groups and --iterations must be at least 1, --warmup at least 0")
     if precision not in ("fp32", "bf16"):
         raise ValueError(f"--precision: expected fp32 or bf16, got {precision!r}")
+    if target is not None and not 0 <= target <= 1:
+        raise ValueError(f"--target: expected a test accuracy from 0 to 1, got {target}")
+    if eval_every < 1:
+        raise ValueError(f"--eval-every: expected at least 1, got {eval_every}")
     work = QUICK if quick else PFL_CIFAR10
     peer_python = peer_python or sys.executable
     out.mkdir(parents=True, exist_ok=True)
     data = prepare_data(work, data_root, out / "data", synthetic_ok=quick)
     spec = {"work": asdict(work), "data": str((out / "data").resolve()), "mean": data["mean"],
             "std": data["std"], "warmup": warmup, "iterations": iterations,
-            "precision": precision}
+            "precision": precision, "target": target, "eval_every": eval_every}
     why = {f: missing(f, peer_python) for f in {n.partition(":")[0] for n in frameworks}}
     runs: dict[str, list[Run]] = {n: [] for n in frameworks}
     for g in range(groups):
@@ -321,7 +339,7 @@ def run_pfl_cifar10(frameworks: list[str], out: Path, *, data_root: str | Path |
             if why[base] is None:
                 python = peer_python if base == "pfl" else sys.executable
                 runs[name].append(run_one(name, spec, out, python, timeout_s))
-    rows = summarize(frameworks, runs, why, work)
+    rows = summarize(frameworks, runs, why, work, target is not None)
     mixed = " (rows ending in :bf16: bf16)" if any(row_precision(n)[1] for n in frameworks) \
         else ""
     versions: dict = {}
@@ -334,13 +352,23 @@ def run_pfl_cifar10(frameworks: list[str], out: Path, *, data_root: str | Path |
             f"{precision}{mixed}; data: {data['source']}, test set {work.test_size}. Groups: "
             f"{groups}, each with {warmup} warm-up + {iterations} timed iterations per "
             f"framework in a fresh process, round-robin.")
+    if target is not None:
+        note += (f" Target: test accuracy {target}, evaluated every {eval_every} iterations "
+                 "from the first (warm-up included), outside the timed region.")
     return rows, note, dict(sorted(versions.items()))
 
 
+def header(target: bool) -> list[str]:
+    """The table's columns: :data:`HEADER`, then with a target :data:`TARGET_HEADER`."""
+    return HEADER + TARGET_HEADER if target else list(HEADER)
+
+
 def summarize(frameworks: list[str], runs: dict[str, list[Run]], why: dict,
-              work: Workload) -> list[list[object]]:
+              work: Workload, target: bool = False) -> list[list[object]]:
     """One row per framework: medians over its groups' timed iterations, the peak memory
-    over its groups; ratios to the first fedforge row that ran."""
+    over its groups; ratios to the first fedforge row that ran; with a target, its
+    :func:`target_cells`."""
+    width = len(header(target))
     stats: dict[str, dict] = {}
     for name in frameworks:
         ok = [r for r in runs[name] if r.error is None]
@@ -351,7 +379,8 @@ def summarize(frameworks: list[str], runs: dict[str, list[Run]], why: dict,
                 "start": statistics.median(r.startup_s for r in ok),
                 "first": statistics.median(r.first_s for r in ok),
                 "rss": max(r.peak_rss for r in ok) / 2**20,
-                "acc": statistics.median(r.accuracy for r in ok)}
+                "acc": statistics.median(r.accuracy for r in ok),
+                "target": target_cells(ok) if target else []}
     ref = next((stats[n] for n in frameworks if n.startswith("fedforge") and n in stats), None)
     rows: list[list[object]] = []
     for name in frameworks:
@@ -359,7 +388,7 @@ def summarize(frameworks: list[str], runs: dict[str, list[Run]], why: dict,
             base = name.partition(":")[0]
             errors = [r.error for r in runs[name] if r.error]
             reason = why.get(base) or (errors[0] if errors else "not run")
-            rows.append([name, reason] + [None] * (len(HEADER) - 2))
+            rows.append([name, reason] + [None] * (width - 2))
             continue
         s = stats[name]
 
@@ -368,8 +397,56 @@ def summarize(frameworks: list[str], runs: dict[str, list[Run]], why: dict,
 
         rows.append([name, s["label"], round(s["it"], 3), round(work.cohort / s["it"], 1),
                      round(s["start"], 2), round(s["first"], 2), round(s["rss"]),
-                     round(s["acc"], 4), ratio("it"), ratio("start"), ratio("rss")])
+                     round(s["acc"], 4), ratio("it"), ratio("start"), ratio("rss")]
+                    + s["target"])
     return rows
+
+
+def target_cells(ok: list[Run]) -> list[object]:
+    """A row's "iterations to target" and "s to target": medians over its groups, a group
+    that never reached the target counting as infinitely many, so that a median beyond the
+    run is censored (:func:`censored`)."""
+    runs = [r.to_target for r in ok if r.to_target]
+    if not runs:
+        return [None, None]
+
+    def median(key: str) -> float:
+        return statistics.median(math.inf if r[key] is None else r[key] for r in runs)
+
+    its, secs = median("iterations_to_target"), median("s_to_target")
+    return [censored(its if math.isinf(its) or its % 1 else int(its),
+                     max(r["iterations_run"] for r in runs)),
+            censored(round(secs, 2), round(median("trained_s"), 2))]
+
+
+def censored(value: float, bound: float) -> object:
+    """A time-to-target cell: ``value``, or "≥ bound" where it is infinite (the target was
+    not reached in the ``bound`` iterations or seconds run: all we know is more)."""
+    return f"≥ {bound}" if math.isinf(value) else value
+
+
+def bf16_check(cells: dict[str, object]) -> list[str]:
+    """One line per framework that has an fp32 and a bf16 row (``name`` and ``name:bf16``)
+    in ``cells`` (row name -> its "iterations to target" cell: a number, a censored "≥ N"
+    or None where the row has no result): whether bf16 needed more iterations than fp32.
+    bf16 computes in lower precision; this says whether that cost convergence."""
+    lines = []
+    for name, b in cells.items():
+        base, precision = row_precision(name)
+        if precision is None or base not in cells:
+            continue
+        f, head = cells[base], f"bf16 iterations to target: {base}"
+        if b is None or f is None:
+            lines.append(f"{head}: no {'bf16' if b is None else 'fp32'} result, not compared")
+            continue
+        bv, fv = (math.inf if isinstance(c, str) else c for c in (b, f))
+        if math.isinf(bv) and math.isinf(fv):
+            lines.append(f"{head} {b} vs fp32 {f}: neither reached the target, not compared")
+        elif bv <= fv:
+            lines.append(f"{head} {b} vs fp32 {f} (not more)")
+        else:
+            lines.append(f"{head} {b} vs fp32 {f}: MORE iterations in bf16")
+    return lines
 
 
 # ----------------------------------------------------------- fedforge bench pfl-cifar10
@@ -386,6 +463,12 @@ Precision = Annotated[str, typer.Option(
 PeerPython = Annotated[str | None, typer.Option(
     help="the Python that runs pfl-research (one with pfl installed that can import "
          "fedforge); default this one")]
+Target = Annotated[float | None, typer.Option(
+    help="test accuracy to reach: adds the columns 'iterations to target' and 's to "
+         "target', and under the table whether bf16 rows needed more iterations than fp32")]
+EvalEvery = Annotated[int, typer.Option(
+    "--eval-every", help="with --target: evaluate every K iterations, warm-up included "
+                         "(outside the timed region)")]
 DataRoot = Annotated[Path | None, typer.Option(
     "--data-root", help="folder holding the dataset folders (wins over $FEDFORGE_DATA)")]
 
@@ -394,7 +477,8 @@ def pfl_cifar10(engines: Engines = "fedforge,pfl,pfl:procs,flower,plain", groups
                 warmup: Warmup = 1, iterations: Iterations = 5, quick: Quick = False,
                 precision: Precision = "fp32", peer_python: PeerPython = None,
                 data_root: DataRoot = None, out: Out = "runs/bench_pfl_cifar10",
-                results: Results = None) -> str:
+                results: Results = None, target: Target = None, eval_every: EvalEvery = 1
+                ) -> str:
     """pfl-research's CIFAR-10 workload: fedforge, pfl-research, Flower and a plain loop,
     interleaved."""
 
@@ -409,13 +493,17 @@ def pfl_cifar10(engines: Engines = "fedforge,pfl,pfl:procs,flower,plain", groups
     frameworks = parse_frameworks(engines)
     rows, note, versions = run_pfl_cifar10(frameworks, folder, groups=groups, warmup=warmup,
                                            iterations=iterations, quick=quick,
-                                           precision=precision, peer_python=peer_python)
+                                           precision=precision, peer_python=peer_python,
+                                           target=target, eval_every=eval_every)
     title = "pfl-research CIFAR-10 (simple_cnn, FedAvg)" + (", --quick" if quick else "")
     counts = op_count_note(precision)  # counted, not timed: the same on a loaded machine
     print(counts, flush=True)
+    # under the table, with the notes: rows without a result have None in the column
+    checks = [] if target is None else bf16_check({r[0]: r[len(HEADER)] for r in rows})
     return record_results(results, "pfl-cifar10", variant(frameworks, precision, quick),
-                          title, HEADER, rows, run_info("cpu", load_before,
-                                                        versions=versions), [note, counts])
+                          title, header(target is not None), rows,
+                          run_info("cpu", load_before, versions=versions),
+                          [note, *checks, counts])
 
 
 def variant(frameworks: list[str], precision: str, quick: bool) -> str:

@@ -4,17 +4,24 @@
 (:mod:`fedforge.bench.pfl_cifar10`), runs the warm-up and timed iterations with the named
 framework and writes ``OUT``: seconds of each timed iteration, of the warm-up (first)
 iteration, start-up seconds (the parent's launch to the first iteration's start), test
-accuracy after the last iteration, what ran and the versions. Central evaluation happens
-after the timed iterations in every framework and is never timed.
+accuracy after the last iteration, what ran and the versions. Central evaluation is never
+timed: it happens after the timed iterations, and with a target (``--target``) also every
+``--eval-every`` iterations, warm-up included, until the target is reached, with its time
+left out of the clock (:class:`TargetClock`); ``OUT`` then also has the curve evaluated
+(``[iteration, accuracy]`` pairs), ``iterations_to_target`` and ``s_to_target``.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib.metadata as md
 import json
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -105,18 +112,39 @@ def train_user(model: nn.Module, data: Data, work: Workload, user: int, precisio
         opt.step()
 
 
+def accuracy_of(net: nn.Module, data: Data, work: Workload) -> float:
+    """``net``'s accuracy on the central test set, in fp32, its train/eval mode restored."""
+    training = net.training
+    net.eval()
+    with torch.no_grad():
+        acc = test_accuracy(net, data.test_x, data.test_y, work.eval_batch)
+    net.train(training)
+    return acc
+
+
 class Clock:
     """Stamps at iteration boundaries -> start-up, first and timed iteration seconds."""
 
     def __init__(self, launched: float) -> None:
         self.launched = launched
-        self.stamps: list[float] = []  # perf_counter at the start, then after each iteration
+        self.stamps: list[float] = []  # perf_counter at the start, then after each iteration,
+        self.excluded = 0.0  # less the seconds spent in ``excluding`` before the stamp
         self.wall0 = 0.0
 
     def stamp(self) -> None:
         if not self.stamps:
             self.wall0 = time.time()
-        self.stamps.append(time.perf_counter())
+        self.stamps.append(time.perf_counter() - self.excluded)
+
+    @contextmanager
+    def excluding(self) -> Iterator[None]:
+        """Leave the time spent inside out of every later stamp: evaluating is not training,
+        and the iteration it falls in keeps the seconds it would have without it."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.excluded += time.perf_counter() - start
 
     def result(self, warmup: int) -> dict:
         its = np.diff(self.stamps).tolist()
@@ -124,10 +152,54 @@ class Clock:
                 "iteration_s": its[warmup:] if len(its) > warmup else its[-1:]}
 
 
+class TargetClock(Clock):
+    """The clock of a row with a target: after every ``every``-th iteration (counted from the
+    first, warm-up included) and until one reaches the target, the global model's test
+    accuracy, its time excluded from the clock. Without a target it is a plain
+    :class:`Clock`. Under torchrun only rank 0 evaluates (it alone reports)."""
+
+    def __init__(self, launched: float, target: float | None = None, every: int = 1) -> None:
+        super().__init__(launched)
+        self.target, self.every = target, every
+        self.curve: list[list[float]] = []  # [iteration, accuracy] of each evaluation
+        self.reached: int | None = None
+        self.rank0 = int(os.environ.get("RANK", 0)) == 0
+
+    def due(self) -> bool:
+        """Whether the iteration just stamped is evaluated."""
+        it = len(self.stamps) - 1
+        return (self.target is not None and self.reached is None and self.rank0 and it >= 1
+                and it % self.every == 0)
+
+    def evaluate(self, accuracy: Callable[[], float]) -> None:
+        """Call right after an iteration's stamp: ``accuracy()`` when due, off the clock."""
+        if not self.due():
+            return
+        with self.excluding():
+            acc = float(accuracy())
+        it = len(self.stamps) - 1
+        self.curve.append([it, acc])
+        if acc >= self.target:
+            self.reached = it
+
+    def target_result(self) -> dict:
+        """The curve, the first iteration at or above the target and the training seconds
+        from the first iteration's start through it (None: not reached), the iterations and
+        training seconds run; empty without a target."""
+        if self.target is None:
+            return {}
+        hit = self.reached
+        return {"target": self.target, "eval_every": self.every, "curve": self.curve,
+                "iterations_to_target": hit,
+                "s_to_target": None if hit is None else self.stamps[hit] - self.stamps[0],
+                "iterations_run": len(self.stamps) - 1,
+                "trained_s": self.stamps[-1] - self.stamps[0]}
+
+
 # --- the frameworks -------------------------------------------------------------------------
 
 
-def run_fedforge(spec: dict, work: Workload, data: Data, clock: Clock
+def run_fedforge(spec: dict, work: Workload, data: Data, clock: TargetClock
                  ) -> tuple[nn.Module, str, dict]:
     """fedforge's FedAvg (server lr = central lr) and engine through ``federated_round``."""
     from fedforge.algorithms import build_algorithm
@@ -156,6 +228,8 @@ def run_fedforge(spec: dict, work: Workload, data: Data, clock: Clock
     store = ClientStore(work.users, {})
     weights = torch.ones(work.cohort, work.steps, work.batch)
     setup = RoundSetup(algo, engine, loss_fn, store, data.x, data.y)
+    # the engine's model is left alone: the global parameters are evaluated in a copy
+    evaluated = copy.deepcopy(model) if clock.target is not None else None
     try:
         clock.stamp()
         for t in range(1, rounds + 1):
@@ -165,6 +239,7 @@ def run_fedforge(spec: dict, work: Workload, data: Data, clock: Clock
             res = federated_round(setup, params, state, draw)
             params, state = res.params, res.server_state
             clock.stamp()
+            clock.evaluate(partial(_params_accuracy, evaluated, params, data, work))
         label = (engine.report().get("engine_auto", "auto") if engine_name == "auto"
                  else engine_name)
     finally:
@@ -173,7 +248,13 @@ def run_fedforge(spec: dict, work: Workload, data: Data, clock: Clock
     return model, f"{label}, {torch.get_num_threads()} threads", {}
 
 
-def run_plain(spec: dict, work: Workload, data: Data, clock: Clock
+def _params_accuracy(net: nn.Module, params: dict, data: Data, work: Workload) -> float:
+    """fedforge's global model is a dict of tensors: its accuracy, loaded into ``net``."""
+    net.load_state_dict(params, strict=False)
+    return accuracy_of(net, data, work)
+
+
+def run_plain(spec: dict, work: Workload, data: Data, clock: TargetClock
               ) -> tuple[nn.Module, str, dict]:
     """The hand-written loop over single-threaded worker processes, one per core; the
     training images reach them once, through shared memory."""
@@ -193,6 +274,7 @@ def run_plain(spec: dict, work: Workload, data: Data, clock: Clock
             model.load_state_dict({k: state[k] + work.central_lr * (mean[k] - state[k])
                                    for k in state})
             clock.stamp()
+            clock.evaluate(partial(accuracy_of, model, data, work))
     return model, f"{n} processes x 1 thread", {}
 
 
@@ -245,7 +327,7 @@ class _NHWC(nn.Module):
         return {"loss": Weighted(loss, len(inputs)), "accuracy": Weighted(correct, len(inputs))}
 
 
-def run_pfl(spec: dict, work: Workload, data: Data, clock: Clock
+def run_pfl(spec: dict, work: Workload, data: Data, clock: TargetClock
             ) -> tuple[nn.Module, str, dict]:
     """pfl-research's FedAvg, set up as its image-classification benchmark does."""
     try:
@@ -286,7 +368,8 @@ def run_pfl(spec: dict, work: Workload, data: Data, clock: Clock
             return Metrics()
 
         def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):
-            clock.stamp()
+            clock.stamp()  # the central update is applied: ``net`` is the global model
+            clock.evaluate(partial(accuracy_of, net.net, data, work))
             return False, Metrics()
 
     FederatedAveraging().run(
@@ -324,7 +407,7 @@ def flower_actor(spec: dict, work: Workload) -> tuple[Data, nn.Module]:
     return _ACTOR["data"], _ACTOR["net"]
 
 
-def run_flower(spec: dict, work: Workload, data: Data, clock: Clock
+def run_flower(spec: dict, work: Workload, data: Data, clock: TargetClock
                ) -> tuple[nn.Module, str, dict]:
     """Flower's FedAvg on its simulation engine: one supernode per user, the cohort's
     nodes trained each round, one CPU and one thread per client actor."""
@@ -336,8 +419,8 @@ def run_flower(spec: dict, work: Workload, data: Data, clock: Clock
 
     net = initial_model(work)
     state: dict = {"failed": 0}
-    simulate(_flower_server(spec, work, net, clock, state), _flower_clients(spec, work),
-             work.users)
+    simulate(_flower_server(spec, work, net, data, clock, state),
+             _flower_clients(spec, work), work.users)
     if state["failed"]:  # its model would not be FedAvg's over the whole cohort
         rounds = spec["warmup"] + spec["iterations"]
         raise RuntimeError(f"flower: {state['failed']} of {rounds * work.cohort} client updates "
@@ -399,15 +482,23 @@ def _cohort_fedavg(work: Workload, state: dict):
     return CohortFedAvg(fraction_evaluate=0.0)
 
 
-def _flower_server(spec: dict, work: Workload, net: nn.Module, clock: Clock, state: dict):
+def _flower_server(spec: dict, work: Workload, net: nn.Module, data: Data,
+                   clock: TargetClock, state: dict):
     """The server: finds every user's node, runs the strategy, stamps the clock after each
-    round and keeps the last round's model in ``net``."""
+    round (Flower calls ``evaluate_fn`` before the first round too), evaluates the rounds
+    the clock asks for and keeps the last round's model in ``net``."""
     from fedforge.bench.flower_sim import ArrayRecord, Context, Grid, ServerApp, node_of_partition
 
     rounds = spec["warmup"] + spec["iterations"]
 
     def evaluate_fn(server_round: int, arrays):
         clock.stamp()
+
+        def accuracy() -> float:
+            net.load_state_dict(arrays.to_torch_state_dict())
+            return accuracy_of(net, data, work)
+
+        clock.evaluate(accuracy)
         if server_round == rounds:
             net.load_state_dict(arrays.to_torch_state_dict())
         return None
@@ -431,16 +522,15 @@ def main(spec_path: str, out_path: str) -> None:
     """Run the spec's framework and write its result (see the module docstring)."""
     spec = json.loads(Path(spec_path).read_text())
     work = Workload(**spec["work"])
-    clock = Clock(spec["launched"])
+    clock = TargetClock(spec["launched"], spec.get("target"), spec.get("eval_every", 1))
     framework = spec["framework"].partition(":")[0]
     data = Data(spec, train=framework != "flower")
     model, label, versions = RUNNERS[framework](spec, work, data, clock)
     if int(os.environ.get("RANK", 0)) != 0:  # torchrun's other ranks: rank 0 reports
         return
-    model.eval()
-    acc = test_accuracy(model, data.test_x, data.test_y, work.eval_batch)
+    acc = accuracy_of(model, data, work)
     Path(out_path).write_text(json.dumps({
-        **clock.result(spec["warmup"]), "label": label, "accuracy": acc,
+        **clock.result(spec["warmup"]), **clock.target_result(), "label": label, "accuracy": acc,
         "versions": {"torch": torch.__version__, **versions}}))
 
 
