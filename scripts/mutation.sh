@@ -35,7 +35,7 @@ CONFIGURED=(src/fedforge/algorithms/*.py src/fedforge/client/*.py src/fedforge/s
             src/fedforge/comm/*.py src/fedforge/sim/*.py src/fedforge/core/moments.py
             src/fedforge/protocol/{algorithm,step_batch}.py
             src/fedforge/schedulers/{fedast,multitask_sync,buffered,scheduler,serves}.py
-            src/fedforge/schedulers/{allocation,allocation_code,task}.py
+            src/fedforge/schedulers/{allocation,allocation_code,task,client_selection}.py
             src/fedforge/engine/round.py src/fedforge/algorithms/personal/*.py
             src/fedforge/experiment/personal_eval.py src/fedforge/privacy/ledger.py
             src/fedforge/robust/aggregators.py)
