@@ -100,7 +100,7 @@ class Selection:
                 idx = idx[torch.as_tensor(keep, device=idx.device)]
             rows.append(idx.to(data.train_x.device))
         counts = [len(r) for r in rows]
-        flat = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
+        flat = torch.cat(rows)  # a sampler always asks about at least one client
         logits = predict(self.exp.network, params, data.train_x[flat],
                          self.exp.cfg.eval.batch_size)
         loss = F.cross_entropy(upcast(logits), data.train_y[flat], reduction="none")
