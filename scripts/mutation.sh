@@ -169,7 +169,7 @@ tests_for() {
     src/fedforge/sim/*)
       echo "tests/sim" ;;
     src/fedforge/schedulers/client_selection.py)  # a sampler fed from the round driver
-      echo "tests/experiment/test_selection_run.py" ;;
+      echo "tests/experiment/test_selection_run.py tests/experiment/test_client_selection_exact.py" ;;
     src/fedforge/schedulers/*)
       echo "tests/sim tests/schedulers --ignore=tests/schedulers/test_jobs.py" ;;
     src/fedforge/engine/round.py)
