@@ -526,7 +526,7 @@ def main(spec_path: str, out_path: str) -> None:
     framework = spec["framework"].partition(":")[0]
     data = Data(spec, train=framework != "flower")
     model, label, versions = RUNNERS[framework](spec, work, data, clock)
-    if int(os.environ.get("RANK", 0)) != 0:  # torchrun's other ranks: rank 0 reports
+    if not clock.rank0:  # torchrun's other ranks: rank 0 reports
         return
     acc = accuracy_of(model, data, work)
     Path(out_path).write_text(json.dumps({
