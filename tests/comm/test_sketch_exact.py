@@ -222,3 +222,22 @@ def test_two_row_median_is_the_lower_estimate():
     assert not torch.equal(est[0], est[1])
     torch.testing.assert_close(op.desketch(op.sketch(v, 0), 0, mode="median"),
                                est.min(0).values)
+
+
+def test_fwht_buffered_passes_equal_the_stacked_ones_bit_for_bit():
+    """The two-buffer transform (outside vmap and autograd) computes the stacked one's sums:
+    same bits on a cohort of blocks, the input left as it was, and vmap and a tensor that
+    needs its gradient take the stacked path."""
+    from fedforge.comm.sketch import _fwht_stacked
+
+    x = torch.randn(3, 5, 256, generator=torch.Generator().manual_seed(0))
+    before = x.clone()
+    fast = fwht(x)
+    assert torch.equal(x, before)
+    assert torch.equal(fast, _fwht_stacked(x, 256))
+    assert torch.equal(torch.func.vmap(fwht)(x), fast)
+    w = x.clone().requires_grad_()
+    fwht(w).sum().backward()
+    torch.testing.assert_close(w.grad, fwht(torch.ones_like(x)))
+    strided = x.transpose(0, 1)[..., :128]  # a non-contiguous view
+    assert torch.equal(fwht(strided), _fwht_stacked(strided, 128))
