@@ -248,8 +248,8 @@ def reproduce(
 ) -> None:
     """Run a paper's reproduction grid (resuming what exists) and write its table, figures
     and verdicts to reproductions/NAME/ in the current folder (--out). Reproductions:
-    baselines, fadamgc, fedast, fednar, fedptr, pfl, safl; 'all --report-only --out docs' rewrites
-    every page and docs/reproductions.md."""
+    baselines, fadamgc, fedast, fednar, fedptr, lora, pfl, safl; 'all --report-only --out
+    docs' rewrites every page and docs/reproductions.md."""
     from fedforge.reproduce import command
 
     setup(plugin, data_root)

@@ -6,6 +6,7 @@ from fedforge.reproduce.papers import (  # noqa: F401
     fedast,
     fednar,
     fedptr,
+    lora,
     pfl,
     safl,
 )
