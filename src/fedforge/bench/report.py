@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from fedforge.bench.machine import read_cpu
+from fedforge.core.machine import read_cpu
 from fedforge.experiment.rundir import save_figure
 
 

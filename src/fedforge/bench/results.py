@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from fedforge.bench.machine import features_text, machine
 from fedforge.bench.options import Results
 from fedforge.bench.report import cell, checkout_results, command_line
+from fedforge.core.machine import features_text, machine
 from fedforge.experiment.rundir import write_text
 
 SECTIONS: dict[str, str] = {

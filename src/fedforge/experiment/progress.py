@@ -27,6 +27,7 @@ from fedforge.experiment.metrics import PER_CLIENT, is_evaluated
 from fedforge.experiment.tracking import TensorBoardTracker, Tracker, TrackerFactory, close_all
 
 if TYPE_CHECKING:
+    from fedforge.core.machine import Cpu
     from fedforge.experiment.config import RunConfig
 
 _POSITION: ContextVar[str] = ContextVar("fedforge_run_position", default="")
@@ -133,7 +134,8 @@ class RoundProgress:
         stats = load_partition_stats(out)  # written just before, at the run's start
         if stats is not None:
             bar.intro = f"{stats['dataset']}: {partition_summary(stats)}"
-        bar.intro = "; ".join(p for p in (bar.intro, describe_threads(cfg.engine.name)) if p)
+        bar.intro = "; ".join(p for p in (bar.intro, describe_threads(cfg.engine.name),
+                                          bf16_hint(cfg)) if p)
         return bar
 
     def __enter__(self) -> RoundProgress:
@@ -217,3 +219,20 @@ def _escape(text: str) -> str:
 
     return escape(text).replace("{", "{{").replace("}", "}}")  # markup, then str.format
 
+
+def bf16_hint(cfg: RunConfig, cpu: Cpu | None = None) -> str:
+    """A warning for a run in bf16 on a CPU that multiplies bf16 only by emulation, where it
+    is many times slower than float32; empty elsewhere (a GPU, a CPU with AMX or AVX-512-BF16,
+    or features that could not be read). ``cpu`` defaults to this machine's."""
+    from fedforge.core.machine import native_bf16
+    from fedforge.engine.rounding import BF16_PRECISIONS
+    from fedforge.experiment.build import resolve_device
+
+    bf16 = (cfg.engine.precision in BF16_PRECISIONS
+            or (cfg.model.options or {}).get("precision") == "bf16")
+    if not bf16 or resolve_device(cfg.engine.device).type != "cpu":
+        return ""
+    if native_bf16(cpu) is not False:
+        return ""
+    return ("bf16 on a CPU without AMX or AVX-512-BF16: its matmuls are emulated, often many "
+            "times slower than float32 (docs/speed.md)")

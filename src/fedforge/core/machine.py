@@ -75,3 +75,14 @@ def features_text(features: dict[str, bool | None]) -> str:
     """e.g. ``AMX-BF16 no, AMX-TILE no, AVX-512-BF16 yes, AVX2 unknown``."""
     words = {True: "yes", False: "no", None: "unknown"}
     return ", ".join(f"{label} {words[features.get(flag)]}" for flag, label in FEATURES.items())
+
+
+def native_bf16(cpu: Cpu | None = None) -> bool | None:
+    """Whether the CPU multiplies bf16 in hardware (AMX-BF16 or AVX-512-BF16); ``None`` where
+    its features could not be read. Without either, torch emulates bf16 matmuls: on a 2-core
+    AVX2 EPYC a MiniLM LoRA round in bf16 took 25 times as long as in float32."""
+    features = (cpu or read_cpu()).features
+    flags = (features.get("amx_bf16"), features.get("avx512_bf16"))
+    if any(flags):
+        return True
+    return None if None in flags else False

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fedforge.bench.machine import FEATURES, features_text, parse_cpuinfo, read_cpu
+from fedforge.core.machine import FEATURES, features_text, parse_cpuinfo, read_cpu
 
 # two physical cores, the first with two hyper-threads: three logical CPUs
 CPUINFO = """\
@@ -47,3 +47,16 @@ def test_nothing_read_is_unknown_never_no(tmp_path):
     flat = parse_cpuinfo("processor\t: 0\nflags\t\t: avx2\n\nprocessor\t: 1\nflags\t\t: avx2\n")
     assert flat.physical_cores is None and flat.logical_cores == 2
     assert flat.features["avx2"] is True and flat.features["amx_bf16"] is False
+
+
+def test_native_bf16_needs_amx_or_avx512_bf16_and_is_unknown_when_unread():
+    from fedforge.core.machine import native_bf16
+
+    def cpu(flags: str):
+        return parse_cpuinfo(f"processor\t: 0\nflags\t\t: {flags}\n")
+
+    assert native_bf16(cpu("avx2 amx_bf16 amx_tile")) is True
+    assert native_bf16(cpu("avx2 avx512f avx512_bf16")) is True
+    assert native_bf16(cpu("avx2 avx512f amx_tile")) is False  # tiles without bf16
+    assert native_bf16(cpu("avx avx2 fma")) is False
+    assert native_bf16(parse_cpuinfo("", 2)) is None
