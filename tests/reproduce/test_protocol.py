@@ -159,6 +159,24 @@ def test_report_only_refuses_a_data_folder_with_no_runs_in_one_line(tmp_path, mo
         reproduce("fedast", data=tmp_path, report_only=True, progress=False)
 
 
+def test_report_all_writes_a_page_for_a_grid_not_run_yet_and_refuses_an_empty_folder(tmp_path):
+    from fedforge.reproduce import report_all
+
+    data = tmp_path / "data"
+    (data / "fedast").mkdir(parents=True)
+    with pytest.raises(ValueError, match="--data .*: no runs of 'baselines'"):
+        report_all(data, tmp_path / "out")
+    seed = DATA / "fadamgc"
+    first = sorted(seed.glob("*/seed*.jsonl"))[0]
+    target = data / "fadamgc" / first.parent.name / first.name
+    target.parent.mkdir(parents=True)
+    target.write_bytes(first.read_bytes())
+    report_all(data, tmp_path / "out")
+    page = (tmp_path / "out" / "reproductions" / "fedast.md").read_text(encoding="utf-8")
+    spec = get_reproduction("fedast")
+    assert f"**incomplete: 0 of {len(spec.conditions) * len(spec.seeds)} runs**" in page
+
+
 def test_help_lists_every_reproduction():
     result = CliRunner().invoke(cli.app, ["reproduce", "--help"], terminal_width=200)
     assert all(name in result.output for name in REPRODUCTIONS), result.output

@@ -655,7 +655,8 @@ def plot_sweep(runs: dict, sweep: Sweep, path: Path) -> Path:
     right.set_ylabel(f"{sweep.a_label} − {sweep.b_label}, paired")
     left.legend(fontsize=8)
     for ax in (left, right):
-        ax.set_xscale("log")
+        if xs:  # a log axis of no points cannot be drawn (a sweep not run yet)
+            ax.set_xscale("log")
         ax.set_xlabel(sweep.parameter)
         ax.grid(alpha=0.3)
     fig.suptitle(f"{sweep.title} (mean ± 95 % CI over seeds)", fontsize=9)

@@ -155,8 +155,10 @@ def pretrain_checkpoint(root: Path) -> None:
 
 @register("safl")
 def safl_spec() -> Reproduction:
-    conditions = (*_regime("mlm", MINILM, "MiniLM fine-tune", ratios=MINILM_RATIOS, mid=500),
-                  *_regime("ft", FINETUNE, "SST-2 fine-tune", f"model.init_from={CHECKPOINT}"),
+    conditions = (*_regime("mlm", MINILM, "SST-2 MiniLM fine-tune", ratios=MINILM_RATIOS,
+                           mid=500),
+                  *_regime("ft", FINETUNE, "SST-2 stand-in fine-tune",
+                           f"model.init_from={CHECKPOINT}"),
                   *_regime("sc", SCRATCH, "CIFAR-10 scratch"), *_sst2_scratch())
     stage = lambda p: tuple(c.name for c in conditions if c.name.startswith(p))  # noqa: E731
     return Reproduction(
