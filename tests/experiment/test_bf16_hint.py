@@ -34,3 +34,17 @@ def test_a_bf16_base_model_counts_as_bf16():
                                     "model": {"name": "pretrained",
                                               "options": {"precision": "float32"}}})
     assert bf16_hint(cfg, NO) == ""
+
+
+def test_a_multi_task_config_is_read_by_its_engine_only():
+    from pathlib import Path
+
+    from fedforge.experiment.config import load_config
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_config(root / "examples" / "fedast_cpu_2tasks.toml")
+    assert not hasattr(cfg, "model")
+    assert bf16_hint(cfg, NO) == ""
+    bf16 = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"precision": "bf16",
+                                                                          "device": "cpu"})})
+    assert bf16_hint(bf16, NO) != ""

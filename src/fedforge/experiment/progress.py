@@ -228,8 +228,9 @@ def bf16_hint(cfg: RunConfig, cpu: Cpu | None = None) -> str:
     from fedforge.engine.rounding import BF16_PRECISIONS
     from fedforge.experiment.build import resolve_device
 
+    model = getattr(cfg, "model", None)  # a multi-task config has its models per task
     bf16 = (cfg.engine.precision in BF16_PRECISIONS
-            or (cfg.model.options or {}).get("precision") == "bf16")
+            or (getattr(model, "options", None) or {}).get("precision") == "bf16")
     if not bf16 or resolve_device(cfg.engine.device).type != "cpu":
         return ""
     if native_bf16(cpu) is not False:
