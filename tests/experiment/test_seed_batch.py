@@ -77,6 +77,28 @@ def test_a_batch_of_seeds_equals_separate_runs_bit_for_bit(tmp_path, over, base)
         assert _same_runs(tmp_path / f"alone{s}", tmp_path / f"batch{s}")
 
 
+def test_a_stack_that_rounds_otherwise_keeps_the_separate_results(tmp_path, monkeypatch):
+    """Where a CPU's kernels round a stacked chunk otherwise (the stacked results are nudged
+    here), the check on each shape's first stacked call keeps the chunks trained alone."""
+    import fedforge.engine.seed_batch as seed_batch
+
+    own = seed_batch.tree_index
+    nudged = lambda tree, i: torch.utils._pytree.tree_map(  # noqa: E731
+        lambda t: t.nextafter(t.new_full((), 1e9)) if t.is_floating_point() else t, own(tree, i))
+    monkeypatch.setattr(seed_batch, "tree_index", nudged)
+    made = []
+    monkeypatch.setattr(CohortBatch, "__init__", _recording(CohortBatch.__init__, made))
+    cfgs = _cfgs("rounds=2")
+    for cfg in cfgs:
+        run_experiment(cfg, tmp_path / f"alone{cfg.seed}", progress=False)
+    with pytest.warns(UserWarning, match="chunks of its shape train one at a time"):
+        run_seeds(cfgs, [tmp_path / f"batch{s}" for s in SEEDS])
+    for s in SEEDS:
+        assert _same_runs(tmp_path / f"alone{s}", tmp_path / f"batch{s}")
+    # round 1: the two shapes stacked and checked; round 2: 3 seeds x 2 chunks alone
+    assert made[0].calls == 2 + 3 * 2
+
+
 def test_seeds_sharing_one_rng_stream_differ(tmp_path, monkeypatch):
     """The comparison sees a batch whose seeds draw one stream (seed 0's cohorts)."""
     cfgs = _cfgs()

@@ -15,15 +15,24 @@ longest client's steps) are stacked with all-zero steps appended, which the padd
 undoes exactly (:func:`_padded`). Each run's chunks are then folded into its
 output by the same code as a separate run's (:func:`~fedforge.engine.base.fold_chunks`).
 Chunks whose shapes no other run shares train on their own.
+
+One more batch dimension can still change a kernel: a weight shared by a run's clients is
+a stride-0 view in its own chunk but a copied tensor once stacked, and some CPUs' matmuls
+round those differently (an AVX2 EPYC did, on logistic regression). So the first stacked
+call of each chunk shape is checked against the chunks trained on their own; where they
+differ, the separate results are kept and that shape trains one chunk at a time, with a
+warning.
 """
 
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from torch.utils._pytree import tree_flatten
 
 from fedforge.core.tree import tree_index, tree_stack
 from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput, fold_chunks
@@ -67,6 +76,7 @@ class CohortBatch:
         self._pending: list[_Request] = []
         self._busy = False
         self._stacked: dict[int, Callable] = {}
+        self._exact: dict[tuple, bool] = {}  # per chunk shape: stacking checked bit-equal
         self.calls = 0  # vmapped calls made (a batch of S equal chunks is one)
 
     def member(self, engine: ChunkedEngine) -> BatchMember:
@@ -125,15 +135,18 @@ class CohortBatch:
             for k, (_, _, args) in enumerate(request.calls):
                 groups.setdefault(_shape_key(args), []).append((request, k))
         results: dict[tuple[int, int], LocalResult] = {}
-        for items in groups.values():
-            for (request, k), out in zip(items, self._train_group(items), strict=True):
+        for key, items in groups.items():
+            for (request, k), out in zip(items, self._train_group(key, items), strict=True):
                 results[id(request), k] = out
         return [fold_chunks(r.inputs, [(sl, results[id(r), k])
                                        for k, (sl, _, _) in enumerate(r.calls)], r.keep_deltas)
                 for r in requests]
 
-    def _train_group(self, items: list[tuple[_Request, int]]) -> list[LocalResult]:
-        first, k = items[0]
+    def _train_group(self, key: tuple, items: list[tuple[_Request, int]]) -> list[LocalResult]:
+        first, _ = items[0]
+        if len(items) == 1 or self._exact.get(key) is False:
+            self.calls += len(items)
+            return [self._train_alone(request, j) for request, j in items]
         chunks = [request.calls[j][2] for request, j in items]
         steps = {args[-1].shape[1] for args in chunks}
         # chunks of another length run the masked function (padding steps appended); on a
@@ -141,20 +154,40 @@ class CohortBatch:
         masked = len(steps) > 1 or any(request.calls[j][1] for request, j in items)
         fn = first.engine.local_update(first.algorithm, first.loss_fn, masked)
         self.calls += 1
-        if len(items) == 1:
-            return [fn(*chunks[0])]
         if id(fn) not in self._stacked:  # the runs' axis over the chunk function's arguments
             self._stacked[id(fn)] = torch.func.vmap(fn, in_dims=0)
         args = [tree_stack(list(group)) for group in
                 zip(*(_padded(c, max(steps)) for c in chunks), strict=True)]
         out = self._stacked[id(fn)](*args)
-        return [LocalResult(*(tree_index(part, r) for part in out)) for r in range(len(items))]
+        stacked = [LocalResult(*(tree_index(part, r) for part in out)) for r in range(len(items))]
+        if key not in self._exact:
+            alone = [self._train_alone(request, j) for request, j in items]
+            self._exact[key] = all(map(_same_bits, stacked, alone))
+            if not self._exact[key]:
+                warnings.warn("batched seeds: on this CPU a stacked chunk rounds otherwise than "
+                              "the chunks trained alone; chunks of its shape train one at a "
+                              "time (the results are the separate runs')", stacklevel=2)
+                return alone
+        return stacked
+
+    @staticmethod
+    def _train_alone(request: _Request, k: int) -> LocalResult:
+        """Chunk ``k`` of ``request`` as its own run's engine trains it."""
+        _, masked, args = request.calls[k]
+        return request.engine.local_update(request.algorithm, request.loss_fn, masked)(*args)
+
+
+def _same_bits(a: LocalResult, b: LocalResult) -> bool:
+    la, lb = tree_flatten(tuple(a))[0], tree_flatten(tuple(b))[0]
+    return len(la) == len(lb) and all(
+        torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y
+        for x, y in zip(la, lb, strict=True))
 
 
 def _shape_key(args: tuple) -> tuple:
     """What chunks must share to be stacked: every argument's structure, shapes and dtypes,
     but the number of steps (:func:`_padded`)."""
-    leaves, spec = torch.utils._pytree.tree_flatten(args)
+    leaves, spec = tree_flatten(args)
     shapes = [tuple(x.shape) for x in leaves]
     # the last three leaves are the chunk's samples, labels, weights: [c, steps, batch, ...]
     shapes[-3:] = [(s[0], -1, *s[2:]) for s in shapes[-3:]]
