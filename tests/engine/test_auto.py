@@ -80,6 +80,43 @@ def test_short_run_is_the_measured_default_bit_for_bit(model_name, default):
     assert "too short" in rep["engine_auto_reason"] and engine.report() == {}
 
 
+@pytest.mark.parametrize("threshold, default", [(1, LoopEngine), (2**40, VmapEngine)])
+def test_a_short_run_with_a_heavy_step_runs_the_loop(monkeypatch, threshold, default):
+    """Uncalibrated, a model without convolutions runs the loop once one client's step keeps
+    LOOP_ACTIVATION_BYTES of activations (the MLP's few kB cross a 1-byte threshold, never a
+    1 TiB one), bit for bit as the loop itself, and the report says which."""
+    shape, kwargs, kind = MODELS["mlp"]
+    torch.manual_seed(0)
+    model = build_model("mlp", shape, 5, **kwargs)
+    x, y, idx, w = _data(kind, shape)
+    algo = build_algorithm("fedavg", local_lr=0.05)
+    monkeypatch.setattr(auto_mod, "LOOP_ACTIVATION_BYTES", threshold)
+    engine = AutoEngine(budget_updates=100)
+    got = _run(algo, engine, model, x, y, idx, w)
+    assert engine.choice["calibrated"] is False
+    assert_same_run(_run(algo, default(), model, x, y, idx, w), got, rtol=0, atol=0)
+    assert engine.report()["engine_auto"] == ("loop" if default is LoopEngine
+                                              else "vmap chunk auto conv native")
+
+
+def test_the_threshold_lies_between_the_steps_measured():
+    """The MLP's step (where vmap won) is below the threshold; transformer_tiny's at W1 text
+    shapes (where the loop won: 27 MiB) is above it."""
+    from fedforge.engine import classification_loss
+    from fedforge.engine.activations import saved_activation_bytes
+
+    def step_bytes(name, shape, x):
+        torch.manual_seed(0)
+        model = build_model(name, shape, 80)
+        params = {k: v.detach() for k, v in model.named_parameters()}
+        return saved_activation_bytes(classification_loss(model, "fp32"), params, x,
+                                      torch.zeros(32, dtype=torch.long), torch.ones(32))
+
+    mlp = step_bytes("mlp", (1, 28, 28), torch.randn(32, 1, 28, 28))
+    tiny = step_bytes("transformer_tiny", (80,), torch.randint(1, 80, (32, 80)))
+    assert mlp < auto_mod.LOOP_ACTIVATION_BYTES < tiny
+
+
 def test_recorded_choice_is_reused_without_calibrating(monkeypatch):
     model, (x, y, idx, w), algo = _setup()
     first = AutoEngine(budget_updates=10**6)

@@ -35,7 +35,9 @@ then the loop in worker processes when their start-up and timing cost at most
 ``PROCESS_TRIAL_SHARE`` (10 %) of the run projected at the loop's speed, and keeps the
 faster (a 3-round run keeps the loop; vmapped convolutions lose to the loop there,
 ``benchmarks/RESULTS.md``). Other short runs take a measured default: on a CPU, a model with
-convolutions runs the loop, and any other model runs the vmapped engine. The choice and
+convolutions runs the loop, and so does a model whose one client's step keeps at least
+``LOOP_ACTIVATION_BYTES`` of activations (its matmuls already have many rows: vmapping
+such clients only adds memory traffic); any other model runs the vmapped engine. The choice and
 the per-layer convolution strategies are :meth:`state_dict`, stored in every checkpoint, so a
 resumed run reuses them and stays bit-exact.
 """
@@ -48,6 +50,7 @@ import time
 
 import torch
 
+from fedforge.engine.activations import saved_activation_bytes
 from fedforge.engine.base import ChunkedEngine, CohortInputs, CohortOutput
 from fedforge.engine.local import LossFn
 from fedforge.engine.loop import LoopEngine, loop_label
@@ -78,6 +81,13 @@ PROCESS_TIMED_CALLS = 2
 # this share of the run projected at the loop's speed (otherwise the loop runs): a 3-round
 # run of a conv net never starts them, a long one measures rather than assumes that they win
 PROCESS_TRIAL_SHARE = 0.1
+# an uncalibrated model without convolutions runs the loop on a CPU from this many bytes of
+# one client's step activations on: on a 2-core AVX2 EPYC (2026-12-02, W1 text shapes, cohort
+# 10) the vmapped engine lost to the loop on transformer_tiny (27 MiB: 3.29 against 3.70
+# updates/s) and transformer_lm (80 MiB: 1.11 against 1.25), and on MiniLM with LoRA (154 MiB,
+# 16 x 64 tokens: 0.58-0.78x the plain loop, `fedforge bench lora`); it wins where a step is
+# tiny (the MLP, 0.1 MiB)
+LOOP_ACTIVATION_BYTES = 16 * 2**20
 # a pick is calibrated again when this many cohorts in a row ran this factor slower or faster
 # per update than calibration timed it: a passing load decided a pick (pfl-research's CIFAR-10
 # workload in bf16, 2026-11-28: vmap, picked under load, ran 3.2-3.4 s an iteration once the
@@ -252,18 +262,31 @@ class AutoEngine(ChunkedEngine):
             out += [{"engine": "vmap", "chunk": c, "conv": conv} for conv in ("native", "auto")]
         return out
 
-    def _default(self, inputs, x_all, reason: str) -> None:
-        if _has_conv(inputs.global_params) and x_all.device.type == "cpu":
+    def _default(self, inputs, x_all, reason: str, y_all=None, loss_fn=None) -> None:
+        cpu = x_all.device.type == "cpu"
+        if cpu and _has_conv(inputs.global_params):
             self.choice = {"engine": "loop", "chunk": 1, "conv": "native"}
             workers = self._workers(x_all)
             if workers >= 2 and (self.budget_updates or 0) >= PROCESS_MIN_UPDATES:
                 self.choice = {"engine": "procs", "inner": "loop", "chunk": 1,
                                "conv": "native", "workers": workers}
+        elif cpu and self._step_activations(inputs, x_all, y_all, loss_fn) >= LOOP_ACTIVATION_BYTES:
+            self.choice = {"engine": "loop", "chunk": 1, "conv": "native"}
         else:
             self.choice = {"engine": "vmap", "chunk": self._chunk, "conv": "native"}
         self.choice.update(calibrated=False, reason=reason)
         self.engine = self.build(self.choice)
         logger.info("engine auto: %s, uncalibrated (%s)", _label(self.choice), reason)
+
+    @staticmethod
+    def _step_activations(inputs: CohortInputs, x_all, y_all, loss_fn) -> int:
+        """Bytes one client's step keeps for its backward pass (0 when they cannot be
+        measured: no loss or no batch given)."""
+        if loss_fn is None or y_all is None or not inputs.sample_idx.numel():
+            return 0
+        idx = inputs.sample_idx[0, 0]
+        return saved_activation_bytes(loss_fn, inputs.global_params, x_all[idx], y_all[idx],
+                                      inputs.weights[0, 0])
 
     def _choose(self, algorithm, loss_fn, x_all, y_all, inputs: CohortInputs) -> None:
         if self.compile:
@@ -316,7 +339,7 @@ class AutoEngine(ChunkedEngine):
         workers = self._workers(x_all)
         if (not self.budget_updates or workers < 2 or x_all.device.type != "cpu"
                 or not _has_conv(inputs.global_params)):
-            return self._default(inputs, x_all, reason)
+            return self._default(inputs, x_all, reason, y_all, loss_fn)
         t_start = time.perf_counter()
         cand = {"engine": "loop", "chunk": 1, "conv": "native"}
         engine = self.build(cand)

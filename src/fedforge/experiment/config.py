@@ -170,7 +170,8 @@ class EvalConfig(_Section):
 class EngineConfig(_Section):
     # auto: times loop and vmap variants on the first cohort (from the fedforge command on a
     # CPU with >= 2 threads, also in worker processes); runs too short for that take loop for a
-    # CPU conv net (there, from 1000 client updates, in worker processes), vmap otherwise;
+    # CPU conv net (there, from 1000 client updates, in worker processes) and for a model whose
+    # client step keeps >= 16 MiB of activations (a transformer), vmap otherwise;
     # metrics record the choice as engine_auto.
     # procs: the cohort split over single-threaded worker processes, one per CPU, each
     # running the loop on its share (faster than threads on small CPUs)
