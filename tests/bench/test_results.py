@@ -112,3 +112,14 @@ def test_a_keyed_table_keeps_the_rows_a_new_run_did_not_measure(tmp_path, here):
     res.record_results(tmp_path, "w1", "cnn", "W1 (cnn)", ["engine", "cohort"],
                        [["loop", 10]], here, key=(1, 0))
     assert json.loads((tmp_path / "w1-cnn.json").read_text())["rows"] == [["loop", 10]]
+
+
+@pytest.mark.parametrize("argv0, expected", [
+    ("/venv/bin/fedforge", "fedforge bench lora"),
+    ("/site-packages/fedforge/__main__.py", "fedforge bench lora"),
+    ("/repo/benchmarks/pfl_run.py", "python pfl_run.py bench lora"),
+])
+def test_a_table_records_the_command_a_user_types(monkeypatch, argv0, expected):
+    from fedforge.bench.report import command_line
+    monkeypatch.setattr("sys.argv", [argv0, "bench", "lora"])
+    assert command_line() == expected

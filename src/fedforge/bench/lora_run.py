@@ -264,22 +264,17 @@ def rss_bytes(field: str = "VmRSS") -> int:
 
 
 def step_activation_bytes(work: LoraWork, precision: str, data: tuple) -> int:
-    """Bytes autograd saves for one client's training step (its activations): the distinct
-    storages the forward pass keeps for the backward pass, on the first batch."""
+    """Bytes autograd saves for one client's training step (its activations) on the first
+    batch, measured as fedforge's engines measure them."""
+    from fedforge.engine import classification_loss
+    from fedforge.engine.activations import saved_activation_bytes
+
     x, y, idx, _ = data
     model = fedforge_model(work, precision)
-    leaves = {k: v.detach().requires_grad_(True) for k, v in model.named_parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logits = torch.func.functional_call(model, leaves, (x[idx[0, 0]],))
-        loss = F.cross_entropy(logits.float(), y[idx[0, 0]])
-    loss.backward()
-    return sum(saved.values())
+    leaves = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
+    rows = idx[0, 0]
+    return saved_activation_bytes(classification_loss(model, "fp32"), leaves, x[rows],
+                                  y[rows], torch.ones(len(rows)))
 
 
 def base_bytes(work: LoraWork) -> int:

@@ -41,10 +41,11 @@ def default_results(folder: Path) -> Path:
 
 def command_line() -> str:
     """The command line that is running, as a table records it: ``fedforge bench ...`` or
-    ``python SCRIPT ...``."""
-    program = sys.argv[0]
-    words = (["fedforge"] if program.endswith("fedforge")
-             else ["python", Path(program).name])
+    ``python SCRIPT ...``; ``python -m fedforge`` is the same command as ``fedforge``."""
+    program = Path(sys.argv[0])
+    is_fedforge = program.name == "fedforge" or (
+        program.name == "__main__.py" and program.parent.name == "fedforge")
+    words = ["fedforge"] if is_fedforge else ["python", program.name]
     return " ".join(words + sys.argv[1:]).replace("  ", " ").strip()
 
 

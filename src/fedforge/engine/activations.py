@@ -39,6 +39,10 @@ def _existing(loss_fn: LossFn, tensors: list[torch.Tensor]) -> set[int]:
     return {_storage(t)[0] for t in tensors}
 
 
+def _never_unpacked(_: None) -> torch.Tensor:
+    raise AssertionError("the measured graph is never run backward")
+
+
 def saved_activation_bytes(loss_fn: LossFn, params: Params, x: torch.Tensor, y: torch.Tensor,
                            w: torch.Tensor) -> int:
     """Bytes autograd saves for the backward pass of ``loss_fn(params, x, y, w)``: one
@@ -49,16 +53,25 @@ def saved_activation_bytes(loss_fn: LossFn, params: Params, x: torch.Tensor, y: 
     before = _existing(loss_fn, [*leaves.values(), *params.values(), x, y, w])
     saved: dict[int, int] = {}
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
+    kept: list[torch.Tensor] = []  # alive until the pass ends, so no storage is reused
+
+    def pack(t: torch.Tensor) -> None:
+        # the graph itself keeps nothing (it is never run backward): its nodes hold the hooks,
+        # so a tensor the hooks keep keeps its own node alive, a cycle autograd never frees
+        # (it leaked a step's activations per measurement)
         key, nbytes = _storage(t)
         if key not in before:
             saved[key] = nbytes
-        return t
+        kept.append(t)
 
     keyed = (KeyedRandomness(no_key(x.device), 0, "vmap") if is_keyed(loss_fn)
              else contextlib.nullcontext())
-    with torch.enable_grad(), keyed, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss_fn(leaves, x, y, w)
+    hooks = torch.autograd.graph.saved_tensors_hooks(pack, _never_unpacked)
+    try:
+        with torch.enable_grad(), keyed, hooks:
+            loss_fn(leaves, x, y, w)
+    finally:
+        kept.clear()  # break that cycle
     return sum(saved.values())
 
 
