@@ -24,6 +24,15 @@ def test_regimes_follow_the_brief():
     spec, plan = _plan()
     assert spec.seeds == (0, 1, 2) and spec.x_axis == "bytes_up"
     for (name, _seed), cfg in plan.items():
+        if name.startswith(("mlora_", "mdir_")):  # exploratory: the MiniLM run over LoRA
+            assert cfg.model.options["mode"] == "lora" and cfg.rounds == 10
+            assert cfg.model.options["adapters"] == {
+                "r": 8, "lora_alpha": 16, "target_modules": ["query", "value"]}
+            skewed = name.startswith("mdir_")
+            assert cfg.data.num_clients == (100 if skewed else 5)
+            assert cfg.server.clients_per_round == (10 if skewed else 5)
+            assert cfg.data.partition == ("dirichlet" if skewed else "iid")
+            continue
         assert cfg.data.num_clients == cfg.server.clients_per_round == 5
         assert cfg.data.partition == "iid"
         if name.startswith("mlm_"):  # the paper's regime: a pretrained encoder, every weight
@@ -89,10 +98,11 @@ def test_claims_are_paired_final_accuracy_comparisons_in_every_regime():
         assert {(f"{p}_fedams", f"{p}_safl{r}") for r in ratios} <= pairs
     assert all(c.metric == "final_acc" for c in spec.comparisons)
     closeness = [c for c in spec.comparisons if c.a.endswith("_fedams")]
-    assert len(closeness) == 11
+    assert len(closeness) == 13
     # "close to uncompressed" is an "as good as" claim in a fine-tuning regime (TOST within
     # two points); from scratch the paper claims nothing
-    tuned = [c for c in closeness if c.a.startswith(("mlm_", "ft_"))]
+    tuned = [c for c in closeness if c.a.startswith(("mlm_", "ft_", "mlora_", "mdir_"))]
+    assert {("mlora_fedams", "mlora_safl500"), ("mdir_fedams", "mdir_safl500")} <= pairs
     assert all(c.kind == "equivalence" and c.margin == 0.02 for c in tuned)
     assert all(c.kind == "none" and not c.primary for c in closeness if c not in tuned)
     assert all(c.expect == ">" and c.margin == 0 for c in spec.comparisons if c not in closeness)
@@ -102,4 +112,4 @@ def test_claims_are_paired_final_accuracy_comparisons_in_every_regime():
                if c.a.startswith(("mlm_", "ft_")) and c not in closeness)
     assert all(c.kind == "none" for c in spec.comparisons if c.a.startswith(("sc_", "ss_")))
     assert {("ss_fedams", "ss_safl100"), ("ss_fedams", "ss_safl1000")} <= pairs
-    assert len(spec.conditions) == 24
+    assert len(spec.conditions) == 28
