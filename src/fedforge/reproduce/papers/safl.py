@@ -48,6 +48,11 @@ sent and sketched (b/d = 1/500 keeps 149), uncompressed against SAFL 1/500; then
 clients under Dirichlet(0.5) label skew, 10 a round. Both keep the uniform rows' lr and
 rounds. The skewed rows use LoRA as well, because 100 fully fine-tuned clients would cost
 twice the CPU time a round and the grid's budget holds one of the two.
+*What the first runs show* (seed 0 of the uniform rows, written after they finished): at
+the full fine-tuning's local lr and 10 rounds, neither the uncompressed nor the SAFL 1/500
+run got past the majority-class prediction (dev accuracy 0.509 from round 2 on), so these rows
+say nothing yet about sketching adapters: the adapters do not train at this step size and
+length. Nothing was tuned; the skewed rows and seeds 1-2 have not run.
 
 **The 1.7 M stand-in.** Before a pretrained model could be loaded, the fine-tuning claims
 were checked on SST-2 with a 1.7 M-parameter transformer
