@@ -38,6 +38,7 @@ from fedforge.core.tree import Params
 from fedforge.errors import ConfigError
 
 from .pretrained import PretrainedModel, load_hf_model
+from .real_rows import on_real_rows
 
 LoraConfig = Any  # peft.LoraConfig (the optional extra is imported only when used)
 HEAD_MODULES = ("classifier", "score")  # PEFT's modules_to_save for sequence classification
@@ -107,10 +108,17 @@ class LoraLinear(CohortLinear):
         self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = per_client_linear(x, self.weight, self.bias)
-        h = self.lora_dropout(x.to(self.lora_A.dtype))
-        delta = per_client_linear(per_client_linear(h, self.lora_A), self.lora_B)
+        out = _rowwise(lambda v: per_client_linear(v, self.weight, self.bias), x, self.weight)
+        h = self.lora_dropout(x.to(self.lora_A.dtype))  # on every row: the same masks
+        delta = _rowwise(lambda v: per_client_linear(per_client_linear(v, self.lora_A),
+                                                     self.lora_B), h, self.lora_A)
         return out + (delta * self.scaling).to(out.dtype)
+
+
+def _rowwise(fn: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``fn(x)`` on the batch's real rows (:mod:`.real_rows`) where ``weight`` is one for
+    every row; a per-client weight needs its clients' row blocks whole."""
+    return on_real_rows(fn, x) if weight.dim() == 2 else fn(x)
 
 
 def _check_config(config: LoraConfig) -> None:

@@ -11,8 +11,9 @@ weights and a tokenizer beside it) or a ``.gguf`` file, loaded with
 ``functional_call`` over its parameter dict, ``vmap``-able): the padding mask is built from
 the token ids as a 4-D additive mask, which transformers passes through as it is. Its 2-D
 mask path calls ``padding_mask.all()`` (``masking_utils``), a data-dependent branch that
-``vmap`` refuses. Every parameter is trainable (full fine-tuning); :mod:`.lora` freezes the
-base and adds adapters.
+``vmap`` refuses. Outside ``vmap``, its linear layers skip each sequence's trailing
+padding (:mod:`.real_rows`). Every parameter is trainable (full fine-tuning); :mod:`.lora`
+freezes the base and adds adapters.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import torch
 from torch import nn
 
 from fedforge.errors import ConfigError
+
+from .real_rows import real_rows, skip_padding
 
 TASKS = ("classification", "causal_lm")
 WEIGHT_SUFFIXES = (".safetensors", ".gguf")
@@ -243,6 +246,7 @@ class PretrainedModel(nn.Module):
             self.hf.config.pad_token_id = self.pad_id  # Llama's head pools the last non-pad
         self.causal = task == "causal_lm" or attends_causally(self.hf)
         self.hf.train(self.training)  # from_pretrained returns eval mode: follow the wrapper's
+        skip_padding(self.hf)  # linears multiply real tokens only (.real_rows)
 
     def _mask(self, tokens: torch.Tensor) -> torch.Tensor:
         dtype = self.hf.get_input_embeddings().weight.dtype
@@ -250,7 +254,8 @@ class PretrainedModel(nn.Module):
 
     def forward_all(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits at every position (a causal LM's ``[B, T, vocab]``)."""
-        return self.hf(input_ids=tokens, attention_mask=self._mask(tokens)).logits
+        with real_rows(tokens, self.pad_id):
+            return self.hf(input_ids=tokens, attention_mask=self._mask(tokens)).logits
 
     def forward(self, tokens: torch.Tensor, all_positions: bool = False) -> torch.Tensor:
         """Logits ``[B, C]``; ``all_positions``: a causal LM's at every position."""
