@@ -352,3 +352,26 @@ def test_worker_processes_train_lora_as_the_vmap_engine(bert, sst2_root, tmp_pat
     assert len(vmap) == 2
     for (la, aa), (lb, ab) in zip(vmap, procs, strict=True):
         assert aa == ab and la == pytest.approx(lb, rel=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_a_model_pickled_for_a_worker_keeps_its_mode(tmp_path, monkeypatch, mode):
+    """A worker process loads the base afresh (in train mode): the model's own mode must
+    reach it, or a worker draws dropout masks the parent does not (the procs engine then
+    trained other rounds than the loop)."""
+    import cloudpickle  # noqa: PLC0415
+
+    from fedforge.models import finetune  # noqa: PLC0415
+
+    folder = tiny_bert_with_tokenizer(tmp_path / "bert", dropout=0.3)
+    torch.manual_seed(0)
+    model = build_model("pretrained", (T,), CLASSES, path=str(folder), adapters=ADAPTERS)
+    model.train(mode == "train")
+    blob = cloudpickle.dumps(model)
+    monkeypatch.setattr(finetune, "_BASES", {})  # as in a fresh worker process
+    copy = cloudpickle.loads(blob)
+    assert copy.base is not model.base
+    assert copy.training == copy.base.training == copy.base.hf.training == (mode == "train")
+    if mode == "eval":
+        x = _tokens(4, seed=2)
+        torch.testing.assert_close(copy(x), model(x), rtol=0, atol=0)

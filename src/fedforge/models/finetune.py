@@ -186,6 +186,10 @@ class FineTuned(nn.Module):
         """The frozen base, shared by every copy of this model in the process."""
         return self._held.module
 
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._held.module.train(self.training)  # a worker's base is loaded in train mode
+
     def _apply(self, fn: Any, recurse: bool = True) -> FineTuned:
         super()._apply(fn, recurse)
         self._held.module._apply(fn, recurse)  # the one base follows the model's device
