@@ -32,6 +32,8 @@ def test_regimes_follow_the_brief():
             assert cfg.data.num_clients == (100 if skewed else 5)
             assert cfg.server.clients_per_round == (10 if skewed else 5)
             assert cfg.data.partition == ("dirichlet" if skewed else "iid")
+            # 100 clients of >= 10 samples under Dirichlet(0.5) need more than 4000 samples
+            assert cfg.data.options["max_train"] == (20000 if skewed else 4000)
             continue
         assert cfg.data.num_clients == cfg.server.clients_per_round == 5
         assert cfg.data.partition == "iid"
