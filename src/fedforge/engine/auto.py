@@ -76,6 +76,12 @@ PROCESS_MIN_CALL_S = 0.1
 # a pick (LeNet-5, cohort 100: the loop in processes timed 30.8 ms per update in one
 # calibration and 21.5 ms in the next, the plain floor's steady rate being 20-25 ms)
 PROCESS_TIMED_CALLS = 2
+# a vmapped chunk in worker processes replaces the loop in them only when it times at least
+# this much faster: the two are within the calibration's noise on a conv net, and the vmapped
+# one lost the run (pfl-research's CIFAR-10 workload, fp32, 2-core AVX-512-BF16 EPYC,
+# 2026-12-03: it timed 63.9 against 72.2 ms per update and ran 3.69 s an iteration, where the
+# loop in processes ran 2.85-3.02 s); a small dense model's vmapped win is several times
+PROCESS_VMAP_MARGIN = 0.15
 # a run too short for the full calibration still times the loop on one client and, where
 # worker processes are allowed, the loop in processes when their start-up and timing fit in
 # this share of the run projected at the loop's speed (otherwise the loop runs): a 3-round
@@ -93,12 +99,6 @@ LOOP_ACTIVATION_BYTES = 16 * 2**20
 # workload in bf16, 2026-11-28: vmap, picked under load, ran 3.2-3.4 s an iteration once the
 # load had gone, where two worker processes ran 2.4 s)
 DRIFT_FACTOR = 2.0
-# a vmapped chunk in worker processes replaces the loop in them only when it times at least
-# this much faster: the two are within the calibration's noise on a conv net, and the vmapped
-# one lost the run (pfl-research's CIFAR-10 workload, fp32, 2-core AVX-512-BF16 EPYC,
-# 2026-12-03: it timed 63.9 against 72.2 ms per update and ran 3.69 s an iteration, where the
-# loop in processes ran 2.85-3.02 s); a small dense model's vmapped win is several times
-PROCESS_VMAP_MARGIN = 0.15
 DRIFT_COHORTS = 3
 DRIFT_MIN_S = 1.0  # shorter cohorts are not compared: their times are mostly noise
 MAX_RECHECKS = 1
@@ -390,9 +390,9 @@ class AutoEngine(ChunkedEngine):
                                 inputs.clients(slice(0, clients)), PROCESS_TIMED_CALLS)
             if engine.fallback is None:
                 self.timings[_label(cand)] = round(ms, 3)
-            beats = ms < best_ms * (1 - PROCESS_VMAP_MARGIN if inner == "vmap"
-                                    and best[0].get("inner") == "loop" else 1)
-            if engine.fallback is None and beats:
+            margin = (PROCESS_VMAP_MARGIN if inner == "vmap" and best[0].get("inner") == "loop"
+                      else 0.0)
+            if engine.fallback is None and ms < best_ms * (1 - margin):
                 best[1].close()
                 best, best_ms = (cand, engine), ms
             else:

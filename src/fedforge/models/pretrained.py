@@ -31,7 +31,7 @@ from torch import nn
 
 from fedforge.errors import ConfigError
 
-from .real_rows import real_rows, skip_padding
+from .real_rows import lengths, real_rows, skip_padding
 
 TASKS = ("classification", "causal_lm")
 WEIGHT_SUFFIXES = (".safetensors", ".gguf")
@@ -263,6 +263,5 @@ class PretrainedModel(nn.Module):
         if self.task != "causal_lm" or all_positions:
             return logits
         # the last non-padding position, as transformers' own sequence-classification heads
-        positions = torch.arange(tokens.shape[-1], device=tokens.device)
-        last = (positions * (tokens != self.pad_id)).argmax(-1)
+        last = lengths(tokens, self.pad_id) - 1
         return logits.gather(1, last[:, None, None].expand(-1, 1, logits.shape[-1]))[:, 0]

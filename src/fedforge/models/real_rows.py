@@ -60,12 +60,17 @@ def _shapes_may_depend_on_data() -> bool:
         i.key() == TransformType.Vmap for i in retrieve_all_functorch_interpreters())
 
 
-def trailing_padding(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
-    """``[B, T]`` bool: positions after a sequence's last non-padding token (position 0 is
-    never padding, so an all-padding row keeps one row)."""
+def lengths(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """``[B]``: each sequence's length up to its last non-padding token, at least 1 (an
+    all-padding row counts its first position)."""
     positions = torch.arange(1, tokens.shape[-1] + 1, device=tokens.device)
-    length = (positions * (tokens != pad_id)).amax(-1).clamp_min(1)
-    return positions > length[..., None]
+    return (positions * (tokens != pad_id)).amax(-1).clamp_min(1)
+
+
+def trailing_padding(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """``[B, T]`` bool: positions after a sequence's last non-padding token."""
+    positions = torch.arange(tokens.shape[-1], device=tokens.device)
+    return positions >= lengths(tokens, pad_id)[..., None]
 
 
 @contextmanager
