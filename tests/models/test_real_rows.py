@@ -1,5 +1,7 @@
-"""Linear layers of a pretrained model multiply only the real tokens (fedforge.models.real_rows):
-the same logits and gradients as the padded batch, on fewer rows; nothing changes under vmap.
+"""A pretrained model computes on the real tokens only (fedforge.models.real_rows): its layer
+stack runs packed and its other linear layers skip the padding rows, with the same logits,
+gradients and dropout masks as the padded batch; nothing changes under vmap or for a cohort's
+stacked adapters.
 
 Tiny random BERT and Llama configurations are built in the test; nothing is downloaded.
 """
@@ -12,11 +14,23 @@ import torch
 pytest.importorskip("transformers", reason="needs the extra fedforge[pretrained]")
 pytest.importorskip("peft", reason="needs the extra fedforge[pretrained]")
 
+from fedforge.engine.randomness import KeyedRandomness  # noqa: E402
 from fedforge.models import real_rows  # noqa: E402
-from fedforge.models.lora import adapter_params, stack_adapters  # noqa: E402
+from fedforge.models.lora import (  # noqa: E402
+    adapter_params,
+    add_lora,
+    cohort_logits,
+    stack_adapters,
+)
 from fedforge.models.pretrained import PretrainedModel  # noqa: E402
-from tests.models.test_lora import CLASSES, base_folder, lora_model, random_adapters  # noqa: E402
-from tests.models.test_pretrained import VOCAB, T, tokens  # noqa: E402
+from tests.models.test_lora import (  # noqa: E402
+    CLASSES,
+    base_folder,
+    lora_config,
+    lora_model,
+    random_adapters,
+)
+from tests.models.test_pretrained import VOCAB, T, tiny_bert, tokens  # noqa: E402
 
 LENGTHS = [T, 3, 7, 1]  # 23 of 48 rows real
 
@@ -28,6 +42,16 @@ def key_rows(model: torch.nn.Module) -> list[int]:
     name = next(n for n, m in model.named_modules()
                 if n.endswith(("key", "k_proj")) and type(m) is torch.nn.Linear)
     model.get_submodule(name).register_forward_pre_hook(
+        lambda _m, args: seen.append(args[0].reshape(-1, args[0].shape[-1]).shape[0]))
+    return seen
+
+
+def norm_rows(model: torch.nn.Module) -> list[int]:
+    """The rows each call of the first layer's first norm sees (inside the layer stack)."""
+    seen: list[int] = []
+    norm = next(m for n, m in model.named_modules() if "layer" in n and (
+        isinstance(m, torch.nn.LayerNorm) or type(m).__name__.endswith("RMSNorm")))
+    norm.register_forward_pre_hook(
         lambda _m, args: seen.append(args[0].reshape(-1, args[0].shape[-1]).shape[0]))
     return seen
 
@@ -58,11 +82,11 @@ def test_the_real_rows_give_the_padded_batchs_logits_and_gradients(tmp_path, mon
         task=task).eval())
     x = tokens(len(LENGTHS), LENGTHS)
     x[0, 4] = model.pad_id  # a padding id inside a sequence: a real row, scored
-    seen = key_rows(model)
+    seen, normed = key_rows(model), norm_rows(model)
     got = logits_and_grads(model, x, task == "causal_lm")
     monkeypatch.setattr(real_rows, "MIN_PADDING", 1.01)  # never skip padding
     ref = logits_and_grads(model, x, task == "causal_lm")
-    assert seen == [sum(LENGTHS), x.numel()]
+    assert seen == normed == [sum(LENGTHS), x.numel()]  # the stack ran packed, then padded
     torch.testing.assert_close(got[0], ref[0], rtol=0, atol=1e-6)
     for name, g in ref[1].items():
         torch.testing.assert_close(got[1][name], g, rtol=0, atol=1e-6, msg=name)
@@ -88,3 +112,59 @@ def test_under_vmap_every_row_is_multiplied(tmp_path):
                                    rtol=0, atol=1e-6)
     assert seen[1:] == [sum(LENGTHS)] * 2
     assert set(adapter_params(model)) == set(stacked)
+
+
+def keyed_logits_and_grads(model: torch.nn.Module, x: torch.Tensor
+                           ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    with KeyedRandomness(torch.tensor(12345), step=3, engine="loop"):
+        return logits_and_grads(model, x, causal_lm=False)
+
+
+def test_dropout_on_packed_rows_draws_the_padded_batchs_masks(tmp_path, monkeypatch):
+    model = PretrainedModel((T,), CLASSES, path=str(tiny_bert(tmp_path / "b", CLASSES, 0.3)))
+    add_lora(model, lora_config(lora_dropout=0.3))
+    model.train()
+    x = tokens(len(LENGTHS), LENGTHS)
+    normed = norm_rows(model)
+    got = keyed_logits_and_grads(model, x)
+    with monkeypatch.context() as m:
+        m.setattr(real_rows, "MIN_PADDING", 1.01)  # padded: every engine's masks
+        ref = keyed_logits_and_grads(model, x)
+    with monkeypatch.context() as m:  # masks keyed by the packed index: other masks
+        m.setattr("fedforge.engine.randomness.padded_elements", lambda _shape: None)
+        wrong = keyed_logits_and_grads(model, x)
+    assert normed == [sum(LENGTHS), x.numel(), sum(LENGTHS)]
+    torch.testing.assert_close(got[0], ref[0], rtol=0, atol=1e-6)
+    for name, g in ref[1].items():
+        torch.testing.assert_close(got[1][name], g, rtol=0, atol=1e-6, msg=name)
+    assert (wrong[0] - ref[0]).abs().max() > 1e-5  # later sequences start elsewhere packed
+
+
+def test_a_cohorts_stacked_adapters_run_the_stack_padded(tmp_path):
+    model = lora_model(*base_folder(tmp_path, "bert"))
+    stacked = stack_adapters([random_adapters(model, s) for s in range(2)])
+    x = tokens(len(LENGTHS), LENGTHS)
+    cohort = torch.stack([x, x])
+    normed = norm_rows(model)
+    together = cohort_logits(model, stacked, cohort)
+    assert normed == [cohort.numel()]  # padded: whole client blocks
+    for k in range(2):
+        own = {n: v[k] for n, v in stacked.items()}
+        torch.testing.assert_close(together[k], torch.func.functional_call(model, own, (x,)),
+                                   rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch", ["bert", "llama_cls"])
+def test_the_hf_model_called_with_a_2d_mask_still_masks_padding(tmp_path, arch):
+    """The packed stack's attention implementation builds a 2-D mask as the model's own did."""
+    from fedforge.models.pretrained import load_hf_model
+
+    folder, task = base_folder(tmp_path, arch)
+    model = PretrainedModel((T,), CLASSES, path=str(folder), task=task).eval()
+    plain = load_hf_model(folder, task, CLASSES).eval()
+    x = tokens(len(LENGTHS), LENGTHS)
+    mask = (x != model.pad_id).long()
+    with torch.no_grad():
+        torch.testing.assert_close(model.hf(input_ids=x, attention_mask=mask).logits,
+                                   plain(input_ids=x, attention_mask=mask).logits,
+                                   rtol=0, atol=1e-6)

@@ -32,6 +32,7 @@ from torch.overrides import TorchFunctionMode
 
 from fedforge.comm.rng import as_int32, hash_u32, mix32, stream_key
 from fedforge.engine.rounding import STOCHASTIC
+from fedforge.models.real_rows import padded_elements
 
 CLIENT_KEY = "client_key"  # round input: the client's 32-bit dropout key (int64 [C])
 INT32_INDICES = 2**31  # dropout calls with fewer elements hash int32 words
@@ -112,17 +113,23 @@ def check_random_layers(loss_fn: Callable, engine: str) -> None:
 
 
 def dropout_mask(key: torch.Tensor, stream: int, shape: tuple[int, ...], p: float,
-                 device: torch.device) -> torch.Tensor:
+                 device: torch.device,
+                 elements: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
     """Keep-mask of one dropout call (``True``: kept, probability ``1 - p``): bit ``i`` from
     the hash of element ``i`` under ``(key, stream)``. ``key`` may be batched under vmap.
+    ``elements``: the elements' indices in a larger layout and its size (a packed batch's
+    real rows in the padded one, :func:`fedforge.models.real_rows.padded_elements`), so the
+    mask is that layout's.
 
     The hash runs on int32 words (the same bits as on int64, several times faster) unless
     the call has :data:`INT32_INDICES` elements or more."""
-    n = int(np.prod(shape, dtype=np.int64))
+    index, n = elements if elements is not None else (None, int(np.prod(shape, dtype=np.int64)))
     key = mix32(key.to(device) ^ stream)
     words = n < INT32_INDICES
-    idx = torch.arange(n, dtype=torch.int32 if words else torch.int64, device=device)
-    h = hash_u32(as_int32(key) if words else key, idx.view(shape))
+    dtype = torch.int32 if words else torch.int64
+    idx = (torch.arange(n, dtype=dtype, device=device).view(shape) if index is None
+           else index.to(device=device, dtype=dtype))
+    h = hash_u32(as_int32(key) if words else key, idx)
     bits = (h >> 8) & 0xFFFFFF  # 24 uniform bits (the mask undoes int32's sign extension)
     return bits >= int(round(p * 2**24))
 
@@ -161,7 +168,8 @@ class KeyedRandomness(TorchFunctionMode):
             shape = shape[: len(shape) - spatial] + (1,) * spatial
         stream = (self.step << 16) ^ self.calls
         self.calls += 1
-        keep = dropout_mask(self.key, stream, shape, float(p), input.device)
+        elements = None if spatial else padded_elements(shape)
+        keep = dropout_mask(self.key, stream, shape, float(p), input.device, elements)
         return input * keep.to(input.dtype) * (1.0 / (1.0 - p))
 
 

@@ -11,8 +11,8 @@ weights and a tokenizer beside it) or a ``.gguf`` file, loaded with
 ``functional_call`` over its parameter dict, ``vmap``-able): the padding mask is built from
 the token ids as a 4-D additive mask, which transformers passes through as it is. Its 2-D
 mask path calls ``padding_mask.all()`` (``masking_utils``), a data-dependent branch that
-``vmap`` refuses. Outside ``vmap``, its linear layers skip each sequence's trailing
-padding (:mod:`.real_rows`). Every parameter is trainable (full fine-tuning); :mod:`.lora`
+``vmap`` refuses. Outside ``vmap``, its layer stack runs packed on the real tokens, without
+each sequence's trailing padding (:mod:`.real_rows`). Every parameter is trainable (full fine-tuning); :mod:`.lora`
 freezes the base and adds adapters.
 """
 
@@ -31,7 +31,7 @@ from torch import nn
 
 from fedforge.errors import ConfigError
 
-from .real_rows import lengths, real_rows, skip_padding
+from .real_rows import lengths, pack_layers, real_rows, skip_padding
 
 TASKS = ("classification", "causal_lm")
 WEIGHT_SUFFIXES = (".safetensors", ".gguf")
@@ -246,7 +246,8 @@ class PretrainedModel(nn.Module):
             self.hf.config.pad_token_id = self.pad_id  # Llama's head pools the last non-pad
         self.causal = task == "causal_lm" or attends_causally(self.hf)
         self.hf.train(self.training)  # from_pretrained returns eval mode: follow the wrapper's
-        skip_padding(self.hf)  # linears multiply real tokens only (.real_rows)
+        pack_layers(self.hf)  # the layer stack runs on real tokens only (.real_rows)
+        skip_padding(self.hf)  # and so do the linears outside it
 
     def _mask(self, tokens: torch.Tensor) -> torch.Tensor:
         dtype = self.hf.get_input_embeddings().weight.dtype
