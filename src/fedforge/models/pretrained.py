@@ -12,8 +12,8 @@ weights and a tokenizer beside it) or a ``.gguf`` file, loaded with
 the token ids as a 4-D additive mask, which transformers passes through as it is. Its 2-D
 mask path calls ``padding_mask.all()`` (``masking_utils``), a data-dependent branch that
 ``vmap`` refuses. Outside ``vmap``, its layer stack runs packed on the real tokens, without
-each sequence's trailing padding (:mod:`.real_rows`). Every parameter is trainable (full fine-tuning); :mod:`.lora`
-freezes the base and adds adapters.
+each sequence's trailing padding (:mod:`.real_rows`). Every parameter is trainable (full
+fine-tuning); :mod:`.lora` freezes the base and adds adapters.
 """
 
 from __future__ import annotations
