@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import importlib.metadata as md
 import json
+import logging
 import os
 import sys
 import time
@@ -520,6 +521,9 @@ RUNNERS = {"fedforge": run_fedforge, "plain": run_plain, "pfl": run_pfl, "flower
 
 def main(spec_path: str, out_path: str) -> None:
     """Run the spec's framework and write its result (see the module docstring)."""
+    # auto's choice and its calibration timings go to the row's log (its stderr)
+    logging.getLogger("fedforge.engine.auto").setLevel(logging.INFO)
+    logging.getLogger("fedforge.engine.auto").addHandler(logging.StreamHandler())
     spec = json.loads(Path(spec_path).read_text())
     work = Workload(**spec["work"])
     clock = TargetClock(spec["launched"], spec.get("target"), spec.get("eval_every", 1))
