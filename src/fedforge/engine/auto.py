@@ -82,6 +82,13 @@ PROCESS_TIMED_CALLS = 2
 # 2026-12-03: it timed 63.9 against 72.2 ms per update and ran 3.69 s an iteration, where the
 # loop in processes ran 2.85-3.02 s); a small dense model's vmapped win is several times
 PROCESS_VMAP_MARGIN = 0.15
+# worker processes replace an in-process winner even when they time up to this much slower:
+# a short calibration cannot separate them closer than that, and processes hold up under
+# contention (1.5-5x a 2-thread loop under load). W1's CNN on a 2-core AVX2 EPYC (2026-12-03):
+# the loop in processes timed 297 and 276 ms per update against the in-process loop's 264 and
+# 269 at cohorts 10 and 100, and the in-process loop then ran 2.3 and 2.6 updates/s where
+# two plain processes ran 3.8 and 3.4
+PROCESS_PREFERENCE = 0.15
 # a run too short for the full calibration still times the loop on one client and, where
 # worker processes are allowed, the loop in processes when their start-up and timing fit in
 # this share of the run projected at the loop's speed (otherwise the loop runs): a 3-round
@@ -109,6 +116,18 @@ def loop_clients_per_worker(ms_per_update: float) -> int:
     if not ms_per_update > 0:  # nothing timed yet
         return PROCESS_LOOP_CLIENTS
     return max(PROCESS_LOOP_CLIENTS, math.ceil(1000.0 * PROCESS_MIN_CALL_S / ms_per_update))
+
+
+def _process_factor(inner: str, best: dict) -> float:
+    """How fast, relative to ``best``'s time, a candidate in worker processes running
+    ``inner`` must time to replace it: a vmapped chunk replacing the loop in processes needs
+    :data:`PROCESS_VMAP_MARGIN`; processes replacing an in-process winner may be
+    :data:`PROCESS_PREFERENCE` slower."""
+    if best["engine"] != "procs":
+        return 1.0 + PROCESS_PREFERENCE
+    if inner == "vmap" and best.get("inner") == "loop":
+        return 1.0 - PROCESS_VMAP_MARGIN
+    return 1.0
 
 
 def _label(choice: dict) -> str:
@@ -368,8 +387,9 @@ class AutoEngine(ChunkedEngine):
         in-process winner -> the fastest (choice, engine) and its time. The workers' loop
         takes the layout that won in this process (channels-last or not). ``allowed``:
         seconds the calibration may take in all (default: its share of the run).
-        ``reserved``: the in-process candidates left the loop in processes its share, so it is
-        timed even where one of them overran (a vmapped candidate planning its convolutions
+        A candidate in processes wins by :func:`_process_factor`. ``reserved``: the in-process
+        candidates left the loop in processes its share, so it is timed even where one of them
+        overran (a vmapped candidate planning its convolutions
         took longer than the one before it, and LeNet-5 at cohort 10 kept the in-process
         loop at 0.82x the plain floor of two processes)."""
         loop_conv, loop_ms = self._fastest_loop(best_ms)
@@ -390,9 +410,7 @@ class AutoEngine(ChunkedEngine):
                                 inputs.clients(slice(0, clients)), PROCESS_TIMED_CALLS)
             if engine.fallback is None:
                 self.timings[_label(cand)] = round(ms, 3)
-            margin = (PROCESS_VMAP_MARGIN if inner == "vmap" and best[0].get("inner") == "loop"
-                      else 0.0)
-            if engine.fallback is None and ms < best_ms * (1 - margin):
+            if engine.fallback is None and ms < best_ms * _process_factor(inner, best[0]):
                 best[1].close()
                 best, best_ms = (cand, engine), ms
             else:
