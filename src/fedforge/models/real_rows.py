@@ -61,16 +61,15 @@ class Rows:
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, T, f]`` -> the real rows ``[N, f]``."""
-        return x.reshape(-1, x.shape[-1]).index_select(0, self.index)
+        return self.pack(x)[0]
 
     def scatter(self, y: torch.Tensor) -> torch.Tensor:
         """The real rows' outputs ``[N, f]`` -> ``[B, T, f]``, zero at padding."""
-        full = y.new_zeros(self.shape.numel(), y.shape[-1]).index_copy(0, self.index, y)
-        return full.view(*self.shape, y.shape[-1])
+        return self.unpack(y[None])
 
-    def is_packed(self, x: torch.Tensor) -> bool:
-        """Whether ``x`` is the packed layout ``[1, N, ...]`` of this batch's real rows."""
-        return x.dim() >= 3 and x.shape[0] == 1 and x.shape[1] == self.index.numel()
+    def is_packed(self, shape: torch.Size | tuple[int, ...]) -> bool:
+        """Whether ``shape`` is the packed layout ``[1, N, ...]`` of this batch's real rows."""
+        return len(shape) >= 3 and shape[0] == 1 and shape[1] == self.index.numel()
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, T, *f]`` (or ``[1, T, *f]``, the same for every sequence) -> ``[1, N, *f]``."""
@@ -162,7 +161,7 @@ def padded_elements(shape: torch.Size | tuple[int, ...]) -> tuple[torch.Tensor, 
     ``[B, T, f]`` and that layout's size, so that a dropout mask keyed by element index is
     the padded batch's; None for any other tensor."""
     rows = _ROWS.get()
-    if rows is None or len(shape) != 3 or shape[0] != 1 or shape[1] != rows.index.numel():
+    if rows is None or len(shape) != 3 or not rows.is_packed(shape):
         return None
     f = int(shape[-1])
     index = rows.index[:, None] * f + torch.arange(f, device=rows.index.device)
@@ -220,8 +219,7 @@ class _Stack:
     def leave(self, _module: nn.Module, _args: tuple, out: Any) -> Any:
         rows = _ROWS.get()
         first = out[0] if isinstance(out, tuple) else out
-        if rows is None or not torch.is_tensor(first) or not rows.is_packed(first) \
-                or rows.matches(first):
+        if rows is None or not torch.is_tensor(first) or not rows.is_packed(first.shape):
             return None
         return (rows.unpack(first), *out[1:]) if isinstance(out, tuple) else rows.unpack(out)
 
@@ -246,7 +244,7 @@ def _packed_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     attend = (sys.modules[type(module).__module__].eager_attention_forward
               if implementation == "eager" else AttentionInterface()[implementation])
     rows = _ROWS.get()
-    if rows is None or not rows.is_packed(query.transpose(1, 2)):
+    if rows is None or not rows.is_packed(query.transpose(1, 2).shape):
         return attend(module, query, key, value, attention_mask, **kwargs)
     q, k, v = (rows.unpack(t.transpose(1, 2)).transpose(1, 2) for t in (query, key, value))
     out, weights = attend(module, q, k, v, attention_mask, **kwargs)
