@@ -44,6 +44,8 @@ from torch import nn
 from torch._C._functorch import TransformType
 from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 
+from fedforge.errors import ConfigError
+
 MIN_PADDING = 0.1  # the share of padding rows from which dropping them pays (see speed.md)
 
 
@@ -175,9 +177,13 @@ def pack_layers(model: nn.Module) -> bool:
     """Run ``model``'s transformer layers on the real rows while :func:`real_rows` is set
     (hooks and an attention implementation that do nothing otherwise); False for a model
     without a recognisable layer stack, which then only skips padding in its linears."""
-    from transformers import AttentionInterface  # noqa: PLC0415 (optional extra)
-    from transformers.masking_utils import AttentionMaskInterface  # noqa: PLC0415
-    from transformers.modeling_layers import GradientCheckpointingLayer  # noqa: PLC0415
+    try:
+        from transformers import AttentionInterface  # noqa: PLC0415 (optional extra)
+        from transformers.masking_utils import AttentionMaskInterface  # noqa: PLC0415
+        from transformers.modeling_layers import GradientCheckpointingLayer  # noqa: PLC0415
+    except ImportError:  # a model built without transformers has no stack to pack
+        raise ConfigError("model: a packed layer stack needs the extra: "
+                          "pip install 'fedforge[pretrained]'") from None
 
     stack = next((m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m)
                   and all(isinstance(c, GradientCheckpointingLayer) for c in m)), None)
@@ -238,7 +244,11 @@ def _packed_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     """The model's own attention (eager or SDPA) on the padded layout: packed ``[1, heads,
     N, head_dim]`` queries, keys and values are scattered to ``[B, heads, T, head_dim]``,
     and the output ``[B, T, heads, head_dim]`` is packed again."""
-    from transformers import AttentionInterface  # noqa: PLC0415
+    try:
+        from transformers import AttentionInterface  # noqa: PLC0415 (optional extra)
+    except ImportError:
+        raise ConfigError("model: packed attention needs the extra: "
+                          "pip install 'fedforge[pretrained]'") from None
 
     implementation = module.config._attn_implementation.removeprefix(f"{ATTENTION}_")
     attend = (sys.modules[type(module).__module__].eager_attention_forward
