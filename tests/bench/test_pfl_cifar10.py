@@ -118,3 +118,23 @@ def test_lazy_images_are_the_normalised_rows():
     rows = torch.tensor([5, 0, 3])
     assert torch.equal(LazyImages(raw, norm)[rows], normalised(raw, norm)[rows])
     assert not torch.equal(normalised(raw, norm)[rows], normalised(raw, norm)[[5, 0, 2]])
+
+
+def test_another_seed_is_another_sample_of_the_same_workload(tmp_path, monkeypatch):
+    """``--seed`` changes the cohorts and the initial weights, nothing else, and reaches every
+    framework's process through the workload it is sent."""
+    from dataclasses import replace
+
+    from fedforge.bench.pfl_cifar10_run import initial_model
+
+    other = replace(PFL_CIFAR10, seed=3)
+    assert cohort_ids(other, 1) != cohort_ids(PFL_CIFAR10, 1)
+    w0, w3 = (next(initial_model(w).parameters()) for w in (PFL_CIFAR10, other))
+    assert w0.shape == w3.shape and not w0.equal(w3)
+    sent = []
+    monkeypatch.setattr(pfl_cifar10, "run_one",
+                        lambda name, spec, *a, **k: sent.append(spec["work"]["seed"]))
+    with pytest.raises(AttributeError):  # the stub returns no run: only what is sent counts
+        run_pfl_cifar10(["plain"], tmp_path, quick=True, groups=1, seed=3,
+                        data_root=tmp_path / "no-data")
+    assert sent and set(sent) == {3}

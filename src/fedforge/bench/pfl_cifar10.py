@@ -312,7 +312,8 @@ def run_pfl_cifar10(frameworks: list[str], out: Path, *, data_root: str | Path |
                     groups: int = 3, warmup: int = 1, iterations: int = 5, quick: bool = False,
                     precision: str = "fp32", peer_python: str | None = None,
                     timeout_s: float = 3600.0, target: float | None = None,
-                    eval_every: int = 1) -> tuple[list[list[object]], str, dict[str, str]]:
+                    eval_every: int = 1, seed: int = 0
+                    ) -> tuple[list[list[object]], str, dict[str, str]]:
     """Rows of :func:`header`, a note (workload, data) for the table and the versions the
     runs reported (the peers')."""
     if groups < 1 or warmup < 0 or iterations < 1:
@@ -323,7 +324,7 @@ def run_pfl_cifar10(frameworks: list[str], out: Path, *, data_root: str | Path |
         raise ValueError(f"--target: expected a test accuracy from 0 to 1, got {target}")
     if eval_every < 1:
         raise ValueError(f"--eval-every: expected at least 1, got {eval_every}")
-    work = QUICK if quick else PFL_CIFAR10
+    work = replace(QUICK if quick else PFL_CIFAR10, seed=seed)
     peer_python = peer_python or sys.executable
     out.mkdir(parents=True, exist_ok=True)
     data = prepare_data(work, data_root, out / "data", synthetic_ok=quick)
@@ -471,14 +472,17 @@ EvalEvery = Annotated[int, typer.Option(
                          "(outside the timed region)")]
 DataRoot = Annotated[Path | None, typer.Option(
     "--data-root", help="folder holding the dataset folders (wins over $FEDFORGE_DATA)")]
+Seed = Annotated[int, typer.Option(
+    help="the workload's seed: initial weights, users' images, cohorts and dropout keys "
+         "(every framework the same); another seed is another sample of the accuracy")]
 
 
 def pfl_cifar10(engines: Engines = "fedforge,pfl,pfl:procs,flower,plain", groups: Groups = 3,
                 warmup: Warmup = 1, iterations: Iterations = 5, quick: Quick = False,
                 precision: Precision = "fp32", peer_python: PeerPython = None,
                 data_root: DataRoot = None, out: Out = "runs/bench_pfl_cifar10",
-                results: Results = None, target: Target = None, eval_every: EvalEvery = 1
-                ) -> str:
+                results: Results = None, target: Target = None, eval_every: EvalEvery = 1,
+                seed: Seed = 0) -> str:
     """pfl-research's CIFAR-10 workload: fedforge, pfl-research, Flower and a plain loop,
     interleaved."""
 
@@ -494,8 +498,9 @@ def pfl_cifar10(engines: Engines = "fedforge,pfl,pfl:procs,flower,plain", groups
     rows, note, versions = run_pfl_cifar10(frameworks, folder, groups=groups, warmup=warmup,
                                            iterations=iterations, quick=quick,
                                            precision=precision, peer_python=peer_python,
-                                           target=target, eval_every=eval_every)
-    title = "pfl-research CIFAR-10 (simple_cnn, FedAvg)" + (", --quick" if quick else "")
+                                           target=target, eval_every=eval_every, seed=seed)
+    title = ("pfl-research CIFAR-10 (simple_cnn, FedAvg)" + (", --quick" if quick else "")
+             + (f", seed {seed}" if seed else ""))
     counts = op_count_note(precision)  # counted, not timed: the same on a loaded machine
     print(counts, flush=True)
     # under the table, with the notes: rows without a result have None in the column
